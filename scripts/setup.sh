@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up kilocard on a fresh machine: a virtual environment in .venv with the CPU build of torch,
+# megatron-core (pinned) and kilocard itself (editable, with test extras). Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.kilocard-setup
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  # torch first and exactly: the local CPU wheel. An unpinned torch would pull a multi-GB CUDA build.
+  .venv/bin/pip install -q --disable-pip-version-check "torch==${KILOCARD_TORCH:-2.13.0}"
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
+  touch "$stamp"
+fi

@@ -1,0 +1,162 @@
+"""The ``kilocard`` command: verbs and exit codes only; each verb's work lives in its own module.
+
+Exit codes: 0 success; 1 the config composed but is invalid (or the verb's job failed);
+2 the config or the command line cannot be understood. Bad input never prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Dict, List, Optional, Sequence
+
+from kilocard.config.compose import ComposeError
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+#: The CLI surface, frozen by tests/test_cli_surface.py: add a verb there on purpose, not by accident.
+VERBS = ("recipes", "show", "validate", "run", "preprocess", "sbatch", "baselines", "plan")
+
+
+def _add_config_args(p: argparse.ArgumentParser, multirun: bool = True) -> None:
+    p.add_argument("overrides", nargs="*", help="Hydra overrides: recipe=NAME, a.b=v, +a.new=v, ~a.b, group=option")
+    if multirun:
+        p.add_argument("-m", "--multirun", action="store_true", help="one config per sweep point (a=1,2)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kilocard", description="Recipe -> validated Megatron-Core run on Slurm.")
+    sub = ap.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+
+    p = sub.add_parser("recipes", help="table of the recipes: model, params, GPUs, precision, baseline")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = sub.add_parser("show", help="print the composed config")
+    _add_config_args(p)
+    p.add_argument("-c", "--cfg", choices=("job", "hydra", "all"), default="job", help="Hydra's --cfg")
+    p.add_argument("--resolve", action="store_true", help="resolve interpolations (Hydra's --resolve)")
+    p.add_argument("-p", "--package", default=None, help="print only this node (Hydra's --package)")
+
+    p = sub.add_parser("validate", help="check layout, batch, precision, topology and memory")
+    _add_config_args(p)
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = sub.add_parser("run", help="validate, write a run dir and train on local ranks (torchrun)")
+    _add_config_args(p, multirun=False)
+    p.add_argument("--nproc", type=int, default=None, help="local ranks (default: launcher.nproc)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a stopped run")
+
+    p = sub.add_parser("preprocess", help="turn JSONL text into Megatron .bin/.idx")
+    p.add_argument("--input", required=True, help="JSONL file, one {'text': ...} per line")
+    p.add_argument("--output-prefix", required=True, help="output prefix (writes PREFIX_text_document.bin/.idx)")
+    p.add_argument("--tokenizer", default="kilocard-bytes")
+
+    p = sub.add_parser("sbatch", help="validate and render (optionally submit) a Slurm batch script")
+    _add_config_args(p)
+    p.add_argument("--submit", action="store_true", help="submit with sbatch --parsable")
+    p.add_argument("--chain", type=int, default=1, help="submit N jobs that continue one another")
+
+    p = sub.add_parser("baselines", help="published MFU baselines vs the performance model")
+    p.add_argument("--file", default=None, help="a baselines YAML in the same format")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = sub.add_parser("plan", help="rank the layouts that fit by predicted throughput")
+    _add_config_args(p, multirun=False)
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--plot", default=None, metavar="PNG")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    return ap
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from kilocard.recipes import print_recipe_table
+
+    return print_recipe_table(fmt=args.format)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from omegaconf import OmegaConf
+
+    from kilocard.config.compose import compose, expand_sweeps
+
+    for combo in expand_sweeps(args.overrides, args.multirun):
+        cfg = compose(combo, return_hydra_config=args.cfg in ("hydra", "all"))
+        if args.multirun:
+            print(f"# overrides: {' '.join(combo)}")
+        node = cfg
+        if args.cfg == "job" or args.cfg == "all":
+            OmegaConf.set_struct(cfg, False)
+            hydra_node = cfg.pop("hydra", None)
+            node = cfg if args.package is None else OmegaConf.select(cfg, args.package)
+            if node is None:
+                raise ComposeError(f"--package: no node {args.package!r} in the config", field=args.package)
+            print(OmegaConf.to_yaml(node, resolve=args.resolve), end="")
+            if hydra_node is not None:
+                print(OmegaConf.to_yaml({"hydra": hydra_node}, resolve=args.resolve), end="")
+        else:
+            print(OmegaConf.to_yaml({"hydra": cfg.hydra}, resolve=args.resolve), end="")
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from kilocard.validate.cli import validate_command
+
+    return validate_command(args.overrides, multirun=args.multirun, fmt=args.format)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from kilocard.launch.local import run_command
+
+    return run_command(args.overrides, nproc=args.nproc, resume=args.resume)
+
+
+def cmd_preprocess(args: argparse.Namespace) -> int:
+    from kilocard.data.preprocess import preprocess_command
+
+    return preprocess_command(args.input, args.output_prefix, tokenizer=args.tokenizer)
+
+
+def cmd_sbatch(args: argparse.Namespace) -> int:
+    from kilocard.launch.sbatch import sbatch_command
+
+    return sbatch_command(args.overrides, multirun=args.multirun, submit=args.submit, chain=args.chain)
+
+
+def cmd_baselines(args: argparse.Namespace) -> int:
+    from kilocard.perf.baselines import baselines_command
+
+    return baselines_command(file=args.file, fmt=args.format)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from kilocard.perf.planner import plan_command
+
+    return plan_command(args.overrides, top=args.top, plot=args.plot, fmt=args.format)
+
+
+COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {v: globals()[f"cmd_{v}"] for v in VERBS}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``kilocard`` console script."""
+    args = _parser().parse_args(list(argv) if argv is not None else None)
+    try:
+        return COMMANDS[args.verb](args)
+    except ComposeError as e:
+        print(f"kilocard {args.verb}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"kilocard {args.verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    _entry()
+
+
+__all__: List[str] = ["main", "VERBS", "EXIT_OK", "EXIT_INVALID", "EXIT_USAGE"]

@@ -1,0 +1,421 @@
+"""Typed schema of a kilocard run: one dataclass per Hydra config group.
+
+Field names are Megatron-Core's own (``TransformerConfig``, ``ModelParallelConfig``,
+``OptimizerConfig``, ``DistributedDataParallelConfig``, ``GPTModel``) wherever Megatron-Core has
+the knob; ``tests/test_schema_megatron_names.py`` proves it against the pinned wheel, and
+``KILOCARD_OWN_FIELDS`` lists the fields that are kilocard's own, each with its reason.
+
+Every field carries a docstring (the string literal under it); a test keeps it that way.
+The tree is composed by Hydra in struct mode and then converted to these dataclasses with
+``OmegaConf.to_object``; treat the result as read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Architecture of the GPT-style model (Megatron-Core ``TransformerConfig`` + ``GPTModel``)."""
+
+    name: str = "tiny_gpt"
+    """Human-readable model name, e.g. ``llama3_70b``."""
+    num_layers: int = 2
+    """Number of transformer layers."""
+    hidden_size: int = 64
+    """Transformer hidden size (model width)."""
+    ffn_hidden_size: Optional[int] = None
+    """Hidden size of the dense MLP; ``None`` means 4 * hidden_size (Megatron-Core's default)."""
+    num_attention_heads: int = 4
+    """Number of attention (query) heads."""
+    num_query_groups: Optional[int] = None
+    """Key/value head groups for grouped-query attention; ``None`` means multi-head attention."""
+    kv_channels: Optional[int] = None
+    """Projection size per attention head; ``None`` means hidden_size / num_attention_heads."""
+    seq_length: int = 32
+    """Training sequence length in tokens."""
+    max_position_embeddings: int = 32
+    """Largest position the model supports (``GPTModel.max_sequence_length``); must be >= seq_length."""
+    vocab_size: int = 128
+    """Vocabulary size, before padding to a multiple of TP * 128 as Megatron-LM does."""
+    make_vocab_size_divisible_by: int = 128
+    """Pad the vocabulary to a multiple of this times TP (Megatron-LM's ``--make-vocab-size-divisible-by``)."""
+    normalization: str = "LayerNorm"
+    """``LayerNorm`` or ``RMSNorm``."""
+    layernorm_epsilon: float = 1e-5
+    """Epsilon of the normalisation layers."""
+    gated_linear_unit: bool = False
+    """Use a gated MLP (SwiGLU when paired with ``activation: swiglu``)."""
+    activation: str = "gelu"
+    """MLP activation: ``gelu``, ``swiglu`` (silu + gated_linear_unit) or ``squared_relu``."""
+    add_bias_linear: bool = True
+    """Bias terms in the linear layers (GPT-3: true; Llama: false)."""
+    add_qkv_bias: bool = False
+    """Bias only on the QKV projection (Qwen-style)."""
+    position_embedding_type: str = "learned_absolute"
+    """``learned_absolute``, ``rope`` or ``none`` (``GPTModel`` argument)."""
+    rotary_base: int = 10000
+    """RoPE base period (``GPTModel`` argument)."""
+    rotary_percent: float = 1.0
+    """Fraction of the head dimension that RoPE rotates (``GPTModel`` argument)."""
+    share_embeddings_and_output_weights: bool = True
+    """Tie the input embedding and the output layer (``GPTModel`` argument)."""
+    hidden_dropout: float = 0.0
+    """Dropout after attention and MLP."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention probabilities."""
+    init_method_std: float = 0.02
+    """Standard deviation of the weight initialisation."""
+    num_moe_experts: Optional[int] = None
+    """Routed experts per MoE layer; ``None`` means a dense model."""
+    moe_router_topk: int = 2
+    """Experts each token is routed to."""
+    moe_ffn_hidden_size: Optional[int] = None
+    """Hidden size of each routed expert's MLP; ``None`` means ffn_hidden_size."""
+    moe_shared_expert_intermediate_size: Optional[int] = None
+    """Total hidden size of the shared experts (DeepSeek style); ``None`` means no shared expert."""
+    moe_layer_freq: Any = 1
+    """MoE layer pattern: an int (every k-th layer is MoE) or a list of 0/1 per layer."""
+    moe_token_dispatcher_type: str = "alltoall"
+    """Token dispatcher: ``alltoall``, ``allgather`` or ``flex``."""
+    moe_router_load_balancing_type: str = "aux_loss"
+    """Router balancing: ``aux_loss``, ``seq_aux_loss``, ``sinkhorn`` or ``none``."""
+    moe_aux_loss_coeff: float = 0.0
+    """Weight of the load-balancing auxiliary loss."""
+    moe_router_score_function: str = "softmax"
+    """Router scoring: ``softmax`` or ``sigmoid`` (DeepSeek-V3)."""
+    moe_grouped_gemm: bool = False
+    """Grouped GEMM for the experts (GPU only; needs Transformer Engine or grouped_gemm)."""
+    multi_latent_attention: bool = False
+    """Multi-latent attention (DeepSeek-V2/V3); enables the ``q_lora_rank``.. fields below."""
+    q_lora_rank: Optional[int] = None
+    """MLA: rank of the query down-projection; ``None`` means no query compression."""
+    kv_lora_rank: int = 512
+    """MLA: rank of the key/value down-projection."""
+    qk_head_dim: int = 128
+    """MLA: per-head dimension of the non-rotary part of queries and keys."""
+    qk_pos_emb_head_dim: int = 64
+    """MLA: per-head dimension of the rotary part of queries and keys."""
+    v_head_dim: int = 128
+    """MLA: per-head dimension of the values."""
+    mtp_num_layers: Optional[int] = None
+    """Multi-token-prediction layers (DeepSeek-V3); ``None`` means none."""
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """How the model is split over GPUs (Megatron-Core ``ModelParallelConfig`` + DDP config)."""
+
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel (TP) degree: GPUs that split each layer's GEMMs."""
+    pipeline_model_parallel_size: int = 1
+    """Pipeline-parallel (PP) degree: stages of consecutive layers."""
+    virtual_pipeline_model_parallel_size: Optional[int] = None
+    """Virtual stages per pipeline rank (interleaved 1F1B); ``None`` means not interleaved."""
+    context_parallel_size: int = 1
+    """Context-parallel (CP) degree: GPUs that split the sequence inside attention."""
+    expert_model_parallel_size: int = 1
+    """Expert-parallel (EP) degree: GPUs that split the experts of an MoE layer."""
+    expert_tensor_parallel_size: Optional[int] = None
+    """Tensor-parallel degree inside experts (ETP); ``None`` means equal to TP."""
+    sequence_parallel: bool = False
+    """Shard layer-norm/dropout activations along the sequence over TP ranks (needs TP > 1)."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state (and main params) over data-parallel ranks (ZeRO-1)."""
+    overlap_grad_reduce: bool = False
+    """Overlap the data-parallel gradient reduce with the backward pass."""
+    overlap_param_gather: bool = False
+    """Overlap the distributed optimizer's parameter all-gather with the forward pass."""
+    tp_comm_overlap: bool = False
+    """Overlap TP communication with GEMMs (Transformer Engine userbuffers; GPU only)."""
+    overlap_p2p_comm: bool = False
+    """Overlap pipeline point-to-point sends with compute (interleaved schedule)."""
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    """Layers on the first pipeline stage when the split is uneven; ``None`` means even."""
+    num_layers_in_last_pipeline_stage: Optional[int] = None
+    """Layers on the last pipeline stage when the split is uneven; ``None`` means even."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the embedding as a layer when splitting layers over pipeline stages."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the loss/output layer as a layer when splitting layers over pipeline stages."""
+    cp_comm_type: str = "p2p"
+    """Context-parallel exchange: ``p2p`` (ring), ``all_gather``, ``a2a`` or ``a2a+p2p``."""
+    recompute_granularity: Optional[str] = None
+    """Activation recompute: ``None``, ``selective`` (attention core) or ``full``."""
+    recompute_method: Optional[str] = None
+    """With full recompute: ``uniform`` or ``block``."""
+    recompute_num_layers: Optional[int] = None
+    """With full recompute: layers per recompute unit (uniform) or recomputed layers (block)."""
+    tp_within_node: bool = True
+    """kilocard: require TP (and TP*CP when ``cp_within_nvlink``) inside one NVLink domain."""
+    cp_within_nvlink: bool = False
+    """kilocard: require the TP*CP group to stay inside one NVLink domain."""
+
+
+@dataclass(kw_only=True)
+class PrecisionConfig:
+    """Numeric formats (Megatron-Core ``ModelParallelConfig`` / ``TransformerConfig`` / DDP config)."""
+
+    bf16: bool = False
+    """Train in bfloat16 mixed precision."""
+    fp16: bool = False
+    """Train in float16 mixed precision with loss scaling."""
+    fp8: Optional[str] = None
+    """FP8 GEMMs through Transformer Engine: ``e4m3`` or ``hybrid``; ``None`` means off."""
+    fp8_recipe: str = "delayed"
+    """FP8 scaling recipe: ``delayed``, ``tensorwise``, ``mxfp8`` or ``blockwise``."""
+    fp8_margin: int = 0
+    """Margin for the FP8 scaling factor."""
+    fp8_amax_history_len: int = 1024
+    """Amax history length for delayed scaling."""
+    fp8_amax_compute_algo: str = "max"
+    """Amax from the history: ``max`` or ``most_recent``."""
+    fp8_param: bool = False
+    """Keep parameters in FP8 and gather them in FP8 (needs the distributed optimizer)."""
+    fp4: Optional[str] = None
+    """FP4 GEMMs (Blackwell): ``nvfp4``; ``None`` means off. Incompatible with fp8."""
+    grad_reduce_in_fp32: bool = False
+    """Reduce gradients across data-parallel ranks in fp32."""
+    params_dtype: str = "float32"
+    """kilocard: dtype the parameters are created in (``float32``, ``bfloat16`` or ``float16``)."""
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """Optimizer and learning-rate schedule (Megatron-Core ``OptimizerConfig`` + scheduler)."""
+
+    optimizer: str = "adam"
+    """``adam`` (AdamW-style decoupled weight decay) or ``sgd``."""
+    lr: float = 3.0e-3
+    """Peak learning rate."""
+    min_lr: float = 3.0e-4
+    """Final learning rate after decay."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay."""
+    adam_beta1: float = 0.9
+    """Adam beta1."""
+    adam_beta2: float = 0.95
+    """Adam beta2."""
+    adam_eps: float = 1.0e-8
+    """Adam epsilon."""
+    clip_grad: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    lr_warmup_iters: int = 2
+    """Linear warm-up steps (``OptimizerParamScheduler``)."""
+    lr_decay_iters: Optional[int] = None
+    """Steps over which the LR decays; ``None`` means trainer.train_iters."""
+    lr_decay_style: str = "cosine"
+    """``constant``, ``linear``, ``cosine`` or ``WSD``."""
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Where the tokens come from (Megatron-Core ``GPTDatasetConfig``)."""
+
+    type: str = "mock"
+    """``mock`` (Megatron-Core's MockGPTDataset) or ``indexed`` (``.bin/.idx`` via GPTDataset)."""
+    data_path: List[str] = field(default_factory=list)
+    """Indexed dataset prefixes (without .bin/.idx), optionally weighted: ``[0.3, a, 0.7, b]``."""
+    split: str = "969,30,1"
+    """Train/valid/test split weights."""
+    tokenizer: str = "kilocard-bytes"
+    """Tokenizer: ``kilocard-bytes`` (offline byte-level) or a local tokenizer path."""
+    random_seed: int = 1234
+    """Seed for dataset shuffling."""
+    path_to_cache: Optional[str] = None
+    """Where dataset index caches go; ``None`` means next to the data."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank."""
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Distributed checkpoints (``megatron.core.dist_checkpointing``)."""
+
+    save: Optional[str] = None
+    """Checkpoint directory; ``None`` means ``<run_dir>/checkpoints``."""
+    load: Optional[str] = None
+    """Directory to resume from; ``None`` means the save directory."""
+    save_interval: int = 0
+    """Save every N steps; 0 saves only at the end and on a signal."""
+    keep_last: int = 2
+    """Keep this many committed steps; older ones are pruned after a commit."""
+    ckpt_format: str = "torch_dist"
+    """On-disk format (``torch_dist``)."""
+    async_save: bool = False
+    """Write checkpoints in the background (GPU runs)."""
+    fully_parallel_save: bool = True
+    """Spread the writing of replicated tensors over data-parallel ranks."""
+    fallback_to_previous: bool = False
+    """When the newest committed step fails its integrity check, resume from the one before."""
+    expected_save_time_s: Optional[float] = None
+    """Expected save time; ``None`` means estimated from checkpoint size and filesystem bandwidth."""
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """The step loop: batch sizes, length, logging and determinism."""
+
+    micro_batch_size: int = 2
+    """Sequences per micro-batch per data-parallel rank."""
+    global_batch_size: int = 8
+    """Sequences per optimizer step across all data-parallel ranks."""
+    train_iters: int = 20
+    """Optimizer steps to train."""
+    log_interval: int = 1
+    """Print a progress line every N steps (metrics.jsonl gets every step)."""
+    seed: int = 1234
+    """Seed for model init, dropout and data order."""
+    deterministic: bool = True
+    """Deterministic algorithms (bit-exact resume on CPU ranks)."""
+    hang_timeout_s: float = 300.0
+    """A rank that makes no progress for this long fails the run with a clear message."""
+    tensorboard: bool = True
+    """Also write TensorBoard scalars under ``<run_dir>/tensorboard``."""
+
+
+@dataclass(kw_only=True)
+class ClusterConfig:
+    """Topology and site facts of the machine the run goes to."""
+
+    name: str = "local_cpu"
+    """Profile name."""
+    gpu: str = "cpu"
+    """Accelerator model, a key of kilocard's GPU table (``a100-sxm4-80gb``, ``h100-sxm5-80gb``, ...)."""
+    nodes: int = 1
+    """Nodes the job uses."""
+    gpus_per_node: int = 1
+    """Accelerators (ranks) per node."""
+    nvlink_domain_size: int = 1
+    """GPUs that share one NVLink/NVSwitch domain (8 on DGX, 72 on GB200 NVL72)."""
+    intra_node_bandwidth_gbs: float = 10.0
+    """NVLink bandwidth per GPU, one direction, GB/s."""
+    inter_node_bandwidth_gbs: float = 1.0
+    """Network bandwidth per GPU, one direction, GB/s."""
+    hbm_bytes: Optional[int] = None
+    """Memory per accelerator; ``None`` means the GPU table's value."""
+    cpus_per_node: int = 2
+    """CPU cores per node (sets ``--cpus-per-task``)."""
+    mem_per_node: str = "0"
+    """Slurm ``--mem`` per node (``0`` means all of it)."""
+    partition: Optional[str] = None
+    """Slurm partition."""
+    account: Optional[str] = None
+    """Slurm account."""
+    qos: Optional[str] = None
+    """Slurm QOS."""
+    container_image: Optional[str] = None
+    """Container image for pyxis/enroot; ``None`` means bare metal (``venv``)."""
+    container_mounts: List[str] = field(default_factory=list)
+    """pyxis mounts, ``src:dst`` each."""
+    venv: Optional[str] = None
+    """Bare metal: virtual environment to activate on every node."""
+    shared_fs: str = "runs"
+    """Root for run directories on a filesystem every node sees."""
+    fs_write_bandwidth_gbs: float = 1.0
+    """Aggregate checkpoint write bandwidth of the shared filesystem, GB/s."""
+    env: Dict[str, str] = field(default_factory=dict)
+    """Extra environment for every rank (NCCL and site settings)."""
+
+
+@dataclass(kw_only=True)
+class LauncherConfig:
+    """How the job starts: local torchrun or a Slurm batch script."""
+
+    kind: str = "local"
+    """``local`` (torchrun on this machine) or ``slurm``."""
+    nproc: int = 1
+    """Local ranks for ``kilocard run`` (torchrun ``--nproc-per-node``)."""
+    job_name: str = "kilocard"
+    """Slurm job name and run-directory prefix."""
+    run_name: Optional[str] = None
+    """Run directory name; ``None`` means ``<job_name>-<timestamp>``."""
+    time: str = "04:00:00"
+    """Slurm wall-clock limit."""
+    signal_lead_s: int = 300
+    """Seconds before the limit at which Slurm sends USR1 (save, then requeue)."""
+    requeue: bool = True
+    """Requeue the job after a USR1 save or a node failure."""
+    exclusive: bool = True
+    """Allocate whole nodes."""
+    dependency: Optional[str] = None
+    """Slurm dependency expression (``afterany:123``)."""
+    max_restarts: int = 0
+    """torchrun ``--max-restarts`` for local runs."""
+    master_port: Optional[int] = None
+    """Rendezvous port; ``None`` means derived from the Slurm job id (or a free local port)."""
+    extra_sbatch: List[str] = field(default_factory=list)
+    """Additional ``#SBATCH`` lines, each validated (``--constraint=h100``)."""
+    env: Dict[str, str] = field(default_factory=dict)
+    """Extra environment for the job; values are quoted, never executed."""
+
+
+@dataclass(kw_only=True)
+class RecipeInfo:
+    """What the recipe is and which published figure it reproduces (kilocard's own)."""
+
+    name: str = "tiny_gpt"
+    """Recipe name."""
+    family: str = "tiny"
+    """Recipe family (the folder under ``recipes/``)."""
+    description: str = ""
+    """One line on what the recipe is."""
+    baseline_id: Optional[str] = None
+    """Row id in the published baselines this recipe reproduces."""
+    baseline_source: Optional[str] = None
+    """Where that figure was published."""
+    baseline_tflops_per_gpu: Optional[float] = None
+    """Published TFLOP/s per GPU."""
+    baseline_mfu: Optional[float] = None
+    """Published model FLOPs utilisation."""
+    baseline_flops_convention: Optional[str] = None
+    """FLOPs convention of the published figure (``megatron_sc21``, ``megatron_current``, ...)."""
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """The whole run: one field per Hydra config group."""
+
+    recipe: RecipeInfo = field(default_factory=RecipeInfo)
+    """The recipe's identity and its published baseline."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Architecture."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Parallel layout."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Numeric formats."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Data source."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpointing."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Step loop."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Target machine."""
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    """Launch method."""
+
+
+#: Config groups, in composition order; frozen by tests/test_cli_surface.py.
+CONFIG_GROUPS = ("model", "parallel", "precision", "optim", "data", "checkpoint", "trainer", "cluster", "launcher")
+
+#: Fields of model/parallel/precision that are not Megatron-Core config fields, with the reason.
+KILOCARD_OWN_FIELDS: Dict[str, str] = {
+    "model.name": "a label for tables and run names",
+    "model.seq_length": "Megatron-LM --seq-length; reaches Megatron-Core as the dataset sequence_length",
+    "model.vocab_size": "GPTModel(vocab_size=...) after padding by make_vocab_size_divisible_by",
+    "model.make_vocab_size_divisible_by": "Megatron-LM argument; kilocard pads the vocab the same way",
+    "model.max_position_embeddings": "GPTModel(max_sequence_length=...)",
+    "model.activation": "a name for TransformerConfig.activation_func (a callable, not serialisable)",
+    "model.position_embedding_type": "GPTModel argument",
+    "model.rotary_base": "GPTModel argument",
+    "model.rotary_percent": "GPTModel argument",
+    "model.share_embeddings_and_output_weights": "GPTModel argument",
+    "parallel.tp_within_node": "topology rule switch of kilocard's validator",
+    "parallel.cp_within_nvlink": "topology rule switch of kilocard's validator",
+    "precision.params_dtype": "a dtype name for ModelParallelConfig.params_dtype (a torch.dtype)",
+}

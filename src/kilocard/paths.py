@@ -1,0 +1,21 @@
+"""Where kilocard's shipped data lives: ``conf/``, ``recipes/``, ``slurm/`` and ``baselines/``.
+
+In an installed wheel they sit inside the package (``kilocard/conf`` ...); in a source checkout
+(editable install) they are the repository's top-level folders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+_REPO = _PKG.parent.parent
+
+
+def data_dir(name: str) -> Path:
+    """Return the shipped folder ``name`` (``conf``, ``recipes``, ``slurm`` or ``baselines``)."""
+    for base in (_PKG, _REPO):
+        candidate = base / name
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"kilocard data folder {name!r} not found in {_PKG} or {_REPO}")

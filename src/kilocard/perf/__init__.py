@@ -1,0 +1,1 @@
+"""Performance model: parameter counts, FLOPs conventions, memory, step time, planner."""

@@ -1,0 +1,97 @@
+"""Parameter counts of a Megatron-Core GPTModel built from a ``ModelConfig`` (no torch needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+from kilocard.config.schema import ModelConfig
+
+
+def padded_vocab_size(m: ModelConfig, tp: int = 1) -> int:
+    """Vocabulary padded to a multiple of ``make_vocab_size_divisible_by * tp`` (Megatron-LM)."""
+    multiple = m.make_vocab_size_divisible_by * tp
+    return ((m.vocab_size + multiple - 1) // multiple) * multiple
+
+
+def moe_layer_pattern(m: ModelConfig) -> List[bool]:
+    """For each layer, whether it is an MoE layer (Megatron-Core's ``moe_layer_freq`` rule)."""
+    if not m.num_moe_experts:
+        return [False] * m.num_layers
+    freq = m.moe_layer_freq
+    if isinstance(freq, int):
+        return [i % freq == 0 for i in range(m.num_layers)]
+    return [bool(x) for x in list(freq)]
+
+
+def kv_channels(m: ModelConfig) -> int:
+    """Per-head projection size."""
+    return m.kv_channels or m.hidden_size // m.num_attention_heads
+
+
+def attention_params(m: ModelConfig) -> int:
+    """Parameters of one attention block (projections, biases, MLA norms), without the input norm."""
+    h, n = m.hidden_size, m.num_attention_heads
+    if m.multi_latent_attention:
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        q = h * n * qk if m.q_lora_rank is None else h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * n * qk
+        kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank
+        kv += m.kv_lora_rank * n * (m.qk_head_dim + m.v_head_dim)
+        return q + kv + n * m.v_head_dim * h + (h if m.add_bias_linear else 0)
+    d = kv_channels(m)
+    groups = m.num_query_groups or n
+    qkv_out = (n + 2 * groups) * d
+    bias = qkv_out if (m.add_bias_linear or m.add_qkv_bias) else 0
+    return h * qkv_out + bias + n * d * h + (h if m.add_bias_linear else 0)
+
+
+def mlp_params(m: ModelConfig, ffn: int) -> int:
+    """Parameters of one MLP of hidden size ``ffn`` (gated: two input projections)."""
+    h = m.hidden_size
+    up = h * ffn * (2 if m.gated_linear_unit else 1)
+    bias = (ffn * (2 if m.gated_linear_unit else 1) + h) if m.add_bias_linear else 0
+    return up + ffn * h + bias
+
+
+def norm_params(m: ModelConfig) -> int:
+    """Parameters of one normalisation layer."""
+    return m.hidden_size * (2 if m.normalization == "LayerNorm" else 1)
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameter totals of a model."""
+
+    total: int
+    """Every parameter, embedding and output layer included."""
+    active: int
+    """Parameters a token passes through (routed experts counted top-k times, not all)."""
+    embedding: int
+    """Input embedding (+ learned positions) and, when untied, the output layer."""
+
+
+def count_parameters(m: ModelConfig) -> ParamCount:
+    """Count total and active parameters (MTP layers excluded, as model cards report them)."""
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    moe_ffn = m.moe_ffn_hidden_size or ffn
+    vocab = padded_vocab_size(m)
+    emb = vocab * m.hidden_size
+    if m.position_embedding_type == "learned_absolute":
+        emb += m.max_position_embeddings * m.hidden_size
+    if not m.share_embeddings_and_output_weights:
+        emb += vocab * m.hidden_size
+    total = active = emb + norm_params(m)
+    per_layer_common = attention_params(m) + 2 * norm_params(m)
+    for is_moe in moe_layer_pattern(m):
+        total += per_layer_common
+        active += per_layer_common
+        if not is_moe:
+            total += mlp_params(m, ffn)
+            active += mlp_params(m, ffn)
+            continue
+        experts = m.num_moe_experts or 0
+        shared = mlp_params(m, m.moe_shared_expert_intermediate_size) if m.moe_shared_expert_intermediate_size else 0
+        router = m.hidden_size * experts
+        total += router + shared + experts * mlp_params(m, moe_ffn)
+        active += router + shared + m.moe_router_topk * mlp_params(m, moe_ffn)
+    return ParamCount(total=total, active=active, embedding=emb)
