@@ -1,0 +1,1 @@
+"""Launching: run directories, local torchrun, Slurm batch scripts."""

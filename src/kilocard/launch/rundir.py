@@ -1,0 +1,127 @@
+"""Run directories: created whole or not at all, never overwritten.
+
+A run directory holds the frozen config (``config.yaml`` + ``config.sha256``), ``provenance.json``
+(code version, library versions, host, command line) and, later, checkpoints, metrics and logs.
+It is first written under a hidden temporary name and renamed into place, so a failure never
+leaves a half-written run directory behind.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+from omegaconf import DictConfig
+
+from kilocard.config.freeze import write_frozen
+
+PROVENANCE_FILE = "provenance.json"
+LIBRARIES = ("kilocard", "megatron-core", "torch", "hydra-core", "omegaconf", "transformer-engine", "numpy")
+
+
+class RunDirError(Exception):
+    """A run directory cannot be created (exists, not writable, bad name)."""
+
+
+def library_versions() -> Dict[str, Optional[str]]:
+    """Installed versions of the libraries that decide results (``None`` when absent)."""
+    out: Dict[str, Optional[str]] = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def code_version() -> Dict[str, object]:
+    """Git commit and dirty flag of the kilocard source tree, when it is a checkout."""
+    src = Path(__file__).resolve().parents[3]
+    if not (src / ".git").exists():
+        return {"git_commit": None, "dirty": None}
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True, timeout=10).stdout.strip()
+    return {"git_commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def provenance(overrides: Sequence[str], config_sha256: str) -> Dict[str, object]:
+    """Everything needed to say exactly what ran."""
+    return {
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "argv": list(sys.argv),
+        "overrides": list(overrides),
+        "config_sha256": config_sha256,
+        "code": code_version(),
+        "libraries": library_versions(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+
+
+def default_name(job_name: str) -> str:
+    """``<job_name>-<UTC timestamp>``."""
+    return f"{job_name}-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+
+
+def _check_name(name: str) -> None:
+    if not name or name.startswith(".") or "/" in name or any(c.isspace() for c in name):
+        raise RunDirError(
+            f"launcher.run_name: {name!r} is not a usable directory name "
+            f"(no '/', no whitespace, not starting with '.')"
+        )
+
+
+def create_run_dir(cfg: DictConfig, overrides: Sequence[str], root: Optional[Path] = None) -> Path:
+    """Create the run directory for ``cfg`` under ``root`` (default: ``cluster.shared_fs``).
+
+    An explicit ``launcher.run_name`` that already exists is refused; an automatic name gets a
+    ``-2``, ``-3`` ... suffix instead. Returns the final path.
+    """
+    root = Path(root if root is not None else cfg.cluster.shared_fs).expanduser()
+    explicit = cfg.launcher.run_name
+    base = explicit or default_name(cfg.launcher.job_name)
+    _check_name(base)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunDirError(f"cluster.shared_fs: cannot create {root} ({e.strerror}); choose a writable path") from None
+    tmp = root / f".{base}.tmp-{os.getpid()}"
+    try:
+        tmp.mkdir()
+        digest = write_frozen(cfg, tmp)
+        (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance(overrides, digest), indent=1) + "\n")
+        return _rename_into_place(tmp, root, base, explicit is not None)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RunDirError(f"cluster.shared_fs: cannot write a run directory under {root} ({e.strerror})") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _rename_into_place(tmp: Path, root: Path, base: str, explicit: bool) -> Path:
+    for i in range(1, 1000):
+        final = root / (base if i == 1 else f"{base}-{i}")
+        if final.exists():
+            if explicit:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise RunDirError(
+                    f"launcher.run_name: {final} already exists; a run directory is never overwritten "
+                    f"(resume it with --resume, or choose another launcher.run_name)"
+                )
+            continue
+        try:
+            os.rename(tmp, final)  # atomic; fails if another process took the name first
+            return final
+        except OSError:
+            if explicit:
+                raise
+    raise RunDirError(f"launcher.run_name: no free name for {base!r} under {root}")
