@@ -1,0 +1,284 @@
+"""FLOPs per training iteration under named conventions, each equal to its published formula.
+
+Throughput and MFU figures are only comparable under the same FLOPs count, so every figure
+kilocard prints names its convention:
+
+``megatron_sc21``
+    Narayanan et al., SC21, eq. 3: ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``. Counts the
+    recompute forward pass (4 passes, not 3) and full, non-causal ``s²`` attention; MHA, 4h MLP.
+``megatron_legacy``
+    Megatron-LM ``num_floating_point_operations`` before 2025-03:
+    ``12·B·s·L·h²·[(1 + g/n + s/h)·(q/h) + (F/h)·k·m + (F_sh/h)·m + V/(2·L·h)]`` with
+    q = kv_channels·heads, g/n = query groups / heads, F the (routed) expert or dense MLP width,
+    k experts routed to (1 when dense), m = 3/2 with a gated MLP, F_sh the shared-expert width.
+    Full ``s²`` attention; every layer counted with the same MLP.
+``megatron_current``
+    Megatron-LM ``megatron/training/training.py`` ``num_floating_point_operations`` (2025-03 on):
+    causal attention halved, gated MLP, GQA, dense/MoE layer pattern, shared experts, MLA, MTP.
+``six_n``
+    ``6·N·T + 12·L·H·Q·s·T`` (nanoGPT, PaLM appendix B, torchtitan): N the parameters a token
+    passes through, without the input embedding (MoE: routed experts counted top-k times), plus
+    full non-causal attention scores.
+
+``flops_per_iteration(run_cfg, convention)`` works on a ``RunConfig``; ``shape_flops(shape, B,
+convention)`` works on plain numbers (``ModelShape``) and is what the published rows use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import List, Optional, Sequence
+
+from kilocard.config.schema import ModelConfig, RunConfig
+from kilocard.perf.params import count_parameters, moe_layer_pattern, padded_vocab_size
+
+CONVENTIONS = ("megatron_sc21", "megatron_legacy", "megatron_current", "six_n")
+"""Every FLOPs convention kilocard knows."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers a FLOPs formula needs, independent of how the model was described."""
+
+    layers: int
+    """Transformer layers (MTP layers not included)."""
+    hidden: int
+    """Hidden size h."""
+    heads: int
+    """Attention (query) heads n."""
+    query_groups: int
+    """Key/value head groups g (= heads for multi-head attention)."""
+    kv_channels: int
+    """Per-head projection size; q = kv_channels * heads."""
+    ffn: int
+    """Dense MLP hidden size F."""
+    gated: bool
+    """Gated MLP (SwiGLU): three projections instead of two."""
+    vocab: int
+    """Vocabulary size as the formula counts it (Megatron: padded)."""
+    seq: int
+    """Sequence length s."""
+    moe_layers: Sequence[bool] = ()
+    """Per layer, whether it is an MoE layer; empty for a dense model."""
+    topk: int = 1
+    """Experts each token is routed to (MoE)."""
+    moe_ffn: Optional[int] = None
+    """Routed expert MLP width; ``None`` means ``ffn``."""
+    shared_ffn: int = 0
+    """Total shared-expert MLP width (0: none)."""
+    mla: Optional[SimpleNamespace] = None
+    """Multi-latent attention dims (q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim,
+    v_head_dim); ``None`` for standard attention."""
+    mtp_layers: int = 0
+    """Multi-token-prediction layers."""
+    active_params_no_input_embedding: Optional[int] = None
+    """Parameters a token passes through, input embedding excluded (``six_n``); ``None``: derived."""
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether any layer is an MoE layer."""
+        return any(self.moe_layers)
+
+
+def shape_from_model(m: ModelConfig, tp: int = 1) -> ModelShape:
+    """Describe a ``ModelConfig`` for the FLOPs formulas (vocab padded as Megatron-LM does for ``tp``)."""
+    mla = None
+    if m.multi_latent_attention:
+        mla = SimpleNamespace(
+            q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_head_dim=m.qk_head_dim,
+            qk_pos_emb_head_dim=m.qk_pos_emb_head_dim, v_head_dim=m.v_head_dim,
+        )
+    count = count_parameters(m)
+    emb_in = padded_vocab_size(m) * m.hidden_size
+    if m.position_embedding_type == "learned_absolute":
+        emb_in += m.max_position_embeddings * m.hidden_size
+    # A tied embedding still does the output projection; count that matrix once, as the output layer.
+    return ModelShape(
+        layers=m.num_layers,
+        hidden=m.hidden_size,
+        heads=m.num_attention_heads,
+        query_groups=m.num_query_groups or m.num_attention_heads,
+        kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
+        ffn=m.ffn_hidden_size or 4 * m.hidden_size,
+        gated=is_gated(m),
+        vocab=padded_vocab_size(m, tp),
+        seq=m.seq_length,
+        moe_layers=tuple(moe_layer_pattern(m)) if m.num_moe_experts else (),
+        topk=m.moe_router_topk,
+        moe_ffn=m.moe_ffn_hidden_size,
+        shared_ffn=m.moe_shared_expert_intermediate_size or 0,
+        mla=mla,
+        mtp_layers=m.mtp_num_layers or 0,
+        active_params_no_input_embedding=count.active - emb_in
+        + (0 if not m.share_embeddings_and_output_weights else padded_vocab_size(m) * m.hidden_size),
+    )
+
+
+def is_gated(m: ModelConfig) -> bool:
+    """Whether the MLP is gated (Megatron-LM ``--swiglu`` sets ``gated_linear_unit``)."""
+    return bool(m.gated_linear_unit or m.activation == "swiglu")
+
+
+# --- the conventions ------------------------------------------------------------------------
+
+
+def sc21_flops(s: ModelShape, batch: float) -> float:
+    """SC21 eq. 3: ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``."""
+    h, l = s.hidden, s.layers
+    return 96.0 * batch * s.seq * l * h * h * (1 + s.seq / (6 * h) + s.vocab / (16 * l * h))
+
+
+def legacy_flops(s: ModelShape, batch: float) -> float:
+    """Megatron-LM before 2025-03: ``12·B·s·L·h²·[(1+g/n+s/h)(q/h) + (F/h)k·m + (F_sh/h)m + V/(2Lh)]``."""
+    h, L = s.hidden, s.layers
+    m = 1.5 if s.gated else 1.0
+    k = s.topk if s.is_moe else 1
+    ffn = (s.moe_ffn or s.ffn) if s.is_moe else s.ffn
+    q_ratio = s.kv_channels * s.heads / h
+    bracket = (
+        (1 + s.query_groups / s.heads + s.seq / h) * q_ratio
+        + (ffn / h) * k * m
+        + (s.shared_ffn / h) * m
+        + s.vocab / (2 * L * h)
+    )
+    return 12.0 * batch * s.seq * L * h * h * bracket
+
+
+def _attention_terms(s: ModelShape) -> tuple:
+    """(token-linear, per-s² core) FLOPs per token per attention layer, fwd+bwd (x6)."""
+    h, n = s.hidden, s.heads
+    if s.mla is not None:
+        a = s.mla
+        qk = a.qk_head_dim + a.qk_pos_emb_head_dim
+        q_term = h * n * qk if a.q_lora_rank is None else a.q_lora_rank * (h + n * qk + 1)
+        linear = 6 * (
+            q_term
+            + a.kv_lora_rank * (h + n * (a.qk_head_dim + a.v_head_dim) + 1)
+            + h * a.qk_pos_emb_head_dim
+            + n * a.v_head_dim * h
+        )
+        core = 6 * (n * qk / 2 + n * a.v_head_dim / 2)
+        return linear, core
+    q = s.kv_channels * n
+    kv = s.kv_channels * s.query_groups
+    return 6 * (h * (q + 2 * kv) + q * h), 6 * q / 2 * 2
+
+
+def current_flops(s: ModelShape, batch: float) -> float:
+    """Megatron-LM ``num_floating_point_operations`` (training.py, 2025-03 on), BSHD batches."""
+    h = s.hidden
+    n_moe = sum(s.moe_layers)
+    n_dense = s.layers - n_moe
+    last_moe = 1 if (s.moe_layers and s.moe_layers[-1]) else 0
+    n_moe += last_moe * s.mtp_layers
+    n_dense += (1 - last_moe) * s.mtp_layers
+    n_layers = s.layers + s.mtp_layers
+    k = s.topk if s.moe_layers else 0
+    f = 3 if s.gated else 2
+    moe_ffn = s.moe_ffn or s.ffn
+    attn_linear, attn_core = _attention_terms(s)
+    tokens = batch * s.seq
+    per_token = (
+        6 * h * (s.ffn * f * n_dense + moe_ffn * k * f * n_moe + s.shared_ffn * f * n_moe)
+        + attn_linear * n_layers
+        + 6 * s.mtp_layers * (3 * h + 2 * h * h)
+        + 6 * h * s.vocab * (s.mtp_layers + 1)
+    )
+    return tokens * per_token + batch * s.seq * s.seq * attn_core * n_layers
+
+
+def six_n_flops(s: ModelShape, batch: float) -> float:
+    """``6·N·T + 12·L·H·Q·s·T`` (nanoGPT / PaLM / torchtitan), N without the input embedding."""
+    n_params = s.active_params_no_input_embedding
+    if n_params is None:
+        n_params = shape_active_params(s)
+    tokens = batch * s.seq
+    return 6.0 * n_params * tokens + 12.0 * s.layers * s.heads * s.kv_channels * s.seq * tokens
+
+
+def shape_active_params(s: ModelShape) -> int:
+    """Active matmul parameters of a shape (no norms/biases), output layer included, input embedding not."""
+    h, q, kv = s.hidden, s.kv_channels * s.heads, s.kv_channels * s.query_groups
+    attn = h * (q + 2 * kv) + q * h
+    mats = 3 if s.gated else 2
+    moe_ffn = s.moe_ffn or s.ffn
+    total = 0
+    for is_moe in (s.moe_layers or [False] * s.layers):
+        mlp = mats * h * (moe_ffn * s.topk + s.shared_ffn) if is_moe else mats * h * s.ffn
+        total += attn + mlp
+    return total + s.vocab * h
+
+
+_FORMULAS = {
+    "megatron_sc21": sc21_flops,
+    "megatron_legacy": legacy_flops,
+    "megatron_current": current_flops,
+    "six_n": six_n_flops,
+}
+
+
+def check_convention(convention: str) -> str:
+    """Return ``convention`` or raise ``ValueError`` naming the valid ones."""
+    if convention not in _FORMULAS:
+        raise ValueError(f"FLOPs convention {convention!r} is unknown; use one of {', '.join(CONVENTIONS)}")
+    return convention
+
+
+def shape_flops(shape: ModelShape, batch: float, convention: str = "megatron_current") -> float:
+    """FLOPs of one iteration of ``batch`` sequences of ``shape`` under ``convention``."""
+    return float(_FORMULAS[check_convention(convention)](shape, batch))
+
+
+def flops_per_iteration(run_cfg: RunConfig, convention: str = "megatron_current") -> float:
+    """FLOPs of one optimizer step (the global batch) of ``run_cfg`` under ``convention``."""
+    shape = shape_from_model(run_cfg.model, run_cfg.parallel.tensor_model_parallel_size)
+    return shape_flops(shape, run_cfg.trainer.global_batch_size, convention)
+
+
+def megatron_args(run_cfg: RunConfig) -> SimpleNamespace:
+    """The Megatron-LM ``args`` that ``num_floating_point_operations(args, batch)`` reads, from a RunConfig."""
+    m = run_cfg.model
+    moe_freq: object = m.moe_layer_freq
+    if not isinstance(moe_freq, int):
+        moe_freq = [int(bool(x)) for x in list(moe_freq)]
+    return SimpleNamespace(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        group_query_attention=m.num_query_groups is not None and not m.multi_latent_attention,
+        num_query_groups=m.num_query_groups or m.num_attention_heads,
+        kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
+        seq_length=m.seq_length,
+        padded_vocab_size=padded_vocab_size(m, run_cfg.parallel.tensor_model_parallel_size),
+        swiglu=is_gated(m),
+        num_experts=m.num_moe_experts,
+        moe_layer_freq=moe_freq,
+        moe_router_topk=m.moe_router_topk,
+        moe_ffn_hidden_size=m.moe_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
+        moe_latent_size=None,
+        mtp_num_layers=m.mtp_num_layers,
+        multi_latent_attention=m.multi_latent_attention,
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_head_dim=m.qk_head_dim,
+        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+        v_head_dim=m.v_head_dim,
+        attention_output_gate=False,
+        experimental_attention_variant=None,
+        linear_attention_freq=None,
+        hybrid_layer_pattern=None,
+    )
+
+
+def mfu(flops: float, step_time_s: float, num_gpus: int, peak_flops_per_gpu: float) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s per GPU over the GPU's dense peak."""
+    return flops / (step_time_s * num_gpus * peak_flops_per_gpu)
+
+
+__all__: List[str] = [
+    "CONVENTIONS", "ModelShape", "shape_from_model", "shape_flops", "flops_per_iteration",
+    "megatron_args", "mfu", "sc21_flops", "legacy_flops", "current_flops", "six_n_flops",
+]
