@@ -1,0 +1,56 @@
+"""kilocard's data path: tokenizers, ``kilocard preprocess`` and the trainer's micro-batch iterator.
+
+Contract with the trainer
+-------------------------
+``build_train_iterator(run_cfg, *, dp_rank, dp_size, consumed_samples=0, cache_dir=None,
+create_attention_mask=True) -> TrainIterator``
+
+* Call it on **every** rank, after ``torch.distributed`` is initialised (or in a single process
+  without it). It is collective when torch.distributed is initialised: Megatron-Core's
+  ``BlendedMegatronDatasetBuilder`` builds the dataset indices on global rank 0 first, then
+  barriers, then the other ranks load them from the cache. Every rank builds its own copy
+  (``is_built_on_rank`` is always true); ranks with the same ``dp_rank`` (TP/PP/CP peers) get
+  identical batches.
+* ``dp_rank``/``dp_size``: this rank's data-parallel coordinates
+  (``parallel_state.get_data_parallel_rank()`` / ``get_data_parallel_world_size()``).
+* ``consumed_samples``: global samples already trained on (``step * global_batch_size`` at a
+  step boundary; saved in the checkpoint). A run resumed with the same value sees exactly the
+  micro-batches an uninterrupted run would have seen next.
+* ``cache_dir``: where Megatron-Core's dataset index caches go when ``data.path_to_cache`` is
+  unset (pass ``<run_dir>/data_cache``: it must be on a filesystem every node sees). With both
+  unset, Megatron-Core's default applies: a ``cache/`` folder beside the data prefix.
+* The iterator yields micro-batches, ``global_batch_size / (micro_batch_size * dp_size)`` of them
+  per optimizer step, each a dict of CPU tensors (Megatron-Core ``GPTModel.forward`` inputs):
+
+  - ``tokens``         int64   ``[micro_batch_size, seq_length]``
+  - ``labels``         int64   ``[micro_batch_size, seq_length]`` (tokens shifted left by one)
+  - ``loss_mask``      float32 ``[micro_batch_size, seq_length]`` (1.0 = counts toward the loss)
+  - ``attention_mask`` bool    ``[micro_batch_size, 1, seq_length, seq_length]`` (True = masked),
+    or ``None`` when ``create_attention_mask=False``
+  - ``position_ids``   int64   ``[micro_batch_size, seq_length]``
+
+  ``seq_length`` is ``model.seq_length``. Sample order follows Megatron-LM's
+  ``MegatronPretrainingSampler``: micro step ``k`` (counted from ``consumed_samples``) covers global
+  sample indices ``consumed_samples + k*mbs*dp_size + [dp_rank*mbs, (dp_rank+1)*mbs)``.
+  The iterator stops after ``trainer.train_iters * global_batch_size`` global samples.
+  ``iterator.consumed_samples`` is the global position of the next micro step's batch.
+* ``data.type == "mock"``: Megatron-Core's ``MockGPTDataset`` (no files). ``data.type ==
+  "indexed"``: ``GPTDataset`` over ``data.data_path`` (prefixes of ``.bin/.idx``, optionally
+  weighted ``[w1, p1, w2, p2]``), train split of ``data.split``. A relative prefix is looked up
+  in the current directory first, then under kilocard's shipped root (the repository in a source
+  checkout, the package in a wheel), so ``data/tiny_corpus/tiny_corpus_text_document`` works from
+  anywhere.
+* Bad input raises ``DataError`` (one line: field, value, fix), never a bare traceback.
+
+Other entry points: ``get_tokenizer(name)`` (``kilocard-bytes``), ``preprocess_command`` (the
+``kilocard preprocess`` verb), ``resolve_data_prefix(prefix)``.
+"""
+
+from __future__ import annotations
+
+from kilocard.data.errors import DataError
+from kilocard.data.iterator import TrainIterator, build_train_iterator
+from kilocard.data.paths import resolve_data_prefix
+from kilocard.data.tokenizer import get_tokenizer
+
+__all__ = ["DataError", "TrainIterator", "build_train_iterator", "get_tokenizer", "resolve_data_prefix"]

@@ -1,0 +1,100 @@
+"""Build the training split with Megatron-Core: ``GPTDataset`` (indexed) or ``MockGPTDataset`` (mock).
+
+Everything goes through Megatron-Core's ``BlendedMegatronDatasetBuilder`` and ``GPTDatasetConfig``;
+kilocard only maps its config onto them and checks the input first, so that a bad path or an
+empty split is one clear ``DataError`` instead of an assertion (or an endless loop) deep inside.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.tokenizers import MegatronTokenizerBase
+from torch.utils.data import Dataset
+
+from kilocard.config.schema import RunConfig
+from kilocard.data.errors import DataError
+from kilocard.data.paths import parse_blend
+
+DATA_TYPES = ("mock", "indexed")
+
+
+def train_samples(run_cfg: RunConfig) -> int:
+    """Global samples the whole run reads: ``trainer.train_iters * trainer.global_batch_size``."""
+    return run_cfg.trainer.train_iters * run_cfg.trainer.global_batch_size
+
+
+def cache_path(run_cfg: RunConfig, cache_dir: Optional[str]) -> Optional[str]:
+    """Index-cache folder: ``data.path_to_cache``, else ``cache_dir``, else Megatron's default (None)."""
+    chosen = run_cfg.data.path_to_cache or cache_dir
+    return str(Path(chosen).expanduser().resolve()) if chosen else None
+
+
+def gpt_dataset_config(
+    run_cfg: RunConfig,
+    tokenizer: MegatronTokenizerBase,
+    cache_dir: Optional[str] = None,
+    create_attention_mask: bool = True,
+) -> GPTDatasetConfig:
+    """Megatron-Core's ``GPTDatasetConfig`` for ``run_cfg``, restricted to the train split."""
+    data = run_cfg.data
+    if data.type not in DATA_TYPES:
+        raise DataError(f"data.type: {data.type!r} is not one of {', '.join(DATA_TYPES)}; fix: data=mock or data=tiny_corpus")
+    blend: Optional[Tuple[List[str], Optional[List[float]]]] = None
+    if data.type == "indexed":
+        blend = parse_blend(data.data_path)
+    try:
+        config = GPTDatasetConfig(
+            random_seed=data.random_seed,
+            sequence_length=run_cfg.model.seq_length,
+            blend=blend,
+            split=data.split,
+            tokenizer=tokenizer,
+            reset_position_ids=False,
+            reset_attention_mask=False,
+            eod_mask_loss=False,
+            create_attention_mask=create_attention_mask,
+            path_to_cache=cache_path(run_cfg, cache_dir),
+        )
+    except (AssertionError, ValueError) as err:
+        raise DataError(f"data.split: {data.split!r} is not a valid split ({err}); fix: e.g. data.split='969,30,1'") from err
+    if config.split_matrix[0] is None:
+        raise DataError(f"data.split: {data.split!r} gives the train split no share; fix: a positive first weight")
+    # Only the train split is built here: the valid/test book-ends are dropped.
+    config.split_matrix = [config.split_matrix[0]] + [None] * (len(config.split_matrix) - 1)
+    return config
+
+
+def _check_train_documents(config: GPTDatasetConfig) -> None:
+    """Every prefix must put at least one document in the train split (Megatron loops forever otherwise)."""
+    beg, end = config.split_matrix[0]
+    for prefix in config.blend[0]:
+        count = len(IndexedDataset(prefix).document_indices) - 1
+        if int(round(end * count)) - int(round(beg * count)) < 1:
+            raise DataError(
+                f"data.split: {config.split!r} leaves no train document in {prefix} ({count} documents); "
+                f"fix: more documents or a larger train weight"
+            )
+
+
+def build_train_dataset(run_cfg: RunConfig, config: GPTDatasetConfig) -> Dataset:
+    """The train split as a map-style dataset of at least ``train_samples(run_cfg)`` samples.
+
+    Collective when torch.distributed is initialised (rank 0 builds the index cache first).
+    """
+    cls = MockGPTDataset if config.mock else GPTDataset
+    if not config.mock:
+        _check_train_documents(config)
+    needed = train_samples(run_cfg)
+    builder = BlendedMegatronDatasetBuilder(cls, [needed, 0, 0], lambda: True, config)
+    dataset = builder.build()[0]
+    if len(dataset) < needed:
+        raise DataError(
+            f"data.data_path: the unweighted blend gives {len(dataset)} train samples but the run needs "
+            f"{needed}; fix: give weights ([w1, p1, w2, p2]) so Megatron draws more epochs"
+        )
+    return dataset

@@ -1,0 +1,65 @@
+"""Resolve ``data.data_path`` entries (indexed-dataset prefixes, optionally weighted) to real files.
+
+A relative prefix is looked up in the current directory first, then under kilocard's shipped
+root: the folder that holds ``conf/`` (the repository in a source checkout, the installed
+package in a wheel). Absolute prefixes are used as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple, Union
+
+from kilocard.data.errors import DataError
+from kilocard.paths import data_dir
+
+
+def _has_files(prefix: Path) -> bool:
+    return Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file()
+
+
+def shipped_root() -> Path:
+    """The folder that holds kilocard's shipped ``conf/`` (and ``data/`` in a source checkout)."""
+    return data_dir("conf").parent
+
+
+def resolve_data_prefix(prefix: str) -> str:
+    """Absolute path prefix of the ``.bin/.idx`` pair named ``prefix``; ``DataError`` if absent."""
+    path = Path(prefix).expanduser()
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path, shipped_root() / path]
+    for candidate in candidates:
+        if _has_files(candidate):
+            return str(candidate.resolve())
+    looked = " and ".join(f"{c}.bin/.idx" for c in candidates)
+    raise DataError(
+        f"data.data_path: {prefix!r} not found (looked for {looked}); "
+        f"fix: build it with `kilocard preprocess --input FILE.jsonl --output-prefix P` "
+        f"and pass P_text_document"
+    )
+
+
+def parse_blend(data_path: Sequence[Union[str, float, int]]) -> Tuple[List[str], Optional[List[float]]]:
+    """Megatron's ``blend`` from ``data.data_path``: ``[p]``, ``[p1, p2]`` or ``[w1, p1, w2, p2]``."""
+    items = [str(x) for x in data_path]
+    if not items:
+        raise DataError("data.data_path: empty for data.type=indexed; fix: data.data_path=[PREFIX] or data=tiny_corpus")
+    if not _is_number(items[0]):
+        numbers = [x for x in items if _is_number(x)]
+        if numbers:
+            raise DataError(f"data.data_path: {items} mixes weights and prefixes; fix: [w1, p1, w2, p2] or [p1, p2]")
+        return [resolve_data_prefix(p) for p in items], None
+    if len(items) % 2:
+        raise DataError(f"data.data_path: {items} has an odd number of entries; fix: weighted form [w1, p1, w2, p2]")
+    weights, prefixes = items[0::2], items[1::2]
+    for w, p in zip(weights, prefixes):
+        if not _is_number(w) or _is_number(p) or float(w) < 0:
+            raise DataError(f"data.data_path: pair ({w!r}, {p!r}) is not (weight >= 0, prefix); fix: [w1, p1, w2, p2]")
+    return [resolve_data_prefix(p) for p in prefixes], [float(w) for w in weights]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
