@@ -13,8 +13,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Dict, Iterable, List
 
+import warnings
+
 import numpy
-from megatron.core.tokenizers import MegatronTokenizerBase
+
+with warnings.catch_warnings():
+    # Importing Megatron-Core on a machine without Transformer Engine/Apex warns that it falls back
+    # to its local implementations; expected on CPU ranks and irrelevant to tokenizing.
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed", category=UserWarning)
+    from megatron.core.tokenizers import MegatronTokenizerBase
 
 from kilocard.data.errors import DataError
 
