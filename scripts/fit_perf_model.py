@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Fit the step-time model's free parameters once, on the rows of baselines/published.yaml.
+
+Coordinate search (no scipy): each free parameter in turn is scaled up and down by a step; a move
+is kept when it lowers the loss (mean squared relative error of TFLOP/s per GPU plus the squared
+worst error, over rows with full configurations); steps halve when nothing improves. Tied names
+move together (one knee for every GPU family). Prints the fitted values to paste into
+src/kilocard/perf/efficiency.py (FITTED) and the errors per row.
+
+    .venv/bin/python scripts/fit_perf_model.py [--file baselines/published.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Dict, List, Sequence
+
+from kilocard.perf.baselines import compare_row, error_stats, load_rows
+from kilocard.perf.efficiency import FITTED, flat, with_values
+
+#: Free parameters; names in one tuple move together. Everything else stays at its stated value.
+FREE: Sequence[Sequence[str]] = (
+    ("ampere.gemm_efficiency",),
+    ("hopper.gemm_efficiency",),
+    ("ampere.gemm_knee", "hopper.gemm_knee"),
+    ("ampere.hbm_efficiency", "hopper.hbm_efficiency"),
+    ("hopper.flash_attention_efficiency",),
+    ("network.nvlink_efficiency",),
+    ("network.network_efficiency",),
+    ("network.tp_overlap",),
+    ("network.p2p_latency_s",),
+)
+BOUNDS: Dict[str, tuple] = {"gemm_knee": (0.0, 4096.0), "p2p_latency_s": (0.0, 0.001)}
+
+
+def loss(values: Dict[str, float], rows) -> float:
+    params = with_values(FITTED, values)
+    errs = [compare_row(r, {}, params).rel_error for r in rows]
+    errs = [e for e in errs if e is not None]
+    return sum(e * e for e in errs) / len(errs) + max(abs(e) for e in errs) ** 2
+
+
+def clamp(name: str, v: float) -> float:
+    lo, hi = BOUNDS.get(name.split(".")[-1], (0.02, 0.95))  # no kernel or link sustains its datasheet peak
+    return min(hi, max(lo, v))
+
+
+def fit(rows, rounds: int = 60) -> Dict[str, float]:
+    values = {k: v for k, v in flat(FITTED).items() if any(k in g for g in FREE)}
+    best = loss(values, rows)
+    step = 0.2
+    for _ in range(rounds):
+        improved = False
+        for group in FREE:
+            for factor in (1 + step, 1 / (1 + step)):
+                trial = dict(values)
+                for name in group:
+                    trial[name] = clamp(name, values[name] * factor if values[name] else step)
+                trial_loss = loss(trial, rows)
+                if trial_loss < best - 1e-12:
+                    values, best, improved = trial, trial_loss, True
+        if not improved:
+            step /= 2
+            if step < 1e-3:
+                break
+    return values
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--file", default=None)
+    args = ap.parse_args(argv)
+    rows = [r for r in load_rows(args.file) if r.complete]
+    values = fit(rows)
+    params = with_values(FITTED, values)
+    for name, v in sorted(values.items()):
+        print(f"{name} = {v:.4g}")
+    comps = [compare_row(r, {}, params) for r in rows]
+    for c in comps:
+        print(f"{c.id:28s} published {c.published_tflops_per_gpu:7.1f}  predicted {c.predicted_tflops_per_gpu:7.1f}  "
+              f"{c.rel_error:+.1%}")
+    stats = error_stats(comps)
+    print(f"mean |error| {stats['mean_abs_rel_error']:.2%}  max |error| {stats['max_abs_rel_error']:.2%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

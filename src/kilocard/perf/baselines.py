@@ -1,0 +1,301 @@
+"""Published throughput baselines against the performance model (``kilocard baselines``).
+
+Each row of ``baselines/published.yaml`` (or any file in that format) is turned into a RunConfig:
+its model, layout, batch and precision as published, on a DGX-style cluster of its GPU (8 GPUs
+per node and NVLink domain, one network adapter per GPU). What the row does not state is the
+software generation, and that follows one documented rule: rows counted with the SC21 formula ran
+the Megatron-LM of 2021 (unfused attention with dropout 0.1, no sequence parallelism, no
+communication overlap, gradients all-reduced in fp16 for fp16 runs); every other row runs today's
+Megatron-Core defaults for performance (flash attention, sequence parallelism, the distributed
+optimizer, gradient/parameter/TP/pipeline overlap). A row may override either with a
+``software:`` mapping of ParallelConfig/ModelConfig field names.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+from kilocard.config.schema import (
+    ClusterConfig, ModelConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig,
+)
+from kilocard.paths import data_dir
+from kilocard.perf.efficiency import FITTED, PerfModelParams
+from kilocard.perf.flops import CONVENTIONS
+from kilocard.perf.predict import predict, require_gpu
+
+#: Per-GPU network bandwidth (one direction) of the DGX system of each GPU: one NIC per GPU.
+DGX_NETWORK_GBS: Dict[str, float] = {
+    "a100-sxm4-40gb": 25.0,  # DGX A100: 8x HDR 200 Gb/s InfiniBand
+    "a100-sxm4-80gb": 25.0,
+    "h100-sxm5-80gb": 50.0,  # DGX H100: 8x NDR 400 Gb/s InfiniBand
+    "h200-sxm-141gb": 50.0,
+    "b200-sxm-180gb": 50.0,
+    "gb200-nvl72": 100.0,  # ConnectX-8 800 Gb/s per GPU
+    "mi300x": 50.0,
+    "h100-pcie-80gb": 25.0,
+}
+
+UNVERIFIED = "unverified"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published measurement."""
+
+    id: str
+    """Row id (``sc21-1.7b``)."""
+    raw: Dict[str, Any]
+    """The row as written."""
+    complete: bool
+    """Every fact the model needs is published (no ``unverified``/missing value)."""
+    missing: List[str]
+    """Dotted names of the facts that are unverified or missing."""
+
+
+REQUIRED = {
+    "model": ("layers", "hidden", "heads", "ffn", "gated_mlp", "vocab", "seq"),
+    "parallel": ("tp", "pp", "cp", "dp"),
+    "batch": ("gbs", "mbs"),
+}
+
+
+def _missing(raw: Dict[str, Any]) -> List[str]:
+    out = []
+    for key in ("gpu", "gpus", "precision", "recompute", "flops_convention"):
+        if raw.get(key) in (None, UNVERIFIED):
+            out.append(key)
+    for group, keys in REQUIRED.items():
+        node = raw.get(group)
+        if not isinstance(node, dict):
+            out.append(group)
+            continue
+        out.extend(f"{group}.{k}" for k in keys if node.get(k) in (None, UNVERIFIED))
+    par = raw.get("parallel")
+    if isinstance(par, dict) and par.get("vp") == UNVERIFIED:
+        out.append("parallel.vp")
+    result = raw.get("result") or {}
+    if result.get("tflops_per_gpu") is None and result.get("mfu") is None:
+        out.append("result")
+    return out
+
+
+def load_rows(path: Optional[str] = None) -> List[Row]:
+    """Rows of a baselines file (default: the shipped ``baselines/published.yaml``)."""
+    file = Path(path) if path else data_dir("baselines") / "published.yaml"
+    try:
+        doc = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"--file: cannot read {file}: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        raise ValueError(f"--file: {file} has no 'rows:' list (see baselines/published.yaml for the format)")
+    rows = []
+    for i, raw in enumerate(doc["rows"]):
+        if not isinstance(raw, dict) or "id" not in raw:
+            raise ValueError(f"--file: row {i} of {file} has no 'id'")
+        missing = _missing(raw)
+        rows.append(Row(id=str(raw["id"]), raw=raw, complete=not missing, missing=missing))
+    return rows
+
+
+def row_cluster(raw: Dict[str, Any]) -> ClusterConfig:
+    """A DGX-style cluster of the row's GPU, big enough for its GPU count."""
+    spec = require_gpu(raw["gpu"])
+    per_node = min(8, int(raw["gpus"]))
+    return ClusterConfig(
+        name=f"dgx-{spec.name}", gpu=spec.name, nodes=max(1, int(raw["gpus"]) // per_node), gpus_per_node=per_node,
+        nvlink_domain_size=max(per_node, spec.nvlink_domain_size if spec.nvlink_domain_size > 8 else per_node),
+        intra_node_bandwidth_gbs=spec.nvlink_bandwidth / 1e9,
+        inter_node_bandwidth_gbs=DGX_NETWORK_GBS.get(spec.name, 25.0),
+    )
+
+
+def row_model(raw: Dict[str, Any], era_2021: bool) -> ModelConfig:
+    """The row's architecture (GPT-style with learned positions and tied embeddings unless gated)."""
+    m = raw["model"]
+    gated = bool(m["gated_mlp"])
+    experts = m.get("experts")
+    return ModelConfig(
+        name=str(raw["id"]), num_layers=int(m["layers"]), hidden_size=int(m["hidden"]),
+        num_attention_heads=int(m["heads"]), num_query_groups=m.get("kv_heads"), ffn_hidden_size=int(m["ffn"]),
+        seq_length=int(m["seq"]), max_position_embeddings=int(m["seq"]), vocab_size=int(m["vocab"]),
+        gated_linear_unit=gated, activation="swiglu" if gated else "gelu",
+        normalization="RMSNorm" if gated else "LayerNorm", add_bias_linear=not gated,
+        position_embedding_type="rope" if gated else "learned_absolute",
+        share_embeddings_and_output_weights=not gated,
+        num_moe_experts=int(experts) if experts else None, moe_router_topk=int(m.get("topk") or 2),
+        moe_ffn_hidden_size=m.get("moe_ffn"), moe_shared_expert_intermediate_size=m.get("shared_ffn"),
+        hidden_dropout=0.1 if era_2021 else 0.0, attention_dropout=0.1 if era_2021 else 0.0,
+        attention_backend="local" if era_2021 else "auto",
+    )
+
+
+def row_run_config(row: Row) -> RunConfig:
+    """The RunConfig a complete row describes (see the module docstring for the software rule)."""
+    raw = row.raw
+    era_2021 = raw["flops_convention"] == "megatron_sc21"
+    p, b = raw["parallel"], raw["batch"]
+    tp, vp = int(p["tp"]), p.get("vp")
+    modern = not era_2021
+    par = dict(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=int(p["pp"]),
+        virtual_pipeline_model_parallel_size=int(vp) if vp else None, context_parallel_size=int(p.get("cp") or 1),
+        expert_model_parallel_size=int(p.get("ep") or 1), sequence_parallel=modern and tp > 1,
+        use_distributed_optimizer=modern, overlap_grad_reduce=modern, overlap_param_gather=modern,
+        tp_comm_overlap=modern and tp > 1, overlap_p2p_comm=modern and bool(vp),
+        recompute_granularity=None if raw["recompute"] == "none" else raw["recompute"],
+        recompute_method="uniform" if raw["recompute"] == "full" else None,
+        recompute_num_layers=1 if raw["recompute"] == "full" else None,
+    )
+    model = row_model(raw, era_2021)
+    software = dict(raw.get("software") or {})
+    for key in list(software):
+        if hasattr(model, key):
+            model = ModelConfig(**{**model.__dict__, key: software.pop(key)})
+    par.update(software)
+    prec = raw["precision"]
+    precision = PrecisionConfig(
+        bf16=prec in ("bf16", "fp8"), fp16=prec == "fp16", fp8="hybrid" if prec == "fp8" else None,
+        grad_reduce_in_fp32=modern or prec == "bf16",  # 2021 Megatron-LM reduced fp16 grads in fp16
+    )
+    return RunConfig(
+        model=model, parallel=ParallelConfig(**par), precision=precision, cluster=row_cluster(raw),
+        trainer=TrainerConfig(micro_batch_size=int(b["mbs"]), global_batch_size=int(b["gbs"])),
+    )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Published against predicted, for one row."""
+
+    id: str
+    """Row id."""
+    recipe: Optional[str]
+    """Recipe whose ``baseline_id`` is this row (``None`` when none)."""
+    convention: str
+    """FLOPs convention of the row's figures."""
+    published_tflops_per_gpu: Optional[float]
+    """As published (derived from MFU and the peak when only MFU was published)."""
+    predicted_tflops_per_gpu: Optional[float]
+    """Predicted, same convention; ``None`` for incomplete rows."""
+    published_mfu: Optional[float]
+    """As published (or published TFLOP/s over the peak)."""
+    predicted_mfu: Optional[float]
+    """Predicted TFLOP/s over the peak."""
+    peak_tflops: Optional[float]
+    """The dense peak (row's GEMM dtype) the MFUs divide by."""
+    rel_error: Optional[float]
+    """(predicted - published) / published; ``None`` when excluded."""
+    note: str
+    """Why the row is excluded from the statistics (empty when included)."""
+
+
+def compare_row(row: Row, recipes: Dict[str, str], params: PerfModelParams = FITTED) -> Comparison:
+    """Predict one row and compare it with the published figure."""
+    result = row.raw.get("result") or {}
+    pub_tf, pub_mfu = result.get("tflops_per_gpu"), result.get("mfu")
+    peak = None
+    gpu = row.raw.get("gpu")
+    if gpu not in (None, UNVERIFIED) and row.raw.get("precision") not in (None, UNVERIFIED):
+        spec = require_gpu(gpu)
+        peak = spec.peak_flops.get(row.raw["precision"], spec.peak_flops["bf16"]) / 1e12
+        pub_tf = pub_tf if pub_tf is not None else (pub_mfu * peak if pub_mfu is not None else None)
+        pub_mfu = pub_mfu if pub_mfu is not None else (pub_tf / peak if pub_tf is not None else None)
+    conv = str(row.raw.get("flops_convention"))
+    base = dict(id=row.id, recipe=recipes.get(row.id), convention=conv, published_tflops_per_gpu=pub_tf,
+                published_mfu=pub_mfu, peak_tflops=peak)
+    if not row.complete or conv not in CONVENTIONS:
+        note = "unverified/missing: " + ", ".join(row.missing or ["flops_convention"])
+        return Comparison(**base, predicted_tflops_per_gpu=None, predicted_mfu=None, rel_error=None, note=note)
+    cfg = row_run_config(row)
+    pred = predict(cfg, conv, params, world=int(row.raw["gpus"]))
+    rel = (pred.tflops_per_gpu - pub_tf) / pub_tf
+    return Comparison(**base, predicted_tflops_per_gpu=pred.tflops_per_gpu, predicted_mfu=pred.mfu,
+                      rel_error=rel, note="")
+
+
+def recipe_index() -> Dict[str, str]:
+    """Map baseline row id to the recipe that reproduces it (recipe.baseline_id)."""
+    from kilocard.recipes import catalog_rows
+
+    out: Dict[str, str] = {}
+    for r in catalog_rows():
+        if r.baseline:
+            out.setdefault(r.baseline, r.name)
+    return out
+
+
+def error_stats(comparisons: List[Comparison]) -> Dict[str, float]:
+    """Mean and max absolute relative error over the rows included."""
+    errs = [abs(c.rel_error) for c in comparisons if c.rel_error is not None]
+    if not errs:
+        return {"mean_abs_rel_error": float("nan"), "max_abs_rel_error": float("nan"), "rows_included": 0}
+    return {"mean_abs_rel_error": sum(errs) / len(errs), "max_abs_rel_error": max(errs), "rows_included": len(errs)}
+
+
+def compare_all(path: Optional[str] = None, params: PerfModelParams = FITTED,
+                recipes: Optional[Dict[str, str]] = None) -> List[Comparison]:
+    """Compare every row of a baselines file."""
+    index = recipe_index() if recipes is None else recipes
+    return [compare_row(r, index, params) for r in load_rows(path)]
+
+
+def _fmt(v: Optional[float], spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render_text(comps: List[Comparison]) -> str:
+    """The table ``kilocard baselines`` prints."""
+    header = ("row", "recipe", "convention", "pub TF/s", "pred TF/s", "pub MFU", "pred MFU", "peak", "error")
+    lines = [header] + [
+        (c.id, c.recipe or "-", c.convention, _fmt(c.published_tflops_per_gpu, ".0f"),
+         _fmt(c.predicted_tflops_per_gpu, ".0f"), _fmt(c.published_mfu, ".1%"), _fmt(c.predicted_mfu, ".1%"),
+         _fmt(c.peak_tflops, ".0f"), _fmt(c.rel_error, "+.1%") if c.rel_error is not None else "excluded")
+        for c in comps
+    ]
+    widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
+    out = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    stats = error_stats(comps)
+    out.append("")
+    out.append(f"mean |error| {stats['mean_abs_rel_error']:.1%}, max |error| {stats['max_abs_rel_error']:.1%} "
+               f"over {stats['rows_included']} rows with full configurations (TFLOP/s per GPU, each row's own "
+               f"FLOPs convention; MFU = TFLOP/s over the dense peak of the row's GEMM dtype)")
+    for c in comps:
+        if c.note:
+            out.append(f"excluded from the statistics: {c.id} ({c.note})")
+    return "\n".join(out)
+
+
+def render_json(comps: List[Comparison]) -> str:
+    """The ``--format json`` document."""
+    stats = error_stats(comps)
+    doc = {
+        "rows": [
+            {"id": c.id, "recipe": c.recipe, "convention": c.convention,
+             "published_tflops_per_gpu": c.published_tflops_per_gpu,
+             "predicted_tflops_per_gpu": c.predicted_tflops_per_gpu, "published_mfu": c.published_mfu,
+             "predicted_mfu": c.predicted_mfu, "rel_error": c.rel_error, "excluded": c.note or None}
+            for c in comps
+        ],
+        "mean_abs_rel_error": stats["mean_abs_rel_error"],
+        "max_abs_rel_error": stats["max_abs_rel_error"],
+        "rows_included": stats["rows_included"],
+    }
+    return json.dumps(doc, indent=1)
+
+
+def baselines_command(file: Optional[str] = None, fmt: str = "text") -> int:
+    """``kilocard baselines``: print the comparison; 0 on success, 2 on an unreadable file."""
+    try:
+        comps = compare_all(file)
+    except (ValueError, KeyError, TypeError) as e:
+        print(f"kilocard baselines: error: {e}", file=sys.stderr)
+        return 2
+    print(render_json(comps) if fmt == "json" else render_text(comps))
+    return 0

@@ -1,0 +1,109 @@
+"""The step-time model's physical parameters: how close real kernels and collectives come to peak.
+
+Each value is fitted once on ``baselines/published.yaml`` by ``scripts/fit_perf_model.py`` (or,
+where no published row constrains it, fixed from a stated measurement) and is the same for every
+run: there is no per-run correction. ``docs/perf_model.md`` lists the values and where they come from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Dict
+
+
+@dataclass(frozen=True)
+class GpuEfficiency:
+    """How a GPU family's kernels approach its datasheet peaks."""
+
+    gemm_efficiency: float
+    """Fraction of the dense bf16/fp16 peak a large GEMM sustains (cuBLAS, clocks under load)."""
+    fp8_gemm_ratio: float
+    """FP8 GEMM efficiency relative to bf16 (the fraction of the FP8 peak is this times gemm_efficiency)."""
+    gemm_knee: float
+    """GEMM dimension (elements) at which a GEMM reaches half its efficiency from that dimension alone:
+    each of M, N, K adds ``knee / dim`` to the time of its FLOPs (tiles, waves, operand traffic)."""
+    flash_attention_efficiency: float
+    """Fraction of the bf16 peak the fused (flash) attention core sustains, forward and backward."""
+    hbm_efficiency: float
+    """Fraction of the HBM bandwidth that elementwise kernels (norms, activations, softmax) sustain."""
+
+
+@dataclass(frozen=True)
+class NetworkEfficiency:
+    """How collectives approach the link bandwidth, and how much of them hides behind compute."""
+
+    nvlink_efficiency: float
+    """Achieved bus bandwidth of NCCL collectives inside an NVLink domain, over the link bandwidth."""
+    network_efficiency: float
+    """Achieved bus bandwidth of collectives across nodes, over the per-GPU NIC bandwidth."""
+    tp_overlap: float
+    """Fraction of tensor-parallel communication hidden behind GEMMs with ``tp_comm_overlap``."""
+    tp_bwd_overlap: float
+    """Fraction of the backward TP collectives hidden behind weight-gradient GEMMs (always on)."""
+    dp_overlap: float
+    """Fraction of the backward (forward) time under which the gradient reduce (parameter gather)
+    can hide when ``overlap_grad_reduce`` (``overlap_param_gather``) is on."""
+    p2p_overlap: float
+    """Fraction of pipeline send/receive time hidden with ``overlap_p2p_comm``."""
+    layer_overhead_s: float
+    """Fixed time per layer per micro-batch pass (kernel launches, synchronisation), seconds."""
+    p2p_latency_s: float
+    """Fixed time of one pipeline send/receive (launch, handshake, stream synchronisation), seconds."""
+
+
+@dataclass(frozen=True)
+class PerfModelParams:
+    """Every parameter of the step-time model."""
+
+    gpu: Dict[str, GpuEfficiency]
+    """Per GPU family (``ampere``, ``hopper``, ``blackwell``, ``cdna3``)."""
+    network: NetworkEfficiency
+    """Collectives and overlap."""
+
+    def for_family(self, family: str) -> GpuEfficiency:
+        """Efficiencies of ``family``; families without a published row use Hopper's (stated in the docs)."""
+        return self.gpu.get(family, self.gpu["hopper"])
+
+
+#: Fitted by scripts/fit_perf_model.py on baselines/published.yaml (13 rows with full configurations:
+#: mean |error| 4.1%, max 7.2%). Not fitted (stated values): fp8_gemm_ratio 0.9 (cuBLASLt FP8 vs BF16
+#: GEMM on H100), ampere flash_attention_efficiency (the A100 rows ran unfused attention), tp_bwd_overlap,
+#: dp_overlap, p2p_overlap, layer_overhead_s. Families without a row use Hopper's values.
+FITTED = PerfModelParams(
+    gpu={
+        "ampere": GpuEfficiency(
+            gemm_efficiency=0.80, fp8_gemm_ratio=1.0, gemm_knee=43.12,
+            flash_attention_efficiency=0.50, hbm_efficiency=0.80,
+        ),
+        "hopper": GpuEfficiency(
+            gemm_efficiency=0.625, fp8_gemm_ratio=0.90, gemm_knee=43.12,
+            flash_attention_efficiency=0.3741, hbm_efficiency=0.80,
+        ),
+    },
+    network=NetworkEfficiency(
+        nvlink_efficiency=0.5952, network_efficiency=0.95, tp_overlap=0.718, tp_bwd_overlap=0.5,
+        dp_overlap=0.9, p2p_overlap=0.8, layer_overhead_s=0.0, p2p_latency_s=0.001,
+    ),
+)
+
+
+def flat(params: PerfModelParams) -> Dict[str, float]:
+    """``{"hopper.gemm_efficiency": 0.75, "network.tp_overlap": 0.7, ...}``: every parameter by name."""
+    out = {f"{fam}.{f.name}": getattr(eff, f.name) for fam, eff in params.gpu.items() for f in fields(eff)}
+    out.update({f"network.{f.name}": getattr(params.network, f.name) for f in fields(params.network)})
+    return out
+
+
+def with_values(params: PerfModelParams, values: Dict[str, float]) -> PerfModelParams:
+    """A copy of ``params`` with the named values (``flat`` names) replaced."""
+    gpu = dict(params.gpu)
+    network = params.network
+    for name, value in values.items():
+        group, _, field_name = name.partition(".")
+        if group == "network":
+            network = replace(network, **{field_name: value})
+        elif group in gpu:
+            gpu[group] = replace(gpu[group], **{field_name: value})
+        else:
+            raise KeyError(f"unknown performance-model parameter {name!r}")
+    return PerfModelParams(gpu=gpu, network=network)

@@ -1,0 +1,133 @@
+"""``predict(run_cfg)``: step time, TFLOP/s per GPU and MFU of a RunConfig on its cluster.
+
+The adapter between the typed config (RunConfig, GPU table) and the step-time model's plain inputs
+(``ModelShape``, ``Layout``, ``Hardware``). MFU always says which FLOPs convention and which peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+from kilocard.config.schema import ClusterConfig, RunConfig
+from kilocard.perf.efficiency import FITTED, PerfModelParams
+from kilocard.perf.flops import flops_per_iteration, shape_from_model
+from kilocard.perf.steptime import Hardware, Layout, predict_step_time
+from kilocard.topology import GpuSpec, compute_dtype, gpu_spec
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the performance model predicts for one run."""
+
+    step_time_s: float
+    """Seconds per optimizer step."""
+    tflops_per_gpu: float
+    """Achieved TFLOP/s per GPU under ``convention``."""
+    mfu: float
+    """``tflops_per_gpu`` over ``peak_flops``."""
+    convention: str
+    """FLOPs convention of ``tflops_per_gpu`` and ``mfu``."""
+    peak_flops: float
+    """Dense peak FLOP/s per GPU the MFU divides by (the GEMM dtype's datasheet figure)."""
+    peak_dtype: str
+    """dtype of that peak (``bf16``, ``fp8`` ...)."""
+    breakdown: Dict[str, float] = field(default_factory=dict)
+    """Seconds per step by component (see ``StepTime.breakdown``)."""
+
+
+def gpu_family(spec: GpuSpec) -> str:
+    """Efficiency family of a GPU: ``ampere``, ``hopper``, ``blackwell``, ``cdna3`` or ``cpu``."""
+    if spec.vendor == "amd":
+        return "cdna3"
+    if spec.vendor == "cpu":
+        return "cpu"
+    return {8: "ampere", 9: "hopper", 10: "blackwell"}.get(spec.compute_capability[0], "hopper")
+
+
+def require_gpu(name: str) -> GpuSpec:
+    """The GPU table entry, or a ``ValueError`` naming the field and the known GPUs."""
+    spec = gpu_spec(name)
+    if spec is None:
+        from kilocard.topology import GPU_TABLE
+
+        raise ValueError(f"cluster.gpu: unknown GPU {name!r}; use one of {', '.join(GPU_TABLE)}")
+    return spec
+
+
+def hardware_for(cluster: ClusterConfig) -> Hardware:
+    """The model's view of a cluster: GPU table peaks and HBM, the profile's links and node shape."""
+    spec = require_gpu(cluster.gpu)
+    return Hardware(
+        gpu=spec.name,
+        family=gpu_family(spec),
+        peak_flops=dict(spec.peak_flops),
+        hbm_bandwidth=spec.hbm_bandwidth,
+        nvlink_bandwidth=cluster.intra_node_bandwidth_gbs * 1e9,
+        network_bandwidth=cluster.inter_node_bandwidth_gbs * 1e9,
+        gpus_per_node=cluster.gpus_per_node,
+        nvlink_domain=max(1, cluster.nvlink_domain_size),
+    )
+
+
+def precision_of(cfg: RunConfig) -> str:
+    """GEMM dtype of the run (the peak its MFU divides by)."""
+    p = cfg.precision
+    return compute_dtype(p.bf16, p.fp16, p.fp8, p.fp4)
+
+
+def layout_of(cfg: RunConfig, world: Optional[int] = None) -> Layout:
+    """The model's Layout of a RunConfig on ``world`` GPUs (default: the cluster's nodes x GPUs)."""
+    par, m = cfg.parallel, cfg.model
+    gpus = world or cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    model_parallel = par.tensor_model_parallel_size * par.pipeline_model_parallel_size * par.context_parallel_size
+    if gpus % model_parallel:
+        raise ValueError(
+            f"parallel: TP({par.tensor_model_parallel_size}) * PP({par.pipeline_model_parallel_size}) * "
+            f"CP({par.context_parallel_size}) = {model_parallel} does not divide the {gpus} GPUs"
+        )
+    return Layout(
+        tp=par.tensor_model_parallel_size,
+        pp=par.pipeline_model_parallel_size,
+        vp=par.virtual_pipeline_model_parallel_size or 1,
+        cp=par.context_parallel_size,
+        ep=par.expert_model_parallel_size,
+        etp=par.expert_tensor_parallel_size or par.tensor_model_parallel_size,
+        dp=gpus // model_parallel,
+        mbs=cfg.trainer.micro_batch_size,
+        gbs=cfg.trainer.global_batch_size,
+        recompute=par.recompute_granularity or "none",
+        sequence_parallel=par.sequence_parallel,
+        distributed_optimizer=par.use_distributed_optimizer,
+        overlap_grad_reduce=par.overlap_grad_reduce,
+        overlap_param_gather=par.overlap_param_gather,
+        tp_comm_overlap=par.tp_comm_overlap,
+        overlap_p2p_comm=par.overlap_p2p_comm,
+        precision=precision_of(cfg),
+        grad_bytes=4 if (cfg.precision.grad_reduce_in_fp32 or not (cfg.precision.bf16 or cfg.precision.fp16)) else 2,
+        flash_attention=m.attention_backend not in ("local", "unfused"),
+        num_experts=m.num_moe_experts or 0,
+        dropout=bool(m.hidden_dropout or m.attention_dropout),
+    )
+
+
+def predict(run_cfg: RunConfig, convention: str = "megatron_current", params: PerfModelParams = FITTED,
+            world: Optional[int] = None) -> Prediction:
+    """Predicted step time, TFLOP/s per GPU and MFU of ``run_cfg`` (FLOPs counted by ``convention``)."""
+    hw = hardware_for(run_cfg.cluster)
+    lay = layout_of(run_cfg, world)
+    shape = shape_from_model(run_cfg.model, lay.tp)
+    step = predict_step_time(shape, lay, hw, params)
+    flops = flops_per_iteration(run_cfg, convention)
+    dtype = lay.precision
+    peak = hw.peak_flops.get(dtype, hw.peak_flops["bf16"])
+    tflops = flops / step.total_s / lay.gpus / 1e12
+    return Prediction(
+        step_time_s=step.total_s,
+        tflops_per_gpu=tflops,
+        mfu=tflops * 1e12 / peak,
+        convention=convention,
+        peak_flops=peak,
+        peak_dtype=dtype,
+        breakdown=dict(step.breakdown),
+    )

@@ -1,0 +1,346 @@
+"""Analytic step time of a parallel layout on a cluster.
+
+One optimizer step = the pipeline schedule over ``M = GBS / (MBS * DP)`` micro-batches of the
+slowest stage, plus what does not hide behind it (data-parallel collectives, optimizer step).
+Per micro-batch and layer the model charges:
+
+* GEMMs: per-GPU FLOPs over ``peak * gemm_efficiency``, each of M, N, K adding ``knee / dim``;
+* the attention core: flash kernels at ``flash_attention_efficiency``, or (``local``/``unfused``
+  backends) two batched GEMMs plus the s x s score traffic at HBM bandwidth;
+* elementwise work (norms, residuals, dropout, activations, RoPE, FP8 casts) at HBM bandwidth,
+  replicated over TP ranks unless sequence parallelism shards it;
+* TP collectives on NVLink (less what ``tp_comm_overlap`` and the backward overlap hide), CP ring
+  exchange behind attention, EP all-to-all;
+* full recompute adds a forward, selective recompute the attention core's forward.
+
+Then the pipeline bubble ``(P - 1) / V`` stage passes, point-to-point sends, the gradient
+reduce-scatter / all-reduce and parameter all-gather over DP x CP, and the optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+from kilocard.perf.efficiency import FITTED, GpuEfficiency, PerfModelParams
+from kilocard.perf.flops import ModelShape
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The datasheet facts the model needs about one GPU and its cluster."""
+
+    gpu: str
+    """GPU table key (``h100-sxm5-80gb`` ...)."""
+    family: str
+    """GPU family the efficiencies belong to (``ampere``, ``hopper``, ``blackwell``, ``cdna3``)."""
+    peak_flops: Dict[str, float]
+    """Dense peak FLOP/s by dtype (``bf16``, ``fp16``, ``fp8``, ``fp4``, ``fp32``)."""
+    hbm_bandwidth: float
+    """HBM bandwidth, bytes/s."""
+    nvlink_bandwidth: float
+    """NVLink bandwidth per GPU, one direction, bytes/s."""
+    network_bandwidth: float
+    """Network bandwidth per GPU, one direction, bytes/s."""
+    gpus_per_node: int
+    """GPUs per node."""
+    nvlink_domain: int
+    """GPUs sharing one NVLink domain."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout and the software features that change its speed."""
+
+    tp: int = 1
+    """Tensor-parallel size."""
+    pp: int = 1
+    """Pipeline-parallel size."""
+    vp: int = 1
+    """Virtual pipeline stages per rank (1: not interleaved)."""
+    cp: int = 1
+    """Context-parallel size."""
+    ep: int = 1
+    """Expert-parallel size."""
+    etp: int = 1
+    """Expert tensor-parallel size."""
+    dp: int = 1
+    """Data-parallel size."""
+    mbs: int = 1
+    """Micro-batch size."""
+    gbs: int = 1
+    """Global batch size (sequences)."""
+    recompute: str = "none"
+    """``none``, ``selective`` or ``full``."""
+    sequence_parallel: bool = False
+    """Sequence parallelism over TP ranks."""
+    distributed_optimizer: bool = False
+    """Optimizer state sharded over DP x CP (reduce-scatter + all-gather instead of all-reduce)."""
+    overlap_grad_reduce: bool = False
+    """Gradient reduce overlapped with backward."""
+    overlap_param_gather: bool = False
+    """Parameter all-gather overlapped with forward."""
+    tp_comm_overlap: bool = False
+    """TP collectives overlapped with GEMMs."""
+    overlap_p2p_comm: bool = False
+    """Pipeline sends overlapped with compute."""
+    precision: str = "bf16"
+    """GEMM precision: ``bf16``, ``fp16``, ``fp8``, ``fp4`` or ``fp32``."""
+    grad_bytes: int = 4
+    """Bytes per gradient element in the DP reduce (4: fp32, 2: bf16)."""
+    flash_attention: bool = True
+    """Fused attention kernels (no materialised s x s scores)."""
+    num_experts: int = 0
+    """Routed experts (0: dense)."""
+    dropout: bool = False
+    """Hidden/attention dropout on (extra mask traffic)."""
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the layout uses."""
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per DP rank per step."""
+        return max(1, self.gbs // (self.mbs * self.dp))
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted time of one optimizer step and where it goes (seconds, per step)."""
+
+    total_s: float
+    """Predicted step time."""
+    breakdown: Dict[str, float] = field(default_factory=dict)
+    """Seconds per component: gemm, attention, elementwise, tp_comm, cp_comm, ep_comm, bubble,
+    pp_p2p, dp_comm, optimizer, overhead."""
+
+
+ACT_BYTES = 2
+"""Bytes per activation element (bf16/fp16) in elementwise kernels and collectives."""
+
+
+def gemm_time(m: float, n: float, k: float, count: float, peak: float, eff: GpuEfficiency) -> float:
+    """Time of ``count`` GEMMs ``(m x k) @ (k x n)``: FLOPs at efficiency, each dim adding knee/dim."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    penalty = 1.0 + eff.gemm_knee * (1.0 / m + 1.0 / n + 1.0 / k)
+    return count * 2.0 * m * n * k / (peak * eff.gemm_efficiency) * penalty
+
+
+def _peak(hw: Hardware, precision: str, eff: GpuEfficiency) -> float:
+    """Effective GEMM peak for ``precision`` (FP8's fraction scaled by ``fp8_gemm_ratio``)."""
+    if precision in ("fp8", "fp4") and precision in hw.peak_flops:
+        return hw.peak_flops[precision] * eff.fp8_gemm_ratio
+    return hw.peak_flops.get("bf16" if precision in ("fp8", "fp4") else precision, hw.peak_flops["bf16"])
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """Forward time of one layer for one micro-batch on one GPU, by component."""
+
+    gemm: float
+    attn: float
+    elem: float
+    tp_comm: float
+    cp_comm: float
+    ep_comm: float
+
+
+def layer_forward(shape: ModelShape, lay: Layout, hw: Hardware, eff: GpuEfficiency, params: PerfModelParams,
+                  moe: bool) -> _Layer:
+    """Forward-pass times of one transformer layer for one micro-batch on one GPU."""
+    t, h = lay.tp, shape.hidden
+    tok = lay.mbs * shape.seq / lay.cp
+    q = shape.kv_channels * shape.heads
+    kv = shape.kv_channels * shape.query_groups
+    peak = _peak(hw, lay.precision, eff)
+    gemm = gemm_time(tok, (q + 2 * kv) / t, h, 1, peak, eff) + gemm_time(tok, h, q / t, 1, peak, eff)
+    mats = 2 if shape.gated else 1
+    if moe:
+        moe_ffn = shape.moe_ffn or shape.ffn
+        local_experts = max(1, lay.num_experts // lay.ep)
+        # Each GPU receives its ETP group's routed tokens (tok / TP each, top-k times) for its experts.
+        m_e = tok / t * shape.topk * lay.etp / local_experts
+        count = local_experts
+        gemm += gemm_time(m_e, moe_ffn * mats / lay.etp, h, count, peak, eff)
+        gemm += gemm_time(m_e, h, moe_ffn / lay.etp, count, peak, eff)
+        if shape.shared_ffn:
+            gemm += gemm_time(tok, shape.shared_ffn * mats / t, h, 1, peak, eff)
+            gemm += gemm_time(tok, h, shape.shared_ffn / t, 1, peak, eff)
+        ffn_elems = (moe_ffn * shape.topk + shape.shared_ffn) / t
+    else:
+        gemm += gemm_time(tok, shape.ffn * mats / t, h, 1, peak, eff)
+        gemm += gemm_time(tok, h, shape.ffn / t, 1, peak, eff)
+        ffn_elems = shape.ffn / t
+    attn, score_bytes = attention_forward(shape, lay, hw, eff, tok)
+    hbm = hw.hbm_bandwidth * eff.hbm_efficiency
+    replicated = h * (10 + (6 if lay.dropout else 0))  # 2 norms, 2 residual adds (+ dropout masks)
+    per_token = replicated / (t if lay.sequence_parallel else 1) + ffn_elems * (3 if shape.gated else 2)
+    per_token += 2 * (q + kv) / t  # RoPE / bias on q and k
+    if lay.precision in ("fp8", "fp4"):
+        per_token += 1.5 * (3 * h / (t if lay.sequence_parallel else 1) + ffn_elems + q / t)  # casts + amax
+    elem = (tok * per_token * ACT_BYTES + score_bytes) / hbm
+    return _Layer(gemm, attn, elem, tp_comm_forward(tok, h, lay, hw, params),
+                  cp_comm_forward(tok, kv, lay, hw, params, attn),
+                  ep_comm_forward(tok, h, shape, lay, hw, params) if moe else 0.0)
+
+
+def attention_forward(shape: ModelShape, lay: Layout, hw: Hardware, eff: GpuEfficiency, tok: float):
+    """(compute seconds, score bytes) of the attention core forward for one micro-batch on one GPU."""
+    heads = shape.heads / lay.tp
+    d = shape.kv_channels
+    if shape.mla is not None:
+        d = (shape.mla.qk_head_dim + shape.mla.qk_pos_emb_head_dim + shape.mla.v_head_dim) / 2
+    causal_flops = 2.0 * tok * shape.seq * heads * d  # QK^T and PV, half the s x s under the causal mask
+    if lay.flash_attention:
+        return causal_flops / (hw.peak_flops["bf16"] * eff.flash_attention_efficiency), 0.0
+    # Unfused: two batched GEMMs over the full square, scores written, softmaxed, (dropout), read.
+    per_head = gemm_time(shape.seq / lay.cp, shape.seq, d, 2 * lay.mbs * heads, hw.peak_flops["bf16"], eff)
+    score_elems = tok * shape.seq * heads
+    return per_head, score_elems * ACT_BYTES * (6 if lay.dropout else 4)
+
+
+def _bw(group_span: int, hw: Hardware, params: PerfModelParams) -> float:
+    """Achieved per-GPU bandwidth for a group spanning ``group_span`` consecutive ranks."""
+    if group_span <= hw.nvlink_domain:
+        return hw.nvlink_bandwidth * params.network.nvlink_efficiency
+    return hw.network_bandwidth * params.network.network_efficiency
+
+
+def tp_comm_forward(tok: float, h: int, lay: Layout, hw: Hardware, params: PerfModelParams) -> float:
+    """Two all-reduces (or AG + RS pairs with SP) of the micro-batch's activations per layer forward."""
+    if lay.tp == 1:
+        return 0.0
+    volume = 2 * 2 * (lay.tp - 1) / lay.tp * tok * h * ACT_BYTES
+    return volume / _bw(lay.tp, hw, params)
+
+
+def cp_comm_forward(tok: float, kv: int, lay: Layout, hw: Hardware, params: PerfModelParams, attn: float) -> float:
+    """Ring exchange of K and V over CP ranks, exposed beyond the attention it overlaps with."""
+    if lay.cp == 1:
+        return 0.0
+    volume = (lay.cp - 1) * 2 * tok * kv / lay.tp * ACT_BYTES
+    return max(0.0, volume / _bw(lay.tp * lay.cp, hw, params) - attn)
+
+
+def ep_comm_forward(tok: float, h: int, shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams) -> float:
+    """Dispatch and combine all-to-alls of the routed tokens over EP ranks."""
+    if lay.ep == 1:
+        return 0.0
+    volume = 2 * (lay.ep - 1) / lay.ep * tok / lay.tp * shape.topk * h * ACT_BYTES
+    return volume / _bw(lay.tp * lay.ep, hw, params)
+
+
+def stage_microbatch_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams,
+                          layers: float, last: bool, parts: Dict[str, float]) -> float:
+    """Forward + backward (+ recompute) time of one micro-batch through ``layers`` layers of a stage."""
+    eff = params.for_family(hw.family)
+    net = params.network
+    n_moe = sum(shape.moe_layers) / shape.layers if shape.moe_layers else 0.0
+    total = 0.0
+    for moe, frac in ((False, 1.0 - n_moe), (True, n_moe)):
+        if frac <= 0:
+            continue
+        f = layer_forward(shape, lay, hw, eff, params, moe)
+        exposed_tp = f.tp_comm * (1.0 - (net.tp_overlap if lay.tp_comm_overlap else 0.0))
+        compute_fwd = f.gemm + f.attn + f.elem
+        fwd = compute_fwd + exposed_tp + f.cp_comm + f.ep_comm
+        bwd = 2 * compute_fwd + exposed_tp * (1.0 - net.tp_bwd_overlap) + 2 * f.cp_comm + f.ep_comm
+        if lay.recompute == "full":
+            bwd += fwd
+        elif lay.recompute == "selective":
+            bwd += f.attn
+        passes = 4 if lay.recompute == "full" else 3
+        n = layers * frac
+        total += n * (fwd + bwd + passes * net.layer_overhead_s)
+        for key, v in (("gemm", f.gemm), ("attention", f.attn), ("elementwise", f.elem)):
+            parts[key] = parts.get(key, 0.0) + n * v * passes
+        parts["tp_comm"] = parts.get("tp_comm", 0.0) + n * exposed_tp * (passes - net.tp_bwd_overlap)
+        parts["cp_comm"] = parts.get("cp_comm", 0.0) + n * f.cp_comm * 3
+        parts["ep_comm"] = parts.get("ep_comm", 0.0) + n * f.ep_comm * 2
+        parts["overhead"] = parts.get("overhead", 0.0) + n * passes * net.layer_overhead_s
+    if last:
+        peak = _peak(hw, lay.precision, eff)
+        tok = lay.mbs * shape.seq / lay.cp
+        logits = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, peak, eff)
+        logits += 3 * tok * shape.vocab / lay.tp * 4 / (hw.hbm_bandwidth * eff.hbm_efficiency)  # fp32 softmax CE
+        parts["logits"] = parts.get("logits", 0.0) + logits
+        total += logits
+    return total
+
+
+def predict_step_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams = FITTED,
+                      params_per_gpu: Optional[float] = None) -> StepTime:
+    """Predicted step time of ``lay`` for ``shape`` on ``hw``; ``params_per_gpu`` defaults to a dense estimate."""
+    parts: Dict[str, float] = {}
+    per_stage = shape.layers / lay.pp
+    scratch: Dict[str, float] = {}
+    t_mid = stage_microbatch_time(shape, lay, hw, params, per_stage, last=(lay.pp == 1), parts=scratch)
+    t_last = stage_microbatch_time(shape, lay, hw, params, per_stage, last=True, parts=parts)
+    m = lay.microbatches
+    for k in parts:
+        parts[k] *= m
+    bubble = (lay.pp - 1) / lay.vp * t_mid
+    p2p = pipeline_p2p(shape, lay, hw, params) * (m * lay.vp + lay.pp - 1)
+    parts["bubble"] = bubble
+    parts["pp_p2p"] = p2p
+    compute = m * t_last + bubble + p2p
+    n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay)
+    parts["dp_comm"] = dp_comm(n_params, lay, hw, params, t_last)
+    parts["optimizer"] = optimizer_time(n_params, lay, hw, params)
+    total = compute + parts["dp_comm"] + parts["optimizer"]
+    return StepTime(total_s=total, breakdown=parts)
+
+
+def pipeline_p2p(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams) -> float:
+    """Exposed send+receive time of one micro-batch's activations and gradients at a stage boundary."""
+    if lay.pp == 1:
+        return 0.0
+    tok = lay.mbs * shape.seq / lay.cp
+    # Each TP rank sends its 1/TP slice (sequence parallelism, or SC21's scatter/gather optimisation).
+    volume = 2 * tok * shape.hidden * ACT_BYTES / lay.tp
+    span = lay.tp * lay.cp * lay.dp * 2  # neighbouring stages sit DP x CP x TP ranks apart
+    exposed = 1.0 - (params.network.p2p_overlap if lay.overlap_p2p_comm else 0.0)
+    regather = volume * (lay.tp - 1) / _bw(lay.tp, hw, params)  # all-gather of the slices inside TP
+    return (volume / _bw(span, hw, params) + regather + 2 * params.network.p2p_latency_s) * exposed
+
+
+def dense_params_per_gpu(shape: ModelShape, lay: Layout) -> float:
+    """Parameters held by one GPU (layers / PP, matrices / TP; experts / (EP x ETP); embedding added)."""
+    h, q, kv = shape.hidden, shape.kv_channels * shape.heads, shape.kv_channels * shape.query_groups
+    mats = 3 if shape.gated else 2
+    attn = (h * (q + 2 * kv) + q * h) / lay.tp
+    n_moe = sum(shape.moe_layers)
+    dense = (shape.layers - n_moe) * (attn + mats * h * shape.ffn / lay.tp)
+    moe_ffn = shape.moe_ffn or shape.ffn
+    experts = lay.num_experts / lay.ep
+    moe = n_moe * (attn + mats * h * (moe_ffn * experts / lay.etp + shape.shared_ffn / lay.tp))
+    return (dense + moe) / lay.pp + shape.vocab * h / lay.tp
+
+
+def dp_comm(n_params: float, lay: Layout, hw: Hardware, params: PerfModelParams, t_microbatch: float) -> float:
+    """Exposed gradient reduce (and parameter all-gather) over DP x CP ranks."""
+    group = lay.dp * lay.cp
+    if group == 1:
+        return 0.0
+    span = lay.gpus // lay.pp  # a DP x CP group interleaves with TP across this many ranks
+    bw = _bw(span, hw, params)
+    frac = (group - 1) / group
+    if lay.distributed_optimizer:
+        reduce = frac * n_params * lay.grad_bytes / bw
+        gather = frac * n_params * ACT_BYTES / bw
+    else:
+        reduce, gather = 2 * frac * n_params * lay.grad_bytes / bw, 0.0
+    net = params.network
+    window = net.dp_overlap * t_microbatch * 2 / 3  # the last micro-batch's backward
+    exposed_reduce = max(0.0, reduce - window) if lay.overlap_grad_reduce else reduce
+    exposed_gather = max(0.0, gather - net.dp_overlap * t_microbatch / 3) if lay.overlap_param_gather else gather
+    return exposed_reduce + exposed_gather
+
+
+def optimizer_time(n_params: float, lay: Layout, hw: Hardware, params: PerfModelParams) -> float:
+    """Adam step: ~32 bytes of HBM traffic per parameter (fp32 param, grad, two moments; bf16 copy)."""
+    shard = n_params / (lay.dp * lay.cp) if lay.distributed_optimizer else n_params
+    return shard * 32 / (hw.hbm_bandwidth * params.for_family(hw.family).hbm_efficiency)
