@@ -66,6 +66,10 @@ class ModelConfig:
     """Dropout after attention and MLP."""
     attention_dropout: float = 0.0
     """Dropout on the attention probabilities."""
+    attention_backend: str = "auto"
+    """Attention kernels (``TransformerConfig.attention_backend``): ``auto``, ``flash``, ``fused``,
+    ``unfused`` or ``local``; ``local``/``unfused`` materialise the s x s scores (the step-time model
+    charges their memory traffic)."""
     init_method_std: float = 0.02
     """Standard deviation of the weight initialisation."""
     num_moe_experts: Optional[int] = None
@@ -350,6 +354,10 @@ class LauncherConfig:
     """Additional ``#SBATCH`` lines, each validated (``--constraint=h100``)."""
     env: Dict[str, str] = field(default_factory=dict)
     """Extra environment for the job; values are quoted, never executed."""
+    secret_env: List[str] = field(default_factory=list)
+    """Names of variables (``WANDB_API_KEY``) passed from the submitting shell with ``--export``; never written."""
+    max_requeues: int = 20
+    """Self-requeues of one Slurm job after RETRY/FAULT exits before it gives up (``SLURM_RESTART_COUNT``)."""
 
 
 @dataclass(kw_only=True)
