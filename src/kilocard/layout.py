@@ -1,0 +1,130 @@
+"""The parallel layout a config implies: sizes, derived DP, micro-batches, group placement.
+
+Pure and total: any ``RunConfig`` gives a ``Layout`` (derived sizes that are not whole numbers are
+``None``; the validator's rules say why). The world size is the cluster's: ``nodes *
+gpus_per_node`` (the config is the source of truth, never the environment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+from kilocard.config.schema import RunConfig
+from kilocard.topology import GroupPlacement, place_group
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel sizes of a run and where their process groups sit."""
+
+    world_size: int
+    """Ranks: cluster.nodes * cluster.gpus_per_node."""
+    nodes: int
+    """cluster.nodes."""
+    gpus_per_node: int
+    """cluster.gpus_per_node."""
+    nvlink_domain_size: int
+    """cluster.nvlink_domain_size."""
+    tp: int
+    """Tensor-parallel size."""
+    pp: int
+    """Pipeline-parallel size."""
+    vp: Optional[int]
+    """Virtual stages per pipeline rank (``None``: not interleaved)."""
+    cp: int
+    """Context-parallel size."""
+    ep: int
+    """Expert-parallel size."""
+    etp: int
+    """Expert tensor-parallel size (TP when unset)."""
+    dp: Optional[int]
+    """Data-parallel size world / (tp*pp*cp); ``None`` when not a whole number."""
+    expert_dp: Optional[int]
+    """Expert data-parallel size world / (etp*ep*pp); ``None`` when not a whole number."""
+    num_microbatches: Optional[int]
+    """Micro-batches per step per DP rank: global / (micro * dp); ``None`` when not whole."""
+    stage_layers: Optional[List[int]] = None
+    """Transformer layers on each pipeline stage; ``None`` when the split is invalid."""
+    groups: Dict[str, GroupPlacement] = field(default_factory=dict)
+    """Placement of each group kind (empty when DP is not whole)."""
+
+    @property
+    def model_parallel_size(self) -> int:
+        """tp * pp * cp."""
+        return self.tp * self.pp * self.cp
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict (groups as ``{name: {size, stride, within_node, within_nvlink, scope}}``)."""
+        out = asdict(self)
+        out["groups"] = {k: {**asdict(g), "scope": g.scope} for k, g in self.groups.items()}
+        out["model_parallel_size"] = self.model_parallel_size
+        return out
+
+
+def _pos(x: Optional[int], default: int = 1) -> int:
+    """``x`` when it is a positive int, else ``default`` (bad sizes are reported by rules)."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else default
+
+
+def _exact_div(a: int, b: int) -> Optional[int]:
+    return a // b if b > 0 and a % b == 0 else None
+
+
+def stage_layers(cfg: RunConfig) -> Optional[List[int]]:
+    """Layers per pipeline stage, as Megatron-Core's ``get_num_layers_to_build`` splits them."""
+    p, m = cfg.parallel, cfg.model
+    pp, layers = _pos(p.pipeline_model_parallel_size), m.num_layers
+    first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
+    if first is not None or last is not None:
+        rest, stages = layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+        if stages < 0 or (stages == 0 and rest != 0) or (stages > 0 and (rest < 0 or rest % stages)):
+            return None
+        middle = rest // stages if stages else 0
+        out = [middle] * pp
+        if first is not None:
+            out[0] = first
+        if last is not None:
+            out[-1] = last
+        return out
+    total = layers + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
+    if total % pp:
+        return None
+    out = [total // pp] * pp
+    if p.account_for_embedding_in_pipeline_split:
+        out[0] -= 1
+    if p.account_for_loss_in_pipeline_split:
+        out[-1] -= 1
+    return out
+
+
+def compute_layout(cfg: RunConfig) -> Layout:
+    """The layout of ``cfg`` (never raises; invalid derived sizes are ``None``)."""
+    c, p, t = cfg.cluster, cfg.parallel, cfg.trainer
+    nodes, gpn = _pos(c.nodes), _pos(c.gpus_per_node)
+    world = nodes * gpn
+    tp, pp, cp = _pos(p.tensor_model_parallel_size), _pos(p.pipeline_model_parallel_size), _pos(p.context_parallel_size)
+    ep = _pos(p.expert_model_parallel_size)
+    etp = _pos(p.expert_tensor_parallel_size, tp)
+    dp = _exact_div(world, tp * pp * cp)
+    edp = _exact_div(world, etp * ep * pp)
+    mb = _exact_div(t.global_batch_size, _pos(t.micro_batch_size) * dp) if dp else None
+    if mb == 0:
+        mb = None
+    domain = _pos(c.nvlink_domain_size)
+    groups: Dict[str, GroupPlacement] = {}
+    if dp:
+        for name, size, stride in (
+            ("tp", tp, 1), ("cp", cp, tp), ("tp_cp", tp * cp, 1), ("dp", dp, tp * cp),
+            ("dp_cp", dp * cp, tp), ("pp", pp, tp * cp * dp),
+        ):
+            groups[name] = place_group(name, size, stride, world, gpn, domain)
+    if edp:
+        for name, size, stride in (("etp", etp, 1), ("ep", ep, etp), ("expert_dp", edp, etp * ep)):
+            groups[name] = place_group(name, size, stride, world, gpn, domain)
+    vp = p.virtual_pipeline_model_parallel_size
+    return Layout(
+        world_size=world, nodes=nodes, gpus_per_node=gpn, nvlink_domain_size=domain,
+        tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, dp=dp, expert_dp=edp, num_microbatches=mb,
+        stage_layers=stage_layers(cfg) if pp <= 4096 else None, groups=groups,
+    )

@@ -1,0 +1,395 @@
+"""Memory per GPU of the most loaded pipeline stage: weights, gradients, optimizer, activations.
+
+Where Megatron-LM has a formula (``megatron/training/theoretical_memory_usage.py`` in the
+megatron-core 0.19.2 wheel) this module gives the same number on the same inputs, and
+``tests/test_memory_oracle.py`` proves it on many random configs against that very file:
+
+* weights + gradients + optimizer == ``compute_weight_and_optimizer_memory(args)`` for bf16/fp16
+  params with fp32 gradients (``precision.grad_reduce_in_fp32``) and Adam: 2 + 4 + 12 bytes per
+  parameter, the 12 sharded over DP with the distributed optimizer (expert parameters over
+  expert-DP), counted on the most loaded shard (first stage: 1/PP of the layers plus the
+  embedding; dense, MoE, MLA, GQA, MTP, shared experts and the router as Megatron counts them);
+* activations == ``compute_activation_memory(args, M)`` (sequence parallel with selective
+  recompute; Korthikanti et al. 2022, Table 2) and ``compute_activation_memory_without_sp(args, M)``
+  otherwise (including recompute none, as ``report_theoretical_memory`` picks them), with the
+  interleaved-schedule penalty and the ``min(1, M/PP)`` discount.
+
+Where kilocard goes further (each term is zero, or the identity, on Megatron's own inputs):
+
+* context parallel: the per-rank sequence ``seq_length / CP`` goes into the activation formula,
+  and the distributed optimizer shards over DP*CP (Megatron-Core's ``dp_cp`` group);
+* other dtypes: fp32 params (4 + 4 + 8 bytes, no master copy), bf16 gradients when
+  ``grad_reduce_in_fp32`` is false (2 bytes), FP8 parameters (``fp8_param``: 1 byte), SGD
+  (momentum, plus a master copy under mixed precision); fp32 activations count 4 bytes, not 2;
+* biases (``add_bias_linear``/``add_qkv_bias``) and learned absolute position embeddings, which
+  the formula leaves out;
+* uneven pipeline stages: the first stage's own layer count replaces ``num_layers / PP`` and the
+  last stage (output layer when untied) is checked too; the larger one counts;
+* MoE activations: an MoE layer's MLP term uses the tokens each rank computes, ``topk *
+  moe_ffn_hidden_size`` (+ shared experts) in place of ``ffn_hidden_size``;
+* full recompute (not modelled by Megatron): a recomputed layer keeps only its input
+  (``2 s b h`` bytes, / TP with SP), plus one recompute unit's full activations as working set.
+
+Not modelled: FP8 activation savings, the attention score matrix (flash/fused attention is
+assumed), allocator fragmentation and workspaces (the validator keeps a reserve for those).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Optional
+
+from kilocard.config.schema import ModelConfig, RunConfig
+from kilocard.layout import Layout, compute_layout
+from kilocard.perf.params import padded_vocab_size
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU on the most loaded pipeline stage."""
+
+    weights: int
+    """Model parameters in their storage dtype."""
+    gradients: int
+    """Gradient buffers (main grads)."""
+    optimizer: int
+    """Optimizer state (master params + moments), sharded over DP with the distributed optimizer."""
+    activations: int
+    """Activations kept for the backward pass, micro-batches in flight included."""
+    params_on_stage: int
+    """Parameters held by one GPU of the most loaded stage."""
+
+    @property
+    def total(self) -> int:
+        """weights + gradients + optimizer + activations."""
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    def to_json(self) -> dict:
+        """``{weights, gradients, optimizer, activations, total}`` in bytes."""
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations, "total": self.total}
+
+
+# --- the inputs of Megatron-LM's formula ----------------------------------------------------------
+
+
+def _moe_pattern(m: ModelConfig) -> list:
+    if m.num_moe_experts is None:
+        return [0] * m.num_layers
+    if isinstance(m.moe_layer_freq, int):
+        return [1 if i % max(1, m.moe_layer_freq) == 0 else 0 for i in range(m.num_layers)]
+    return [int(bool(x)) for x in m.moe_layer_freq]
+
+
+def _effective_ffn(m: ModelConfig) -> float:
+    """Average per-layer MLP width seen by a token (the dense ffn for a dense model)."""
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    pattern = _moe_pattern(m)
+    if not any(pattern) or not pattern:
+        return ffn
+    moe = m.moe_router_topk * (m.moe_ffn_hidden_size or ffn) + (m.moe_shared_expert_intermediate_size or 0)
+    return (ffn * (len(pattern) - sum(pattern)) + moe * sum(pattern)) / len(pattern)
+
+
+def megatron_memory_args(cfg: RunConfig, layout: Optional[Layout] = None) -> SimpleNamespace:
+    """The ``args`` Megatron-LM's memory formulas read, from ``cfg`` (kilocard's extensions noted).
+
+    On a dense model with CP = 1 and an even pipeline split these are exactly Megatron-LM's
+    arguments for the same run. Extensions: ``seq_length`` is the per-rank sequence (/ CP),
+    ``data_parallel_size`` is the optimizer-sharding group (DP * CP), ``num_layers`` is the first
+    stage's layers * PP, and ``ffn_hidden_size`` is the token-averaged MLP width of an MoE model.
+    """
+    m, p = cfg.model, cfg.parallel
+    lay = layout or compute_layout(cfg)
+    first = lay.stage_layers[0] if lay.stage_layers else None
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    gqa = m.num_query_groups is not None and not m.multi_latent_attention
+    return SimpleNamespace(
+        hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
+        kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
+        group_query_attention=gqa, num_query_groups=m.num_query_groups if gqa else m.num_attention_heads,
+        num_experts=m.num_moe_experts, swiglu=bool(m.gated_linear_unit),
+        moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
+        moe_layer_freq=m.moe_layer_freq if isinstance(m.moe_layer_freq, int) else list(m.moe_layer_freq),
+        num_layers=m.num_layers, moe_ffn_hidden_size=(m.moe_ffn_hidden_size or ffn) if m.num_moe_experts else None,
+        mtp_num_layers=m.mtp_num_layers, normalization=m.normalization,
+        multi_latent_attention=m.multi_latent_attention, q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank, qk_head_dim=m.qk_head_dim, qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+        v_head_dim=m.v_head_dim, padded_vocab_size=padded_vocab_size(m, lay.tp),
+        untie_embeddings_and_output_weights=not m.share_embeddings_and_output_weights,
+        ffn_hidden_size=ffn, moe_latent_size=None, moe_router_topk=m.moe_router_topk,
+        add_bias_linear=m.add_bias_linear, moe_shared_expert_gate=False,
+        expert_tensor_parallel_size=lay.etp, expert_model_parallel_size=lay.ep,
+        pipeline_model_parallel_size=lay.pp, tensor_model_parallel_size=lay.tp,
+        world_size=lay.world_size, data_parallel_size=(lay.dp or 1) * lay.cp,
+        use_distributed_optimizer=p.use_distributed_optimizer,
+        virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
+        sequence_parallel=p.sequence_parallel, recompute_granularity=p.recompute_granularity,
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        seq_length=cfg.model.seq_length // max(1, lay.cp),
+        activation_num_layers=(first * lay.pp) if first is not None else m.num_layers,
+        activation_ffn_hidden_size=_effective_ffn(m),
+    )
+
+
+# --- weights, gradients and optimizer state -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters on one GPU of the most loaded stage, split by how they are sharded."""
+
+    dense: float
+    """TP-sharded and replicated parameters (sharded over DP*CP by the distributed optimizer)."""
+    expert: float
+    """Routed-expert parameters (sharded over expert-DP by the distributed optimizer)."""
+
+
+def _layer_terms(a: SimpleNamespace) -> dict:
+    """Megatron's per-layer parameter terms (attention, MLPs, norms, router)."""
+    norm = 1 if a.normalization == "RMSNorm" else 2
+    glu = 3 / 2 if a.swiglu else 1
+    h = a.hidden_size
+    if a.multi_latent_attention:
+        qk = a.qk_head_dim + a.qk_pos_emb_head_dim
+        q = h * a.num_attention_heads * qk if a.q_lora_rank is None else a.q_lora_rank * (h + a.num_attention_heads * qk + norm)
+        attn = (q + a.kv_lora_rank * (h + a.num_attention_heads * (a.qk_head_dim + a.v_head_dim) + norm)
+                + h * a.qk_pos_emb_head_dim + (a.num_attention_heads * a.v_head_dim) * h)
+    else:
+        ratio = a.kv_channels * a.num_attention_heads / h
+        attn = 2 * h * h * ((1 + (a.num_query_groups / a.num_attention_heads)) * ratio)
+    experts = 1 if a.num_experts is None else a.num_experts
+    moe_ffn = a.moe_ffn_hidden_size if a.num_experts is not None else 0
+    return {
+        "attn": attn,
+        "dense_mlp": 2 * h * a.ffn_hidden_size * glu,
+        "shared": 2 * h * (a.moe_shared_expert_intermediate_size or 0) * glu,
+        "routed": 2 * h * moe_ffn * experts * glu,
+        "norms": 2 * h * norm,
+        "router": (h * experts + (experts if a.add_bias_linear else 0)) if a.num_experts is not None else 0,
+        "final_norm": norm * h,
+        "embedding": h * a.padded_vocab_size,
+    }
+
+
+def _bias_params_per_layer(m: ModelConfig) -> int:
+    """Biases the formula leaves out (TP-sharded with their weights)."""
+    n, g = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+    d = m.kv_channels or m.hidden_size // n
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    out = (n + 2 * g) * d if (m.add_bias_linear or m.add_qkv_bias) else 0
+    if m.add_bias_linear:
+        out += m.hidden_size + ffn * (2 if m.gated_linear_unit else 1) + m.hidden_size
+    return out
+
+
+def stage_params(cfg: RunConfig, layout: Layout, a: Optional[SimpleNamespace] = None) -> StageParams:
+    """Parameters per GPU on the most loaded stage (Megatron's accounting, plus the extensions)."""
+    a = a or megatron_memory_args(cfg, layout)
+    t = _layer_terms(a)
+    pattern = _moe_pattern(cfg.model)
+    n_moe, n_dense = sum(pattern), a.num_layers - sum(pattern)
+    mtp = a.mtp_num_layers or 0
+    mtp_moe = pattern[-1] * mtp if pattern else 0
+    mtp_dense = mtp - mtp_moe
+    tp_block = (t["attn"] + t["dense_mlp"]) * n_dense + (t["attn"] + t["shared"]) * n_moe
+    rep_block = t["norms"] * n_dense + (t["norms"] + t["router"]) * n_moe + t["final_norm"]
+    exp_block = t["routed"] * n_moe
+    tp_mtp = (t["attn"] + t["dense_mlp"]) * mtp_dense + (t["attn"] + t["shared"]) * mtp_moe
+    rep_mtp = t["norms"] * mtp_dense + (t["norms"] + t["router"]) * mtp_moe
+    exp_mtp = t["routed"] * mtp_moe
+    pp, tp, etp_ep = a.pipeline_model_parallel_size, a.tensor_model_parallel_size, a.expert_tensor_parallel_size * a.expert_model_parallel_size
+    frac = _first_stage_fraction(cfg, layout)
+    tp_on = ((tp_block * frac) + tp_mtp + t["embedding"]) / tp
+    rep_on = (rep_block * frac) + rep_mtp
+    exp_on = ((exp_block * frac) + exp_mtp) / etp_ep
+    if a.untie_embeddings_and_output_weights and pp == 1:
+        tp_on += t["embedding"] / tp
+    extra = _extra_params(cfg, layout, frac)
+    dense = tp_on + rep_on + extra
+    last = _last_stage_dense(cfg, layout, t, tp_block, rep_block, exp_block, etp_ep)
+    if last is not None and last[0] + last[1] > dense + exp_on:
+        return StageParams(dense=last[0], expert=last[1])
+    return StageParams(dense=dense, expert=exp_on)
+
+
+def _first_stage_fraction(cfg: RunConfig, layout: Layout) -> float:
+    """Share of the transformer block on the first stage: 1/PP when even (Megatron's formula)."""
+    st = layout.stage_layers
+    if st is None or len(set(st)) == 1 or cfg.model.num_layers == 0:
+        return 1 / layout.pp
+    return st[0] / cfg.model.num_layers
+
+
+def _extra_params(cfg: RunConfig, layout: Layout, frac: float) -> float:
+    """Biases and learned position embeddings on the first stage (zero on Megatron's inputs)."""
+    m = cfg.model
+    out = _bias_params_per_layer(m) * m.num_layers * frac / layout.tp
+    if m.position_embedding_type == "learned_absolute":
+        out += m.max_position_embeddings * m.hidden_size
+    return out
+
+
+def _last_stage_dense(cfg, layout, t, tp_block, rep_block, exp_block, etp_ep):
+    """(dense, expert) params on the last stage of an uneven split; ``None`` when even."""
+    st = layout.stage_layers
+    if st is None or len(set(st)) == 1 or layout.pp == 1 or cfg.model.num_layers == 0:
+        return None
+    frac = st[-1] / cfg.model.num_layers
+    m = cfg.model
+    dense = tp_block * frac / layout.tp + rep_block * frac + _bias_params_per_layer(m) * m.num_layers * frac / layout.tp
+    if not m.share_embeddings_and_output_weights:
+        dense += t["embedding"] / layout.tp
+    return dense, exp_block * frac / etp_ep
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    """Bytes each parameter costs, by component."""
+
+    weight: float
+    """Stored parameter."""
+    grad: float
+    """Main gradient."""
+    optim: float
+    """Optimizer state before sharding (master copy + moments)."""
+
+
+def bytes_per_param(cfg: RunConfig) -> BytesPerParam:
+    """Per-parameter bytes for this precision and optimizer (Megatron: 2 + 4 + 12 for bf16 Adam)."""
+    pr = cfg.precision
+    full = pr.params_dtype == "float32" and not (pr.bf16 or pr.fp16)
+    weight = 1.0 if pr.fp8_param else (4.0 if pr.params_dtype == "float32" else 2.0)
+    grad = 4.0 if (pr.grad_reduce_in_fp32 or pr.params_dtype == "float32") else 2.0
+    master = 0.0 if full else 4.0
+    moments = 4.0 if cfg.optim.optimizer == "sgd" else 8.0
+    return BytesPerParam(weight=weight, grad=grad, optim=master + moments)
+
+
+# --- activations ----------------------------------------------------------------------------------
+
+
+def _pipeline_factor(a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
+    pp, vp = a.pipeline_model_parallel_size, a.virtual_pipeline_model_parallel_size
+    if vp is not None:
+        return 1 + ((pp - 1) / (pp * vp))
+    if pp > 1 and num_microbatches is not None:
+        return min(1, num_microbatches / pp)
+    return 1.0
+
+
+def activations_sp_selective(a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
+    """Megatron's ``compute_activation_memory`` (SP + selective recompute), bytes per GPU."""
+    s, b, h, pp = a.seq_length, a.micro_batch_size, a.hidden_size, a.pipeline_model_parallel_size
+    act = (s * b * h) * (18 + (4 * (a.activation_ffn_hidden_size / h)))
+    act *= a.activation_num_layers
+    act += 8 * s * b * pp
+    act += s * b * h * pp
+    if a.virtual_pipeline_model_parallel_size is not None or pp > 1:
+        act *= _pipeline_factor(a, num_microbatches)
+    if pp == 1:
+        act += s * b * h * 4 * (1 + (a.padded_vocab_size / h))
+    return act / a.tensor_model_parallel_size
+
+
+def activations_no_sp(a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
+    """Megatron's ``compute_activation_memory_without_sp``, bytes per GPU (5% overhead included)."""
+    s, b, h, pp, tp = a.seq_length, a.micro_batch_size, a.hidden_size, a.pipeline_model_parallel_size, a.tensor_model_parallel_size
+    ffn_scale = a.activation_ffn_hidden_size / a.ffn_hidden_size if a.ffn_hidden_size else 1.0
+    per_layer = s * b * h * (10 + (24 / tp) * _mlp_share(ffn_scale, h, a.ffn_hidden_size))
+    act = per_layer * a.activation_num_layers
+    act += 8 * s * b * pp
+    act += s * b * h * pp
+    if a.virtual_pipeline_model_parallel_size is not None or pp > 1:
+        act *= _pipeline_factor(a, num_microbatches)
+    if pp == 1:
+        logits = s * b * a.padded_vocab_size
+        logits /= tp
+        act += (logits + s * b * h) * 2
+    return act * 1.05
+
+
+def _mlp_share(ffn_scale: float, h: int, ffn: int) -> float:
+    """Scale of the TP-sharded term for MoE (identity 1.0 for a dense model)."""
+    if ffn_scale == 1.0:
+        return 1.0
+    # 24 sbh/t = (8 + 16 * ffn/(4h)) sbh/t: attention's share stays, the MLP's scales with width.
+    return (8 + 16 * ffn_scale * ffn / (4 * h)) / 24
+
+
+def activations_full_recompute(cfg: RunConfig, a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
+    """Full recompute: stored layer inputs for every in-flight micro-batch + one unit's working set."""
+    p = cfg.parallel
+    s, b, h, tp = a.seq_length, a.micro_batch_size, a.hidden_size, a.tensor_model_parallel_size
+    sp = tp if p.sequence_parallel else 1
+    k = max(1, p.recompute_num_layers or 1)
+    layers = a.activation_num_layers  # layers of the first stage * PP micro-batches in flight
+    per_layer_full = s * b * h * (10 + 24 / tp) * 1.05
+    if p.recompute_method == "block":
+        stage_layers = max(1, layers // max(1, a.pipeline_model_parallel_size))
+        chunks = a.virtual_pipeline_model_parallel_size or 1
+        frac = min(1.0, k * chunks / stage_layers)
+        stored = layers * (frac * 2 * s * b * h / sp + (1 - frac) * per_layer_full)
+    else:
+        stored = (layers / k) * 2 * s * b * h / sp
+    stored += 8 * s * b * a.pipeline_model_parallel_size + s * b * h * a.pipeline_model_parallel_size
+    stored *= _pipeline_factor(a, num_microbatches)
+    working = k * per_layer_full
+    if a.pipeline_model_parallel_size == 1:
+        stored += (s * b * a.padded_vocab_size / tp + s * b * h) * 2
+    return stored + working
+
+
+def activation_bytes(cfg: RunConfig, a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
+    """Activation bytes per GPU, choosing the formula as ``report_theoretical_memory`` does."""
+    p = cfg.parallel
+    if p.recompute_granularity == "full":
+        act = activations_full_recompute(cfg, a, num_microbatches)
+    elif p.sequence_parallel and p.recompute_granularity == "selective":
+        act = activations_sp_selective(a, num_microbatches)
+    else:
+        act = activations_no_sp(a, num_microbatches)
+    pr = cfg.precision
+    return act * (2 if not (pr.bf16 or pr.fp16) and pr.params_dtype == "float32" else 1)
+
+
+# --- the estimate ---------------------------------------------------------------------------------
+
+
+def estimate_memory(cfg: RunConfig, layout: Optional[Layout] = None) -> MemoryEstimate:
+    """Bytes per GPU on the most loaded pipeline stage of ``cfg`` (see the module docstring)."""
+    lay = layout or compute_layout(cfg)
+    a = megatron_memory_args(cfg, lay)
+    sp = stage_params(cfg, lay, a)
+    bpp = bytes_per_param(cfg)
+    dense_shard = (lay.dp or 1) * lay.cp if cfg.parallel.use_distributed_optimizer else 1
+    expert_shard = (lay.expert_dp or 1) if cfg.parallel.use_distributed_optimizer else 1
+    params = sp.dense + sp.expert
+    optim = sp.dense * bpp.optim / dense_shard + sp.expert * bpp.optim / expert_shard
+    act = activation_bytes(cfg, a, lay.num_microbatches)
+    return MemoryEstimate(
+        weights=_round(params * bpp.weight),
+        gradients=_round(params * bpp.grad),
+        optimizer=_round(optim),
+        activations=_round(act),
+        params_on_stage=_round(params),
+    )
+
+
+def weight_and_optimizer_bytes(cfg: RunConfig, layout: Optional[Layout] = None) -> float:
+    """Unrounded weights + gradients + optimizer bytes (what Megatron's formula returns)."""
+    lay = layout or compute_layout(cfg)
+    a = megatron_memory_args(cfg, lay)
+    sp = stage_params(cfg, lay, a)
+    bpp = bytes_per_param(cfg)
+    dense_shard = (lay.dp or 1) * lay.cp if cfg.parallel.use_distributed_optimizer else 1
+    expert_shard = (lay.expert_dp or 1) if cfg.parallel.use_distributed_optimizer else 1
+    per_dense = bpp.weight + bpp.grad + bpp.optim / dense_shard
+    per_expert = bpp.weight + bpp.grad + bpp.optim / expert_shard
+    return sp.dense * per_dense + sp.expert * per_expert
+
+
+def _round(x: float) -> int:
+    return int(math.ceil(x)) if math.isfinite(x) else 0

@@ -1,0 +1,79 @@
+"""Pre-launch validation: ``validate(cfg) -> Report`` (pure: no environment, no I/O).
+
+Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
+``model``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
+``launcher`` and ``memory``. The report holds every problem at once, the layout and the estimates
+(memory per GPU by component against HBM, FLOPs per iteration).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from kilocard.config.schema import RunConfig
+from kilocard.layout import Layout, compute_layout
+from kilocard.validate import batch, launcher, model, optimizer, parallel, precision, recompute, topology
+from kilocard.validate.issues import ERROR, WARNING, Issue, Report
+from kilocard.validate.memory import hbm_bytes, rule_memory_fits, usable_bytes
+
+Rule = Callable[[RunConfig, Layout], Iterable[Issue]]
+
+#: Rules whose errors make a layout structurally invalid (used to filter memory suggestions).
+STRUCTURAL_RULES: Tuple[Rule, ...] = model.RULES + parallel.RULES + batch.RULES + recompute.RULES
+#: Every rule except the memory fit, in report order.
+RULES: Tuple[Rule, ...] = (STRUCTURAL_RULES + precision.RULES + optimizer.RULES + topology.RULES + launcher.RULES)
+
+#: Issue codes for conditions Megatron-Core itself rejects (at config, group or model construction).
+MCORE_CODES = frozenset({
+    "PARALLEL_SIZE", "WORLD_NOT_DIVISIBLE", "EXPERT_WORLD_NOT_DIVISIBLE", "TP_HEADS", "TP_QUERY_GROUPS",
+    "SP_WITHOUT_TP", "MOE_TP_WITHOUT_SP", "EP_WITHOUT_EXPERTS", "EXPERTS_EP", "EXPERTS_NOT_POSITIVE",
+    "VP_WITHOUT_PP", "LAYERS_PP", "LAYERS_VP", "LAYERS_ACCOUNTING", "UNEVEN_PP_WITH_ACCOUNTING",
+    "UNEVEN_PP_STAGE", "UNEVEN_PP_VP", "UNEVEN_PP_MISMATCH", "UNEVEN_PP_MIDDLE", "FP16_AND_BF16",
+    "FP8_AND_FP4", "FP8_PARAM_WITHOUT_FP8", "RECOMPUTE_GRANULARITY", "RECOMPUTE_METHOD", "RECOMPUTE_NUM_LAYERS",
+})
+
+
+def structurally_valid(cfg: RunConfig, lay: Layout) -> bool:
+    """No error from the structural rules (model, parallel, batch, recompute)."""
+    return not any(i.severity == ERROR for r in STRUCTURAL_RULES for i in r(cfg, lay))
+
+
+def run_rules(cfg: RunConfig, lay: Layout, rules: Iterable[Rule] = RULES) -> List[Issue]:
+    """Every issue the rules find, in order."""
+    return [issue for rule in rules for issue in rule(cfg, lay)]
+
+
+def estimates(cfg: RunConfig, lay: Layout) -> Dict[str, Any]:
+    """Memory per GPU by component, HBM, FLOPs per iteration (``None`` where the shape is invalid)."""
+    from kilocard.perf.memory import estimate_memory
+
+    hbm = hbm_bytes(cfg)
+    out: Dict[str, Any] = {"memory_bytes_per_gpu": None, "hbm_bytes": hbm,
+                           "hbm_usable_bytes": usable_bytes(hbm) if hbm else None,
+                           "flops_per_iteration": None, "flops_convention": "megatron_current"}
+    if not model.model_shape_ok(cfg):
+        return out
+    mem = estimate_memory(cfg, lay)
+    out["memory_bytes_per_gpu"] = mem.to_json()
+    out["params_per_gpu"] = mem.params_on_stage
+    out["flops_per_iteration"] = _flops(cfg)
+    return out
+
+
+def _flops(cfg: RunConfig) -> Optional[float]:
+    from kilocard.perf.flops import flops_per_iteration
+
+    return float(flops_per_iteration(cfg, convention="megatron_current"))
+
+
+def validate(cfg: RunConfig) -> Report:
+    """Check ``cfg`` against every rule and estimate its memory and FLOPs (pure)."""
+    lay = compute_layout(cfg)
+    issues = run_rules(cfg, lay)
+    est = estimates(cfg, lay)
+    if est["memory_bytes_per_gpu"] is not None and not any(i.code == "WORLD_NOT_DIVISIBLE" for i in issues):
+        issues.extend(rule_memory_fits(cfg, lay, structural=structurally_valid))
+    return Report(issues=issues, layout=lay, estimates=est)
+
+
+__all__ = ["validate", "Report", "Issue", "RULES", "MCORE_CODES", "ERROR", "WARNING", "compute_layout"]

@@ -1,0 +1,103 @@
+"""Rule: the estimated memory per GPU fits in HBM, minus a reserve; if not, nearby layouts that fit."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+from kilocard.config.schema import RunConfig
+from kilocard.layout import Layout, compute_layout
+from kilocard.perf.memory import MemoryEstimate, estimate_memory
+from kilocard.topology import GiB, gpu_spec
+from kilocard.validate.issues import Issue, error
+
+#: Share of HBM kept free for the allocator's fragmentation and workspaces.
+RESERVE_FRACTION = 0.10
+#: Fixed bytes kept free per GPU: CUDA context, NCCL buffers, cuBLAS/TE workspaces.
+RESERVE_FIXED_BYTES = 2 * GiB
+
+
+def hbm_bytes(cfg: RunConfig) -> Optional[int]:
+    """Memory per GPU: cluster.hbm_bytes, else the GPU table's; ``None`` for an unknown GPU."""
+    if cfg.cluster.hbm_bytes:
+        return int(cfg.cluster.hbm_bytes)
+    gpu = gpu_spec(cfg.cluster.gpu)
+    return gpu.hbm_bytes if gpu else None
+
+
+def usable_bytes(hbm: int) -> int:
+    """HBM less the reserve (10% + 2 GiB)."""
+    return max(0, int(hbm * (1 - RESERVE_FRACTION)) - RESERVE_FIXED_BYTES)
+
+
+def _gib(b: float) -> str:
+    return f"{b / GiB:.1f} GiB"
+
+
+def rule_memory_fits(cfg: RunConfig, lay: Layout, est: Optional[MemoryEstimate] = None,
+                     structural: Optional[Callable[[RunConfig, Layout], bool]] = None) -> Iterable[Issue]:
+    """The most loaded stage's weights + grads + optimizer + activations fit in usable HBM."""
+    hbm = hbm_bytes(cfg)
+    if hbm is None or lay.dp is None or lay.stage_layers is None:
+        return
+    est = est or estimate_memory(cfg, lay)
+    usable = usable_bytes(hbm)
+    if est.total <= usable:
+        return
+    fixes = suggest_layouts(cfg, usable, structural)
+    hint = ("layouts that fit: " + " | ".join(" ".join(f) for f in fixes)) if fixes else \
+        "no nearby layout fits: use more nodes or a GPU with more memory"
+    yield error("OUT_OF_MEMORY", "parallel.pipeline_model_parallel_size", lay.pp,
+                f"estimated {_gib(est.total)} per GPU (weights {_gib(est.weights)} + gradients {_gib(est.gradients)} "
+                f"+ optimizer {_gib(est.optimizer)} + activations {_gib(est.activations)}) > usable {_gib(usable)} "
+                f"of {_gib(hbm)} HBM ({RESERVE_FRACTION:.0%} + {_gib(RESERVE_FIXED_BYTES)} reserved)", hint)
+
+
+def _variants(cfg: RunConfig) -> List[Dict[str, object]]:
+    """Single and paired changes to try, as ``{dotted.field: value}``."""
+    p, m, t = cfg.parallel, cfg.model, cfg.trainer
+    single: List[Dict[str, object]] = []
+    if not p.use_distributed_optimizer:
+        single.append({"parallel.use_distributed_optimizer": True})
+    if p.recompute_granularity != "full":
+        single.append({"parallel.recompute_granularity": "full", "parallel.recompute_method": "uniform",
+                       "parallel.recompute_num_layers": 1})
+    if p.recompute_granularity is None and p.tensor_model_parallel_size > 1:
+        single.append({"parallel.recompute_granularity": "selective", "parallel.sequence_parallel": True})
+    for k in (2, 4, 8):
+        single.append({"parallel.pipeline_model_parallel_size": p.pipeline_model_parallel_size * k})
+    for k in (2, 4):
+        tp = p.tensor_model_parallel_size * k
+        single.append({"parallel.tensor_model_parallel_size": tp, "parallel.sequence_parallel": True})
+    if m.num_moe_experts:
+        for k in (2, 4, 8):
+            single.append({"parallel.expert_model_parallel_size": p.expert_model_parallel_size * k})
+    if t.micro_batch_size > 1:
+        single.append({"trainer.micro_batch_size": 1})
+    pairs = [{**a, **b} for i, a in enumerate(single) for b in single[i + 1:] if not set(a) & set(b)]
+    return single + pairs
+
+
+def _apply(cfg: RunConfig, change: Dict[str, object]) -> RunConfig:
+    groups: Dict[str, Dict[str, object]] = {}
+    for path, v in change.items():
+        g, f = path.split(".", 1)
+        groups.setdefault(g, {})[f] = v
+    return dataclasses.replace(cfg, **{g: dataclasses.replace(getattr(cfg, g), **fs) for g, fs in groups.items()})
+
+
+def suggest_layouts(cfg: RunConfig, usable: int, structural: Optional[Callable[[RunConfig, Layout], bool]] = None,
+                    limit: int = 3) -> List[List[str]]:
+    """Up to ``limit`` override lists, fewest changes first, whose layout is valid and fits."""
+    found: List[Tuple[int, int, List[str]]] = []
+    for change in _variants(cfg):
+        cand = _apply(cfg, change)
+        lay = compute_layout(cand)
+        if lay.dp is None or lay.stage_layers is None or (structural and not structural(cand, lay)):
+            continue
+        total = estimate_memory(cand, lay).total
+        if total <= usable:
+            lines = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in change.items()]
+            found.append((len(change), total, lines))
+    found.sort(key=lambda x: (x[0], x[1]))
+    return [f[2] for f in found[:limit]]
