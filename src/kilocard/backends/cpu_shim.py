@@ -1,0 +1,275 @@
+"""Patches that let Megatron-Core train on CPU ranks over gloo (no CUDA, no Apex, no TE).
+
+Imported only by the CPU backend (``kilocard.backends.select``); the GPU path never imports it.
+``apply()`` installs the sections below once per process, before any Megatron-Core model is
+built. It refuses a megatron-core version it was not proven against (``PROVEN_VERSIONS``):
+each section reaches into Megatron-Core internals whose names move between releases.
+
+Sections (``KILOCARD_CPU_SHIM_SKIP=2,5`` switches sections off, for experiments and tests):
+
+1. RNG tracker: ``CudaRNGStatesTracker.add`` and the get/set of the "CUDA" RNG state keep the
+   tracker's states on the CPU generator (``model_parallel_cuda_manual_seed`` calls
+   ``torch.cuda.manual_seed`` otherwise and fails without CUDA).
+2. Device redirection: ``device="cuda"``, ``device=torch.cuda.current_device()``, ``t.cuda()``
+   and ``t.to("cuda")`` in Megatron-Core (buffers, p2p shapes, grad-norm scratch) become CPU.
+3. CUDA runtime no-ops: ``torch.cuda.synchronize``/``Stream``/``Event``/``current_stream``/
+   ``record_stream`` used by the p2p batch sync and the alltoall MoE dispatcher's side stream.
+4. ``moe_utils.te_general_gemm`` is undefined without Transformer Engine in 0.16 (NameError in
+   the router); define it as ``None`` so the non-TE branch runs.
+5. alltoall MoE dispatcher: split sizes become numpy only when the tensor ``is_cuda``; on CPU they
+   stay tensors and ``all_to_all_single`` raises ``TypeError``. Convert them.
+6. ``Tensor.type()`` reports CPU float tensors as ``torch.cuda.*Tensor``: the optimizer, the
+   DistributedOptimizer and grad clipping compare against the CUDA type names.
+7. ``sequence_parallel`` with torch norms (required for MoE with TP>1): ``WrappedTorchNorm``
+   asserts; build the torch norm anyway and mark its params ``sequence_parallel`` so their grads
+   are all-reduced over TP by ``finalize_model_grads``.
+8. gloo needs equal sizes in ``all_gather``/``reduce_scatter`` over tensor lists; MoE with TP and
+   EP sends uneven lists. Emulate them by padding / all_reduce when the sizes differ.
+9. DistributedOptimizer on torch Adam (no Apex/TE; not CPU-specific): a ``fully_reshardable``
+   load raises ``KeyError: 'step'`` (the checkpoint lacks torch Adam's per-param ``step``), and
+   ``load_state_dict`` gives every param the same ``step`` tensor, so Adam bumps it once per
+   param per step (silently wrong bias correction). Keep the live ``step`` and un-share it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from importlib import metadata
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+PROVEN_VERSIONS = ("0.16.1",)
+"""megatron-core releases every section below was proven against (tests/test_shim_*.py)."""
+
+SKIP_ENV = "KILOCARD_CPU_SHIM_SKIP"
+"""Comma-separated section numbers to leave out (experiments and the tests that prove a section)."""
+
+_applied: Optional[FrozenSet[int]] = None
+
+
+class ShimVersionError(RuntimeError):
+    """The installed megatron-core is not a version the shim was proven against."""
+
+
+def _patch_rng_tracker() -> None:
+    import megatron.core.tensor_parallel.random as rnd
+
+    def add(self, name, seed):
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        self.seeds_.add(seed)
+        orig = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(orig)
+
+    rnd.CudaRNGStatesTracker.add = add
+    rnd._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    rnd._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+
+
+def _is_cuda(d: object) -> bool:
+    return (isinstance(d, int) and not isinstance(d, bool)) or (isinstance(d, str) and d.startswith("cuda")) \
+        or (isinstance(d, torch.device) and d.type == "cuda")
+
+
+def _to_cpu_device(f: Callable, pos: Optional[int] = None) -> Callable:
+    @functools.wraps(f)
+    def wrapper(*a, **k):
+        if "device" in k and _is_cuda(k["device"]):
+            k["device"] = "cpu"
+        if pos is not None and len(a) > pos and _is_cuda(a[pos]):
+            a = a[:pos] + ("cpu",) + a[pos + 1:]
+        return f(*a, **k)
+    return wrapper
+
+
+_FACTORIES = ("empty", "zeros", "ones", "full", "arange", "tensor", "as_tensor", "rand", "randn", "randint",
+              "randperm", "empty_like", "zeros_like", "ones_like", "full_like", "linspace", "eye", "empty_strided")
+
+
+def _patch_devices() -> None:
+    for name in _FACTORIES:
+        setattr(torch, name, _to_cpu_device(getattr(torch, name)))
+    for name in ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor"):
+        setattr(torch.Tensor, name, _to_cpu_device(getattr(torch.Tensor, name)))
+    torch.Tensor.to = _to_cpu_device(torch.Tensor.to, pos=1)
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.cuda.current_device = lambda: 0
+
+
+class _NullEvent:
+    def __init__(self, *a, **k): pass
+    def record(self, *a, **k): pass
+    def wait(self, *a, **k): pass
+    def synchronize(self): pass
+    def query(self): return True
+    def elapsed_time(self, other): return 0.0
+
+
+class _NullStream(_NullEvent):
+    def wait_stream(self, *a): pass
+    def wait_event(self, *a): pass
+    def record_event(self, e=None): return e or _NullEvent()
+
+
+def _patch_cuda_runtime() -> None:
+    null = _NullStream()
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.Stream, torch.cuda.Event = _NullStream, _NullEvent
+    torch.cuda.current_stream = torch.cuda.default_stream = lambda *a, **k: null
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    torch.Tensor.record_stream = lambda self, s: None
+
+
+def _patch_te_general_gemm() -> None:
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def _patch_alltoall_splits() -> None:
+    import megatron.core.transformer.moe.token_dispatcher as td
+    td.maybe_move_tensor_to_cpu = lambda t, as_numpy=False, record_stream=False: \
+        t.numpy() if as_numpy and torch.is_tensor(t) else t
+
+
+def _patch_tensor_type() -> None:
+    orig_type = torch.Tensor.type
+    spoof = {"torch.FloatTensor", "torch.HalfTensor", "torch.BFloat16Tensor"}
+
+    def type_(self, dtype=None, non_blocking=False, **kw):
+        if dtype is None and not kw:
+            t = orig_type(self)
+            return "torch.cuda." + t[6:] if t in spoof else t
+        return orig_type(self, dtype, non_blocking, **kw)
+
+    torch.Tensor.type = type_
+
+
+def _patch_sequence_parallel_norm() -> None:
+    import megatron.core.transformer.torch_norm as tn
+
+    def norm_new(cls, config, hidden_size, eps=1e-5, *a, **k):
+        kind = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}[config.normalization]
+        norm = kind(hidden_size, eps=eps)
+        for p in norm.parameters():
+            p.sequence_parallel = config.sequence_parallel
+        return norm
+
+    tn.WrappedTorchNorm.__new__ = staticmethod(norm_new)
+
+
+def _patch_uneven_collectives() -> None:
+    all_gather, reduce_scatter = dist.all_gather, dist.reduce_scatter
+
+    def uneven(ts: List[torch.Tensor]) -> bool:
+        return len({tuple(t.shape) for t in ts}) > 1
+
+    def all_gather_v(tensor_list, tensor, group=None, async_op=False):
+        if not uneven(tensor_list):
+            return all_gather(tensor_list, tensor, group=group, async_op=async_op)
+        pad = tensor.new_zeros((max(t.shape[0] for t in tensor_list),) + tuple(tensor.shape[1:]))
+        pad[: tensor.shape[0]] = tensor
+        bufs = [torch.empty_like(pad) for _ in tensor_list]
+        all_gather(bufs, pad, group=group)
+        for out, b in zip(tensor_list, bufs):
+            out.copy_(b[: out.shape[0]])
+
+    def reduce_scatter_v(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if not uneven(input_list):
+            return reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)
+        full = torch.cat([t.contiguous() for t in input_list])
+        dist.all_reduce(full, op=op, group=group)
+        start = sum(t.shape[0] for t in input_list[: dist.get_rank(group)])
+        output.copy_(full[start: start + output.shape[0]])
+
+    dist.all_gather, dist.reduce_scatter = all_gather_v, reduce_scatter_v
+
+
+def _patch_distopt_adam_step() -> None:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as DO
+    orig_set_states = DO._set_main_param_and_optimizer_states
+
+    def set_states(self, model_param, tensors):
+        gi, go = self.model_param_group_index_map[model_param]
+        st = self.optimizer.state.get(self.optimizer.param_groups[gi]["params"][go], {})
+        if "step" in st and "step" not in tensors:
+            tensors = {**tensors, "step": st["step"].clone()}
+        return orig_set_states(self, model_param, tensors)
+
+    orig_load_sd = DO.load_state_dict
+
+    def load_sd(self, state_dict):
+        out = orig_load_sd(self, state_dict)
+        for s in self.optimizer.state.values():
+            if torch.is_tensor(s.get("step")):
+                s["step"] = s["step"].clone()
+        return out
+
+    DO._set_main_param_and_optimizer_states = set_states
+    DO.load_state_dict = load_sd
+
+
+SECTIONS: Dict[int, Callable[[], None]] = {
+    1: _patch_rng_tracker,
+    2: _patch_devices,
+    3: _patch_cuda_runtime,
+    4: _patch_te_general_gemm,
+    5: _patch_alltoall_splits,
+    6: _patch_tensor_type,
+    7: _patch_sequence_parallel_norm,
+    8: _patch_uneven_collectives,
+    9: _patch_distopt_adam_step,
+}
+"""Section number -> the function that installs it (numbers as in the module docstring)."""
+
+
+def megatron_core_version() -> str:
+    """The installed megatron-core version string."""
+    return metadata.version("megatron-core")
+
+
+def check_version(version: Optional[str] = None) -> None:
+    """Raise ``ShimVersionError`` unless ``version`` (default: installed) is in ``PROVEN_VERSIONS``."""
+    version = version or megatron_core_version()
+    if version not in PROVEN_VERSIONS:
+        raise ShimVersionError(
+            f"megatron-core {version}: the CPU shim was proven only against {', '.join(PROVEN_VERSIONS)}; "
+            f"install megatron-core=={PROVEN_VERSIONS[-1]} for CPU ranks, or prove the shim against {version} "
+            f"(tests/test_shim_*.py) and add it to PROVEN_VERSIONS"
+        )
+
+
+def skipped_from_env() -> FrozenSet[int]:
+    """Sections named in ``KILOCARD_CPU_SHIM_SKIP``."""
+    raw = os.environ.get(SKIP_ENV, "")
+    try:
+        return frozenset(int(s) for s in raw.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"{SKIP_ENV}={raw!r}: expected comma-separated section numbers, e.g. 2,5") from None
+
+
+def apply(skip: Optional[Iterable[int]] = None) -> FrozenSet[int]:
+    """Install every section not in ``skip`` (default: from the environment); idempotent.
+
+    Returns the set of installed section numbers.
+    """
+    global _applied
+    if _applied is not None:
+        return _applied
+    check_version()
+    skip = frozenset(skip) if skip is not None else skipped_from_env()
+    unknown = skip - SECTIONS.keys()
+    if unknown:
+        raise ValueError(f"{SKIP_ENV}: unknown section(s) {sorted(unknown)}; sections are 1-{len(SECTIONS)}")
+    for number, install in SECTIONS.items():
+        if number not in skip:
+            install()
+    _applied = frozenset(SECTIONS.keys() - skip)
+    return _applied

@@ -1,0 +1,141 @@
+"""``python -m kilocard.train <run_dir>``: what every rank runs (torchrun locally, srun on Slurm).
+
+Loads the frozen config after checking its sha256, starts torch.distributed and Megatron-Core's
+parallel state, resumes from the newest committed step when there is one, trains, and exits with
+the code of ``kilocard.exitcodes`` that tells the batch script what to do next.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import List, Optional
+
+from kilocard import exitcodes
+from kilocard.config.freeze import FrozenConfigError, load_verified
+
+
+def _say(rank: int, msg: str) -> None:
+    print(f"[rank {rank}] kilocard.train: {msg}", file=sys.stderr, flush=True)
+
+
+def _deterministic(on: bool) -> None:
+    import torch
+
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
+def train(run_dir: Path) -> int:
+    """Train the run in ``run_dir`` on this rank; return an exit code of ``kilocard.exitcodes``."""
+    from kilocard.train.dist_env import resolve
+
+    env = resolve(os.environ)
+    try:
+        run_cfg, sha = load_verified(run_dir)
+    except FrozenConfigError as e:
+        _say(env.rank, f"error: {e}")
+        return exitcodes.BAD_CONFIG
+    return _train_verified(run_dir, run_cfg, sha, env)
+
+
+def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
+    import torch.distributed as dist
+
+    from kilocard.backends import select
+    from kilocard.train import checkpoint as ck
+    from kilocard.train.megatron_adapter import UnsupportedConfig
+    from kilocard.train.signals import StopFlag, Watchdog
+
+    stop = StopFlag()
+    stop.install()
+    watchdog = Watchdog(run_cfg.trainer.hang_timeout_s, env.rank).start()
+    try:
+        backend = select(env.local_rank)
+        _deterministic(run_cfg.trainer.deterministic)
+        timeout = datetime.timedelta(seconds=max(run_cfg.trainer.hang_timeout_s, 1.0) + 60)
+        dist.init_process_group(backend.dist_backend, timeout=timeout)
+        return _train_in_group(run_dir, run_cfg, sha, backend, stop, watchdog, timeout)
+    except FrozenConfigError as e:
+        _say(env.rank, f"error: {e}")
+        return exitcodes.BAD_CONFIG
+    except (ck.ModelMismatch, UnsupportedConfig) as e:
+        _say(env.rank, f"error: {e}")
+        return exitcodes.BAD_CONFIG
+    except ck.CheckpointError as e:
+        _say(env.rank, f"error: {e} (set checkpoint.fallback_to_previous=true to resume from the step before)")
+        return exitcodes.BAD_CKPT
+    except Exception as e:  # a bug or a resource failure: a person must look
+        traceback.print_exc()
+        _say(env.rank, f"crashed: {type(e).__name__}: {e}")
+        return exitcodes.CRASH
+    finally:
+        watchdog.stop()
+        _shutdown()
+
+
+def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeout) -> int:
+    import torch.distributed as dist
+
+    from kilocard.train import megatron_adapter as ma
+    from kilocard.train.metrics import MetricsWriter
+    from kilocard.train.trainer import Trainer
+
+    ma.init_parallel_state(run_cfg, timeout_minutes=max(1, int(timeout.total_seconds() // 60)))
+    ma.seed_all(run_cfg.trainer.seed)
+    trainer = Trainer(run_cfg, run_dir, sha, backend, stop, watchdog)
+    trainer.resume()
+    writer = None
+    if dist.get_rank() == 0:
+        writer = MetricsWriter(run_dir, run_cfg.trainer.tensorboard, resume_step=trainer.step)
+    try:
+        outcome = trainer.run(writer)
+    finally:
+        if writer is not None:
+            writer.close()
+    if outcome == "stopped":
+        if dist.get_rank() == 0:
+            print(f"kilocard.train: stop requested; committed step {trainer.step}; exiting RETRY "
+                  f"({exitcodes.RETRY})", flush=True)
+        return exitcodes.RETRY
+    if dist.get_rank() == 0:
+        print(f"kilocard.train: done at step {trainer.step}", flush=True)
+    return exitcodes.DONE
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
+    try:
+        from megatron.core import parallel_state as ps
+        ps.destroy_model_parallel()
+    except ImportError:
+        pass
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Command line: ``python -m kilocard.train RUN_DIR``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print("usage: python -m kilocard.train RUN_DIR", file=sys.stderr)
+        return exitcodes.BAD_CONFIG
+    run_dir = Path(argv[0])
+    if not run_dir.is_dir():
+        print(f"kilocard.train: error: run directory {run_dir} does not exist", file=sys.stderr)
+        return exitcodes.BAD_CONFIG
+    code = train(run_dir)
+    _record_exit(code)
+    return code
+
+
+def _record_exit(code: int) -> None:
+    """Write this rank's exit code where ``kilocard run`` reads it (torchrun reports only 0/1)."""
+    exit_dir = os.environ.get("KILOCARD_EXIT_DIR")
+    if exit_dir:
+        Path(exit_dir, f"rank_{os.environ.get('RANK', '0')}").write_text(f"{code}\n")

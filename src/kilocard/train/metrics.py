@@ -1,0 +1,120 @@
+"""Per-step metrics: throughput, TFLOP/s per GPU, MFU, memory; written to metrics.jsonl and TensorBoard.
+
+FLOPs per step follow Megatron-LM's count (``kilocard.perf.flops``, convention ``megatron_current``).
+MFU divides the achieved model FLOP/s per GPU by the dense peak of ``cluster.gpu`` in the dtype the
+GEMMs run in (``kilocard.topology``); both names go into every record and the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from kilocard.config.schema import RunConfig
+from kilocard.perf.flops import flops_per_iteration
+from kilocard.topology import compute_dtype, gpu_spec
+
+FLOPS_CONVENTION = "megatron_current"
+"""FLOPs convention of every TFLOP/s and MFU figure the trainer reports."""
+
+METRICS_FILE = "metrics.jsonl"
+"""One JSON object per optimizer step, in the run directory."""
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Constants that turn a step time into throughput figures."""
+
+    flops_per_step: float
+    """Model FLOPs of one optimizer step (the global batch), FLOPS_CONVENTION."""
+    tokens_per_step: int
+    """Tokens of one global batch."""
+    world_size: int
+    """Ranks (GPUs) the step runs on."""
+    peak_flops: Optional[float]
+    """Dense peak FLOP/s of one GPU in the run's compute dtype; ``None`` when the GPU is unknown."""
+    peak_name: str
+    """What the peak is, e.g. ``h100-sxm5-80gb bf16 dense 989.0 TFLOP/s``."""
+
+    @classmethod
+    def for_run(cls, run_cfg: RunConfig, world_size: int) -> "Throughput":
+        """Throughput constants of ``run_cfg`` on ``world_size`` ranks."""
+        pr = run_cfg.precision
+        dtype = compute_dtype(pr.bf16, pr.fp16, pr.fp8, pr.fp4)
+        spec = gpu_spec(run_cfg.cluster.gpu)
+        peak = spec.peak_flops.get(dtype) if spec else None
+        name = f"{run_cfg.cluster.gpu} {dtype} dense {peak / 1e12:.4g} TFLOP/s" if peak else \
+            f"{run_cfg.cluster.gpu} {dtype}: no peak in kilocard.topology (MFU not computed)"
+        t = run_cfg.trainer
+        return cls(flops_per_step=flops_per_iteration(run_cfg, FLOPS_CONVENTION),
+                   tokens_per_step=t.global_batch_size * run_cfg.model.seq_length,
+                   world_size=world_size, peak_flops=peak, peak_name=name)
+
+    def figures(self, step_time_s: float) -> Dict[str, Optional[float]]:
+        """tokens/s per GPU, TFLOP/s per GPU and MFU for one step of ``step_time_s``."""
+        flops_per_gpu = self.flops_per_step / self.world_size / step_time_s
+        return {
+            "tokens_per_s_per_gpu": self.tokens_per_step / self.world_size / step_time_s,
+            "tflops_per_gpu": flops_per_gpu / 1e12,
+            "mfu": flops_per_gpu / self.peak_flops if self.peak_flops else None,
+        }
+
+
+def peak_memory_bytes() -> int:
+    """CUDA max allocated bytes on GPU ranks; peak RSS of the process on CPU ranks."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+class MetricsWriter:
+    """metrics.jsonl (append, one line per step) plus TensorBoard scalars; used on one rank."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int) -> None:
+        self.path = run_dir / METRICS_FILE
+        self._truncate_after(resume_step)
+        self._file = open(self.path, "a", buffering=1)
+        self._tb: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=resume_step + 1)
+
+    def _truncate_after(self, step: int) -> None:
+        """Drop records of steps after the resumed one (they are trained again)."""
+        if not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, self.path)
+
+    def write(self, record: Dict[str, Any]) -> None:
+        """Append one step's record."""
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "step" and v is not None:
+                    self._tb.add_scalar(f"train/{k}", v, record["step"])
+
+    def close(self) -> None:
+        """Flush and close both outputs."""
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(run_dir: Path) -> List[Dict[str, Any]]:
+    """All records of a run's metrics.jsonl (empty when absent)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,80 @@
+"""Stop requests and the hang guard.
+
+SIGUSR1 (Slurm's ``--signal=USR1@lead``) and SIGTERM only set a flag; the loop all-reduces the
+flag at every step boundary, so every rank stops after the SAME step even when the signal reached
+only some of them. The watchdog thread ends a rank that makes no progress for
+``trainer.hang_timeout_s`` with exit code FAULT and a message saying where it stalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Optional
+
+from kilocard.exitcodes import FAULT
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+"""Signals that request a save-and-stop at the next step boundary."""
+
+
+class StopFlag:
+    """Set by a stop signal; read at step boundaries."""
+
+    def __init__(self) -> None:
+        self.signal: Optional[int] = None
+        """The first stop signal received, or ``None``."""
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop signal has arrived on this rank."""
+        return self.signal is not None
+
+    def install(self) -> None:
+        """Route SIGUSR1 and SIGTERM to this flag (main thread only)."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.signal is None:
+            self.signal = signum
+
+
+class Watchdog:
+    """A daemon thread that exits the process with FAULT when ``beat`` stops for ``timeout_s``."""
+
+    def __init__(self, timeout_s: float, rank: int) -> None:
+        self.timeout_s = timeout_s
+        self.rank = rank
+        self.where = "start-up"
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kilocard-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        """Start watching (no-op when the timeout is not positive)."""
+        if self.timeout_s > 0:
+            self._thread.start()
+        return self
+
+    def beat(self, where: str) -> None:
+        """Record progress; ``where`` names the phase now running (shown if it stalls)."""
+        self.where = where
+        self._last = time.monotonic()
+
+    def stop(self) -> None:
+        """Stop watching."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        period = min(5.0, max(0.05, self.timeout_s / 10))
+        while not self._stop.wait(period):
+            idle = time.monotonic() - self._last
+            if idle > self.timeout_s:
+                print(f"[rank {self.rank}] kilocard.train: no progress for {idle:.0f}s in {self.where} "
+                      f"(trainer.hang_timeout_s={self.timeout_s:g}); a rank hung or died; exiting FAULT ({FAULT})",
+                      file=sys.stderr, flush=True)
+                os._exit(FAULT)

@@ -1,0 +1,226 @@
+"""The step loop: forward/backward through Megatron-Core's schedule, optimizer and LR step, metrics,
+checkpoint commit/resume and the stop decision at every step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from kilocard.backends import Backend
+from kilocard.config.schema import RunConfig
+from kilocard.perf.params import padded_vocab_size
+from kilocard.train import checkpoint as ck
+from kilocard.train import megatron_adapter as ma
+from kilocard.train.metrics import MetricsWriter, Throughput, peak_memory_bytes
+from kilocard.train.signals import StopFlag, Watchdog
+
+
+class NonFiniteLoss(Exception):
+    """The loss became NaN or infinite (exit CRASH)."""
+
+
+class Trainer:
+    """One rank's training run over a built Megatron-Core model."""
+
+    def __init__(self, run_cfg: RunConfig, run_dir: Path, config_sha256: str, backend: Backend,
+                 stop: StopFlag, watchdog: Watchdog) -> None:
+        from megatron.core import parallel_state as ps
+
+        self.cfg, self.run_dir, self.sha, self.backend = run_cfg, run_dir, config_sha256, backend
+        self.stop, self.watchdog = stop, watchdog
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.ps = ps
+        watchdog.beat("building the model")
+        self.built = ma.build(run_cfg, backend)
+        c = run_cfg.checkpoint
+        self.save_root = Path(c.save) if c.save else run_dir / "checkpoints"
+        self.load_root = Path(c.load) if c.load else None
+        self.step, self.consumed = 0, 0
+        self.last_saved: Optional[int] = None
+        t = run_cfg.trainer
+        self.dp = ps.get_data_parallel_world_size()
+        self.num_micro = t.global_batch_size // (t.micro_batch_size * self.dp)
+        self.throughput = Throughput.for_run(run_cfg, self.world)
+        self.resumed_from: Optional[str] = None
+
+    # --- resume --------------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        """Load the newest committed step (own save dir first, then checkpoint.load), if any."""
+        self.watchdog.beat("finding the checkpoint to resume from")
+        decision: List[Any] = [None, None, None]
+        if self.rank == 0:
+            try:
+                root, step = ck.load_root_and_step(self.save_root, self.load_root,
+                                                   self.cfg.checkpoint.fallback_to_previous)
+                decision = [str(root) if root else None, step, None]
+            except ck.CheckpointError as e:
+                decision = [None, None, str(e)]
+        dist.broadcast_object_list(decision, src=0)
+        root, step, err = decision
+        if err:
+            raise ck.CheckpointError(err)
+        if step is None:
+            return
+        self._load(ck.step_dir(Path(root), step))
+
+    def _load(self, sdir: Path) -> None:
+        self.watchdog.beat(f"loading {sdir}")
+        state = ck.TrainerState(**json.loads((sdir / ck.STATE).read_text()))
+        diffs = ck.model_differences(state.model, self.cfg.model)
+        vocab = padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size)
+        if not diffs and vocab != state.padded_vocab_size:
+            diffs = [f"model.vocab_size: padded to {state.padded_vocab_size} at save, {vocab} with "
+                     f"tensor_model_parallel_size={self.cfg.parallel.tensor_model_parallel_size}"]
+        if diffs:
+            raise ck.ModelMismatch(f"checkpoint {sdir} holds another model shape; differing fields: "
+                                   + "; ".join(diffs) + ". Resume with the saved model config or start a new run")
+        from megatron.core import dist_checkpointing
+
+        b = self.built
+        ck.init_optimizer_states(b.optimizer)
+        sd = ck.sharded_state_dict(b.model, b.optimizer, is_loading=True)
+        loaded = dist_checkpointing.load(sd, str(sdir))
+        keys = ["model"] if len(b.model) == 1 else [f"model{i}" for i in range(len(b.model))]
+        for m, k in zip(b.model, keys):
+            m.module.load_state_dict(loaded[k], strict=True)
+        with torch.no_grad():
+            b.optimizer.load_state_dict(loaded["optimizer"])
+        b.scheduler.load_state_dict(state.scheduler)
+        self.step, self.consumed, self.last_saved = state.step, state.consumed_samples, state.step
+        if state.layout == ck.layout_of(self.cfg, self.world) and ck.rng_file(sdir, self.rank).is_file():
+            ck.set_rng_state(torch.load(ck.rng_file(sdir, self.rank), weights_only=False))
+            rng = "restored"
+        else:
+            rng = "re-seeded (layout changed)"
+        self.resumed_from = str(sdir)
+        if self.rank == 0:
+            print(f"kilocard.train: resumed from {sdir} (step {self.step}, {self.consumed} samples; RNG {rng})",
+                  flush=True)
+
+    # --- save ----------------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Write the current step on every rank, then commit it (manifest, tracker) and prune."""
+        from megatron.core import dist_checkpointing
+
+        if self.last_saved == self.step:
+            return
+        self.watchdog.beat(f"saving step {self.step}")
+        sdir = ck.step_dir(self.save_root, self.step)
+        if self.rank == 0:
+            if sdir.exists():  # an uncommitted leftover of an interrupted save of this step
+                import shutil
+                shutil.rmtree(sdir)
+            sdir.mkdir(parents=True)
+        dist.barrier()
+        b = self.built
+        sd = ck.sharded_state_dict(b.model, b.optimizer, is_loading=False)
+        dist_checkpointing.save(sd, str(sdir), sharded_strategy=self._save_strategy())
+        ck.rng_file(sdir, self.rank).parent.mkdir(exist_ok=True)
+        torch.save(ck.rng_state(), ck.rng_file(sdir, self.rank))
+        if self.rank == 0:
+            state = ck.TrainerState(
+                step=self.step, consumed_samples=self.consumed, scheduler=b.scheduler.state_dict(),
+                model=asdict(self.cfg.model), layout=ck.layout_of(self.cfg, self.world),
+                padded_vocab_size=padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size),
+                config_sha256=self.sha)
+            (sdir / ck.STATE).write_text(json.dumps(state.__dict__, indent=1) + "\n")
+        dist.barrier()  # every rank has finished writing
+        if self.rank == 0:
+            ck.write_manifest(sdir)
+            ck._fsync_write(self.save_root / ck.TRACKER, f"{self.step}\n")
+            ck.prune(self.save_root, self.cfg.checkpoint.keep_last, self.step)
+        dist.barrier()
+        self.last_saved = self.step
+
+    def _save_strategy(self) -> Any:
+        if not self.cfg.checkpoint.fully_parallel_save or self.dp == 1:
+            return None
+        from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+        from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+        return FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(),
+                                                self.ps.get_data_parallel_group(with_context_parallel=True))
+
+    # --- steps ---------------------------------------------------------------------------------
+
+    def _iterators(self) -> List[Any]:
+        from kilocard.data import build_train_iterator
+
+        self.watchdog.beat("building the data iterator")
+        dp_rank = self.ps.get_data_parallel_rank()
+        return [build_train_iterator(self.cfg, dp_rank=dp_rank, dp_size=self.dp, consumed_samples=self.consumed,
+                                     cache_dir=str(self.run_dir / "data_cache"))
+                for _ in self.built.model]
+
+    def train_step(self, iterators: List[Any]) -> Dict[str, Any]:
+        """One optimizer step; returns the loss (averaged over data-parallel ranks) and optimizer figures."""
+        b, t = self.built, self.cfg.trainer
+        for m in b.model:
+            m.zero_grad_buffer()
+        b.optimizer.zero_grad()
+        out = b.forward_backward(
+            forward_step_func=ma.forward_step, data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=b.model, num_microbatches=self.num_micro, seq_length=self.cfg.model.seq_length,
+            micro_batch_size=t.micro_batch_size, forward_only=False)
+        ok, grad_norm, _ = b.optimizer.step()
+        b.scheduler.step(increment=1)
+        local = torch.stack([o["lm loss"].float() for o in out]).mean().item() if out else 0.0
+        return {"local_loss": local, "grad_norm": grad_norm, "update_ok": ok,
+                "lr": b.optimizer.param_groups[0]["lr"]}
+
+    def _reduce(self, local_loss: float) -> tuple:
+        """All-reduce (loss, stop flag) in one collective: mean loss over last-stage ranks, stop if any rank."""
+        last = self.ps.is_pipeline_last_stage(ignore_virtual=True)
+        dev = torch.device("cuda") if self.backend.is_cuda else torch.device("cpu")
+        t = torch.tensor([local_loss if last else 0.0, 1.0 if self.stop.requested else 0.0],
+                         dtype=torch.float64, device=dev)
+        dist.all_reduce(t)
+        pp = self.ps.get_pipeline_model_parallel_world_size()
+        return float(t[0]) / (self.world // pp), bool(t[1] > 0)
+
+    def run(self, writer: Optional[MetricsWriter]) -> str:
+        """Train until train_iters or a stop request; returns ``"done"`` or ``"stopped"``."""
+        t = self.cfg.trainer
+        if self.step >= t.train_iters:
+            return "done"
+        iterators = self._iterators()
+        interval = self.cfg.checkpoint.save_interval
+        while self.step < t.train_iters:
+            self.watchdog.beat(f"step {self.step + 1}")
+            t0 = time.perf_counter()
+            r = self.train_step(iterators)
+            loss, stop = self._reduce(r["local_loss"])
+            dt = time.perf_counter() - t0
+            self.step += 1
+            self.consumed += t.global_batch_size
+            if not math.isfinite(loss):
+                raise NonFiniteLoss(f"step {self.step}: loss is {loss}; lower optim.lr or check the data")
+            if writer is not None:
+                writer.write(self._record(loss, r, dt))
+            if stop:
+                self.save()
+                return "stopped"
+            if interval and self.step % interval == 0:
+                self.save()
+        self.save()
+        return "done"
+
+    def _record(self, loss: float, r: Dict[str, Any], dt: float) -> Dict[str, Any]:
+        gn = r["grad_norm"]
+        rec = {"step": self.step, "loss": loss, "lr": r["lr"], "grad_norm": float(gn) if gn is not None else None,
+               "step_time_s": dt, "consumed_samples": self.consumed}
+        rec.update(self.throughput.figures(dt))
+        rec["peak_mem_bytes"] = peak_memory_bytes()
+        rec["train_iters"] = self.cfg.trainer.train_iters
+        rec["mfu_peak"] = self.throughput.peak_name
+        return rec
