@@ -1,13 +1,25 @@
-"""The recipe catalog: every ``recipes/<family>/<name>.yaml``, composed, as a table."""
+"""The recipe catalog: every ``recipes/<family>/<name>.yaml``, composed, as a table.
+
+Composing a recipe through Hydra costs about a quarter of a second, so the table is cached on disk
+under a key that hashes every config and recipe file and the code the table depends on: any edit
+to either recomputes it. ``KILOCARD_CACHE_DIR`` moves the cache (default
+``$XDG_CACHE_HOME/kilocard`` or ``~/.cache/kilocard``).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import json
-from dataclasses import dataclass
-from typing import List, Optional
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
 
-from kilocard.config.compose import compose_each, recipe_catalog, to_run_config
+from kilocard.config.compose import ComposeError, compose_each, recipe_catalog, to_run_config
 from kilocard.config.schema import RunConfig
+from kilocard.paths import data_dir
 from kilocard.perf.params import count_parameters
 
 
@@ -45,26 +57,86 @@ def precision_label(cfg: RunConfig) -> str:
     return "bf16" if p.bf16 else "fp16" if p.fp16 else "fp32"
 
 
-def catalog_rows() -> List[RecipeRow]:
-    """Compose every recipe and summarise it."""
+def recipe_row(name: str, rc: RunConfig) -> RecipeRow:
+    """Summarise one composed recipe."""
+    count = count_parameters(rc.model)
+    return RecipeRow(
+        name=name,
+        family=recipe_catalog()[name].parent.name,
+        model=rc.model.name,
+        params=count.total,
+        active_params=count.active,
+        gpus=rc.cluster.nodes * rc.cluster.gpus_per_node,
+        cluster=rc.cluster.name,
+        precision=precision_label(rc),
+        baseline=rc.recipe.baseline_id,
+    )
+
+
+def compose_recipes(names: Sequence[str]) -> List[RunConfig]:
+    """Compose each named recipe (no overrides); a broken recipe is named in the error."""
+    try:
+        return [to_run_config(cfg) for cfg in compose_each([[f"recipe={n}"] for n in names])]
+    except ComposeError:
+        pass  # find which recipe failed, below, so the message can name it
+    for name in names:
+        try:
+            to_run_config(compose_each([[f"recipe={name}"]])[0])
+        except ComposeError as e:
+            raise ComposeError(f"recipe {name} ({recipe_catalog()[name]}): {e}", field=e.field, value=e.value) from None
+    raise AssertionError("unreachable: the batch failed but every recipe composes alone")
+
+
+def _cache_key() -> str:
+    """Hash of every file the table depends on: configs, recipes and the code that summarises them."""
+    h = hashlib.sha256()
+    for folder in ("conf", "recipes"):
+        root = data_dir(folder)
+        for path in sorted(root.rglob("*.yaml")):
+            h.update(f"{folder}/{path.relative_to(root)}\0".encode())
+            h.update(path.read_bytes())
+    for module in ("kilocard.config.compose", "kilocard.config.schema", "kilocard.perf.params", __name__):
+        h.update(Path(importlib.import_module(module).__file__ or "").read_bytes())
+    return h.hexdigest()[:20]
+
+
+def cache_dir() -> Path:
+    """Where the catalog cache lives."""
+    if os.environ.get("KILOCARD_CACHE_DIR"):
+        return Path(os.environ["KILOCARD_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kilocard"
+
+
+def _read_cache(path: Path) -> Optional[List[RecipeRow]]:
+    try:
+        rows = [RecipeRow(**r) for r in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        return None  # absent, unreadable or from another layout: a cache miss, recomputed
+    return rows if [r.name for r in rows] == list(recipe_catalog()) else None
+
+
+def _write_cache(path: Path, rows: List[RecipeRow]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps([asdict(r) for r in rows]))
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only home only costs speed; say so once
+        print(f"kilocard recipes: note: cannot cache the catalog in {path.parent} ({e.strerror})", file=sys.stderr)
+
+
+def catalog_rows(use_cache: bool = True) -> List[RecipeRow]:
+    """Compose every recipe and summarise it (from the cache when nothing changed)."""
+    path = cache_dir() / f"catalog-{_cache_key()}.json"
+    if use_cache:
+        cached = _read_cache(path)
+        if cached is not None:
+            return cached
     names = list(recipe_catalog())
-    rows = []
-    for name, cfg in zip(names, compose_each([[f"recipe={n}"] for n in names])):
-        rc = to_run_config(cfg)
-        count = count_parameters(rc.model)
-        rows.append(
-            RecipeRow(
-                name=name,
-                family=recipe_catalog()[name].parent.name,
-                model=rc.model.name,
-                params=count.total,
-                active_params=count.active,
-                gpus=rc.cluster.nodes * rc.cluster.gpus_per_node,
-                cluster=rc.cluster.name,
-                precision=precision_label(rc),
-                baseline=rc.recipe.baseline_id,
-            )
-        )
+    rows = [recipe_row(n, rc) for n, rc in zip(names, compose_recipes(names))]
+    if use_cache:
+        _write_cache(path, rows)
     return rows
 
 
@@ -80,11 +152,11 @@ def print_recipe_table(fmt: str = "text") -> int:
     """Print the catalog as a table or JSON; return the exit code."""
     rows = catalog_rows()
     if fmt == "json":
-        print(json.dumps([r.__dict__ for r in rows], indent=1))
+        print(json.dumps([asdict(r) for r in rows], indent=1))
         return 0
-    header = ("recipe", "model", "params", "active", "GPUs", "cluster", "precision", "baseline")
+    header = ("recipe", "family", "model", "params", "active", "GPUs", "cluster", "precision", "baseline")
     table = [header] + [
-        (r.name, r.model, human(r.params), human(r.active_params), str(r.gpus), r.cluster, r.precision, r.baseline or "-")
+        (r.name, r.family, r.model, human(r.params), human(r.active_params), str(r.gpus), r.cluster, r.precision, r.baseline or "-")
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -93,3 +165,6 @@ def print_recipe_table(fmt: str = "text") -> int:
         if i == 0:
             print("  ".join("-" * w for w in widths))
     return 0
+
+
+__all__ = ["RecipeRow", "catalog_rows", "compose_recipes", "print_recipe_table", "precision_label", "human", "cache_dir"]
