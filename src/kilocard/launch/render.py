@@ -1,0 +1,164 @@
+"""Render the Slurm batch script of a run from its config and launch plan (``slurm/train.sbatch.tmpl``).
+
+The template has ``{{ name }}`` slots and no logic; this module fills each slot with text built
+from checked or quoted values (``kilocard.launch.shell``), so the script never executes a config
+value. The renderer decides no sizes: processes and environment come from the ``LaunchPlan``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Dict, List
+
+from kilocard.config.schema import RunConfig
+from kilocard.launch import shell
+from kilocard.paths import data_dir
+from kilocard.plan import LaunchPlan
+
+TEMPLATE = "train.sbatch.tmpl"
+SLOT = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+LOG_DIR = "logs"
+
+
+class RenderError(ValueError):
+    """The template and the values given to it do not match (a bug, not bad input)."""
+
+
+def fill(template: str, values: Dict[str, str]) -> str:
+    """Replace every ``{{ name }}`` in ``template``; every slot must have a value and vice versa."""
+    slots = set(SLOT.findall(template))
+    missing, unused = slots - set(values), set(values) - slots
+    if missing or unused:
+        raise RenderError(f"template slots without values: {sorted(missing)}; values without slots: {sorted(unused)}")
+    return SLOT.sub(lambda m: values[m.group(1)], template)
+
+
+def time_to_seconds(field: str, value: str) -> int:
+    """Slurm time (``MM``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``...) in seconds."""
+    text = shell.sbatch_value(field, value, "time")
+    days, _, rest = text.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        parts += [0] * (3 - len(parts))
+        return int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+    if len(parts) == 1:  # MM
+        return parts[0] * 60
+    if len(parts) == 2:  # MM:SS
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def sbatch_lines(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> List[str]:
+    """The ``#SBATCH`` directives, each value checked against its safe character set."""
+    c, lc = cfg.cluster, cfg.launcher
+    logs = shell.sbatch_value("cluster.shared_fs", str(run_dir / LOG_DIR), "path")
+    time_to_seconds("launcher.time", lc.time)
+    opts = [
+        f"--job-name={shell.sbatch_value('launcher.job_name', lc.job_name, 'name')}",
+        f"--nodes={plan.nodes}",
+        f"--ntasks-per-node={plan.tasks_per_node}",
+    ]
+    if plan.on_gpu:
+        opts.append(f"--gpus-per-node={plan.gpus_per_node}")
+    opts.append(f"--cpus-per-task={plan.cpus_per_task}")
+    if lc.exclusive:
+        opts.append("--exclusive")
+    opts += [f"--mem={shell.sbatch_value('cluster.mem_per_node', c.mem_per_node, 'memory')}", f"--time={lc.time}"]
+    for name, fld, value in (("partition", "cluster.partition", c.partition), ("account", "cluster.account", c.account),
+                             ("qos", "cluster.qos", c.qos)):
+        checked = shell.optional_sbatch(fld, value, "name")
+        if checked:
+            opts.append(f"--{name}={checked}")
+    opts += [f"--output={logs}/slurm-%j.out", f"--error={logs}/slurm-%j.out", "--open-mode=append"]
+    opts.append("--requeue" if lc.requeue else "--no-requeue")
+    opts.append(f"--signal=USR1@{int(lc.signal_lead_s)}")
+    dep = shell.optional_sbatch("launcher.dependency", lc.dependency, "dependency")
+    if dep:
+        opts.append(f"--dependency={dep}")
+    opts += [shell.extra_sbatch(f"launcher.extra_sbatch[{i}]", o) for i, o in enumerate(lc.extra_sbatch)]
+    return [f"#SBATCH {o}" for o in opts]
+
+
+def env_exports(plan: LaunchPlan, cfg: RunConfig) -> List[str]:
+    """``export NAME='value'`` for every plan variable, names checked and values single-quoted."""
+    lines = []
+    for name, value in plan.env.items():
+        field = f"launcher.env.{name}" if name in cfg.launcher.env else f"cluster.env.{name}"
+        lines.append(f"export {shell.env_name(field, name)}={shell.quote(field, value)}")
+    return lines
+
+
+def secret_checks(plan: LaunchPlan) -> str:
+    """Fail fast when a pass-through secret was not exported; the value is never in the script."""
+    lines = []
+    for name in plan.secret_env:
+        shell.env_name("launcher.secret_env", name)
+        lines.append(f'[ -n "${{{name}+set}}" ] || {{ log "secret {name} not in the environment (export it before sbatch)"; exit 2; }}')
+    if not lines:
+        return ""
+    return "# Secrets come from the submitting environment (sbatch --export); only their names are here.\n" + "\n".join(lines)
+
+
+def runtime_setup(cfg: RunConfig) -> str:
+    """Bare metal: activate ``cluster.venv`` on the batch node (srun passes the environment on)."""
+    c = cfg.cluster
+    if c.container_image or not c.venv:
+        return "# Python: " + ("inside the container image (pyxis)" if c.container_image else "`python` from the submitting environment's PATH")
+    venv = shell.quote("cluster.venv", c.venv)
+    return f"# Bare metal: the cluster profile's virtual environment.\nsource {venv}/bin/activate || exit 1"
+
+
+def srun_args(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> str:
+    """srun options: the process layout, plus pyxis container options when the profile names an image."""
+    args = [f"--nodes={plan.nodes}", f"--ntasks={plan.world_size}", f"--ntasks-per-node={plan.tasks_per_node}",
+            f"--cpus-per-task={plan.cpus_per_task}", "--kill-on-bad-exit=0"]
+    c = cfg.cluster
+    if c.container_image:
+        root = str(run_dir.parent)
+        mounts = [m for m in c.container_mounts]
+        if not any(m.split(":")[0] == root for m in mounts):
+            mounts.append(f"{root}:{root}")
+        for i, m in enumerate(mounts):
+            if "," in m:
+                raise shell.ShellValueError(f"cluster.container_mounts[{i}]", m, "src:dst[:flags] without commas")
+        args += [f"--container-image={shell.quote('cluster.container_image', c.container_image)}",
+                 f"--container-mounts={shell.quote('cluster.container_mounts', ','.join(mounts))}",
+                 '--container-workdir="$RUN_DIR"']
+    return " ".join(args)
+
+
+def master_port(plan: LaunchPlan) -> str:
+    """MASTER_PORT: fixed (launcher.master_port) or derived from the job id and restart count."""
+    if plan.master_port is not None:
+        return f"export MASTER_PORT={int(plan.master_port)}"
+    return ("# derived from the job id (+ restart count: a requeued job gets a fresh port)\n"
+            "export MASTER_PORT=$(( 20000 + (SLURM_JOB_ID * 7 + ${SLURM_RESTART_COUNT:-0}) % 40000 ))")
+
+
+def render_script(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, chain_length: int = 1) -> str:
+    """The whole batch script for ``run_dir`` (absolute) as text."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_absolute():
+        raise RenderError(f"run directory {run_dir} must be absolute")
+    lc = cfg.launcher
+    values = {
+        "recipe": shell.sbatch_value("recipe.name", cfg.recipe.name, "name"),
+        "cluster": shell.sbatch_value("cluster.name", cfg.cluster.name, "name"),
+        "nodes": str(plan.nodes),
+        "tasks_per_node": str(plan.tasks_per_node),
+        "world_size": str(plan.world_size),
+        "sbatch_lines": "\n".join(sbatch_lines(cfg, plan, run_dir)),
+        "signal_lead_s": str(int(lc.signal_lead_s)),
+        "max_requeues": str(int(lc.max_requeues)),
+        "run_dir": shell.quote("cluster.shared_fs", str(run_dir)),
+        "chain_length": str(int(chain_length)),
+        "requeue": "1" if lc.requeue else "0",
+        "secret_checks": secret_checks(plan),
+        "env_exports": "\n".join(env_exports(plan, cfg)),
+        "runtime_setup": runtime_setup(cfg),
+        "master_port": master_port(plan),
+        "srun_args": srun_args(cfg, plan, run_dir),
+        "python": "python" if cfg.cluster.container_image or not cfg.cluster.venv else '"$VIRTUAL_ENV/bin/python"',
+    }
+    return fill((data_dir("slurm") / TEMPLATE).read_text(), values)

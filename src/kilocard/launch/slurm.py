@@ -1,0 +1,122 @@
+"""Talk to Slurm: submit a batch script (optionally as a chain of jobs) and record the job ids.
+
+A chain of N jobs: link 1 gets ``launcher.dependency`` (if any), link k > 1 depends on link k-1
+with ``afterany`` (it starts whatever way the previous one ended: time limit, cancel, fault).
+Each link is told its position (``KILOCARD_CHAIN_LINK``) so only the last link requeues itself.
+Secrets are passed by NAME with ``--export=ALL,NAME``: sbatch copies the value from this process's
+environment; it never appears on a command line or on disk.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from kilocard.launch import shell
+
+JOBS_FILE = "jobs.json"
+#: Seconds any Slurm client call may take (a dead controller makes clients retry for minutes).
+CLIENT_TIMEOUT_S = 60
+JOB_ID = re.compile(r"(\d+)(;\S+)?")
+
+
+class SlurmError(RuntimeError):
+    """sbatch/scontrol failed or answered something unexpected."""
+
+
+def export_arg(secret_env: Sequence[str], chain_link: Optional[int] = None) -> str:
+    """``--export=ALL[,KILOCARD_CHAIN_LINK=k][,NAME...]``: names only, values come from the environment."""
+    parts = ["ALL"]
+    if chain_link is not None:
+        parts.append(f"KILOCARD_CHAIN_LINK={int(chain_link)}")
+    parts += [shell.env_name("launcher.secret_env", n) for n in secret_env]
+    return "--export=" + ",".join(parts)
+
+
+def sbatch_argv(script: Path, secret_env: Sequence[str] = (), chain_link: Optional[int] = None,
+                dependency: Optional[str] = None, parsable: bool = True, test_only: bool = False) -> List[str]:
+    """The sbatch command line for one job (argument list; never run through a shell)."""
+    argv = ["sbatch"]
+    if parsable:
+        argv.append("--parsable")
+    if test_only:
+        argv.append("--test-only")
+    if chain_link is not None or secret_env:
+        argv.append(export_arg(secret_env, chain_link))
+    if dependency:
+        argv.append("--dependency=" + shell.sbatch_value("launcher.dependency", dependency, "dependency"))
+    return argv + [str(script)]
+
+
+def parse_job_id(stdout: str) -> int:
+    """The job id from ``sbatch --parsable`` output (``123`` or ``123;cluster``)."""
+    text = stdout.strip().splitlines()[-1].strip() if stdout.strip() else ""
+    m = JOB_ID.fullmatch(text)
+    if not m:
+        raise SlurmError(f"sbatch --parsable answered {stdout.strip()!r}, expected a job id")
+    return int(m.group(1))
+
+
+def run_client(argv: Sequence[str]) -> subprocess.CompletedProcess:
+    """Run a Slurm client with a timeout; raise ``SlurmError`` with its stderr when it fails."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]}: not found; run on a Slurm login node (or start scripts/slurm-up.sh)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{argv[0]}: no answer from the Slurm controller within {CLIENT_TIMEOUT_S} s") from None
+    if proc.returncode != 0:
+        raise SlurmError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.stdout.strip()} (exit {proc.returncode})")
+    return proc
+
+
+def missing_secrets(secret_env: Sequence[str]) -> List[str]:
+    """Names in ``secret_env`` not set in this process's environment."""
+    return [n for n in secret_env if n not in os.environ]
+
+
+def submit_chain(script: Path, chain: int, secret_env: Sequence[str] = (),
+                 dependency: Optional[str] = None) -> List[int]:
+    """Submit ``chain`` jobs of ``script`` that continue one another; return their ids in order."""
+    if chain < 1:
+        raise SlurmError(f"--chain: {chain} is not a job count; use 1 or more")
+    missing = missing_secrets(secret_env)
+    if missing:
+        raise SlurmError(f"launcher.secret_env: {', '.join(missing)} not set in this shell; export them before submitting")
+    ids: List[int] = []
+    for link in range(1, chain + 1):
+        dep = dependency if link == 1 else f"afterany:{ids[-1]}"
+        argv = sbatch_argv(script, secret_env, chain_link=link if chain > 1 else None, dependency=dep)
+        ids.append(parse_job_id(run_client(argv).stdout))
+    return ids
+
+
+def record_jobs(run_dir: Path, ids: Sequence[int], chain: int, argv: Sequence[str]) -> Path:
+    """Append this submission to ``<run_dir>/jobs.json`` (written via a temp file + rename)."""
+    path = run_dir / JOBS_FILE
+    data = json.loads(path.read_text()) if path.exists() else {"submissions": []}
+    data["submissions"].append({
+        "job_ids": list(ids),
+        "chain": chain,
+        "submitted": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "sbatch": list(argv),
+    })
+    data["job_ids"] = [j for s in data["submissions"] for j in s["job_ids"]]
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def job_state(job_id: int) -> str:
+    """The job's state from ``scontrol show job`` (``PENDING``, ``RUNNING``, ``COMPLETED``...)."""
+    out = run_client(["scontrol", "show", "job", str(int(job_id))]).stdout
+    m = re.search(r"\bJobState=(\S+)", out)
+    if not m:
+        raise SlurmError(f"scontrol show job {job_id}: no JobState in {out[:200]!r}")
+    return m.group(1)

@@ -1,0 +1,117 @@
+"""LaunchPlan: how many processes go where and with which environment; the one source for launchers.
+
+The Slurm renderer and the local launcher both read a ``LaunchPlan``; neither decides a process
+count or an environment variable on its own. The plan is pure: it reads the config only (never the
+environment), and it never changes a parallel size.
+
+Environment, lowest precedence first:
+  1. layout-driven defaults (``CUDA_DEVICE_MAX_CONNECTIONS=1`` when TP or CP > 1 on pre-Blackwell
+     GPUs, so kernels are issued in the order Megatron-Core's communication overlap relies on; NCCL
+     error handling;
+     the CUDA caching-allocator setting; ``OMP_NUM_THREADS`` per rank),
+  2. ``cluster.env`` (site settings: NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...),
+  3. ``launcher.env`` (this job).
+Secrets are never values in the plan: ``launcher.secret_env`` lists variable NAMES that are passed
+through from the submitting environment.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+from kilocard.config.schema import RunConfig
+from kilocard.layout import compute_layout
+from kilocard.topology import gpu_spec
+
+CPU_GPU = "cpu"
+#: The caching-allocator setting for GPU ranks: fewer fragmentation OOMs at large scale.
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Processes, placement and environment of one training job."""
+
+    nodes: int
+    """Nodes the job spans (cluster.nodes)."""
+    tasks_per_node: int
+    """Ranks per node: one per GPU (on ``gpu: cpu`` clusters, one per CPU rank slot)."""
+    world_size: int
+    """nodes * tasks_per_node."""
+    cpus_per_task: int
+    """CPU cores per rank: cluster.cpus_per_node // tasks_per_node (at least 1)."""
+    gpus_per_node: int
+    """GPUs to request per node; 0 on ``gpu: cpu`` clusters (no GRES request)."""
+    tp: int
+    """Tensor-parallel size."""
+    pp: int
+    """Pipeline-parallel size."""
+    cp: int
+    """Context-parallel size."""
+    ep: int
+    """Expert-parallel size."""
+    dp: Optional[int]
+    """Data-parallel size (``None`` when world size is not a multiple of tp*pp*cp)."""
+    master_port: Optional[int]
+    """Fixed rendezvous port (launcher.master_port); ``None``: derived from the Slurm job id."""
+    env: Dict[str, str] = field(default_factory=dict)
+    """Environment every rank gets (values are plain strings; quoting is the renderer's job)."""
+    secret_env: List[str] = field(default_factory=list)
+    """Names of variables passed through from the submitting environment; values never stored."""
+
+    @property
+    def on_gpu(self) -> bool:
+        """True when the ranks drive GPUs (``gpus_per_node > 0``)."""
+        return self.gpus_per_node > 0
+
+    def to_json(self) -> str:
+        """The plan as JSON text (``plan.json`` in the run directory)."""
+        return json.dumps({**asdict(self), "on_gpu": self.on_gpu}, indent=1, sort_keys=True) + "\n"
+
+
+def layout_env(cfg: RunConfig, on_gpu: bool, cpus_per_task: int) -> Dict[str, str]:
+    """Environment the layout and hardware call for (before cluster/launcher settings)."""
+    p = cfg.parallel
+    env: Dict[str, str] = {"OMP_NUM_THREADS": str(cpus_per_task)}
+    if not on_gpu:
+        return env
+    spec = gpu_spec(cfg.cluster.gpu)
+    before_blackwell = spec is None or spec.compute_capability < (10, 0)
+    if (p.tensor_model_parallel_size > 1 or p.context_parallel_size > 1) and before_blackwell:
+        # TP/CP communication overlap relies on kernels being queued in issue order (one HW queue)
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    env["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF
+    # a failed or hung collective raises on every rank (-> exit FAULT) instead of hanging forever
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3"
+    env["NCCL_DEBUG"] = "WARN"
+    if cfg.cluster.nodes > 1:
+        env["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
+    return env
+
+
+def build_plan(cfg: RunConfig) -> LaunchPlan:
+    """The launch plan of a (validated) config."""
+    c, lay = cfg.cluster, compute_layout(cfg)
+    on_gpu = c.gpu != CPU_GPU
+    tasks = max(1, c.gpus_per_node)
+    cpus_per_task = max(1, c.cpus_per_node // tasks)
+    env = layout_env(cfg, on_gpu, cpus_per_task)
+    env.update({str(k): str(v) for k, v in c.env.items()})
+    env.update({str(k): str(v) for k, v in cfg.launcher.env.items()})
+    return LaunchPlan(
+        nodes=c.nodes,
+        tasks_per_node=tasks,
+        world_size=c.nodes * tasks,
+        cpus_per_task=cpus_per_task,
+        gpus_per_node=c.gpus_per_node if on_gpu else 0,
+        tp=lay.tp,
+        pp=lay.pp,
+        cp=lay.cp,
+        ep=lay.ep,
+        dp=lay.dp,
+        master_port=cfg.launcher.master_port,
+        env=env,
+        secret_env=list(cfg.launcher.secret_env),
+    )
