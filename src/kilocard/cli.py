@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--submit", action="store_true", help="submit with sbatch --parsable")
     p.add_argument("--chain", type=int, default=1, help="submit N jobs that continue one another")
+    # overrides and flags in any order (`recipe=x --multirun a=1,2 --submit`): the rest, split by sbatch_command
+    p.add_argument("trailing", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     p = sub.add_parser("baselines", help="published MFU baselines vs the performance model")
     p.add_argument("--file", default=None, help="a baselines YAML in the same format")
@@ -88,10 +90,17 @@ def cmd_show(args: argparse.Namespace) -> int:
         if args.cfg == "job" or args.cfg == "all":
             OmegaConf.set_struct(cfg, False)
             hydra_node = cfg.pop("hydra", None)
-            node = cfg if args.package is None else OmegaConf.select(cfg, args.package)
-            if node is None:
-                raise ComposeError(f"--package: no node {args.package!r} in the config", field=args.package)
-            print(OmegaConf.to_yaml(node, resolve=args.resolve), end="")
+            absent = object()
+            node = cfg if args.package is None else OmegaConf.select(cfg, args.package, default=absent)
+            if node is absent:
+                raise ComposeError(
+                    f"{args.package}: no such node for --package (expected a group or field path, e.g. model or model.hidden_size)",
+                    field=args.package,
+                )
+            if OmegaConf.is_config(node):
+                print(OmegaConf.to_yaml(node, resolve=args.resolve), end="")
+            else:  # a single field: print its value as YAML would
+                print(OmegaConf.to_yaml({"v": node}).split(": ", 1)[1], end="")
             if hydra_node is not None:
                 print(OmegaConf.to_yaml({"hydra": hydra_node}, resolve=args.resolve), end="")
         else:
@@ -120,7 +129,8 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
 def cmd_sbatch(args: argparse.Namespace) -> int:
     from kilocard.launch.sbatch import sbatch_command
 
-    return sbatch_command(args.overrides, multirun=args.multirun, submit=args.submit, chain=args.chain)
+    return sbatch_command(args.overrides, multirun=args.multirun, submit=args.submit, chain=args.chain,
+                          trailing=args.trailing)
 
 
 def cmd_baselines(args: argparse.Namespace) -> int:
