@@ -1,0 +1,141 @@
+"""Goodput under failures: the Young/Daly checkpoint interval and the expected fraction of time lost.
+
+A job on N GPUs, each failing at rate ``lambda`` per second, fails every ``M = 1 / (lambda N)``
+seconds on average. Saving a checkpoint costs ``delta`` seconds of training time; after a failure
+the job restarts (``restart_s``) and redoes on average half an interval. To first order (Young
+1974, Daly 2006) the interval that minimises the loss is ``tau = sqrt(2 delta M)`` and the fraction
+of wall time lost is ``delta / tau + (tau + delta) / (2 M) + restart_s / M``.
+
+The default failure rate is Llama 3's (Meta, "The Llama 3 Herd of Models", 2024, section 3.3.4):
+419 unexpected interruptions in 54 days of pre-training on 16,384 H100 GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from kilocard.config.schema import RunConfig
+
+LLAMA3_INTERRUPTIONS = 419
+"""Unexpected interruptions during Llama 3 405B pre-training."""
+LLAMA3_DAYS = 54
+"""Over this many days."""
+LLAMA3_GPUS = 16384
+"""On this many GPUs."""
+DEFAULT_FAILURE_RATE_PER_GPU_S = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 86400.0 * LLAMA3_GPUS)
+"""Failures per GPU per second (about 0.17 per GPU-year: one per 5.8 GPU-years)."""
+CHECKPOINT_BYTES_PER_PARAM = 14
+"""Bytes per parameter in a Megatron distributed checkpoint: bf16 weights (2) + fp32 main copy and
+two Adam moments (12)."""
+HOST_COPY_BANDWIDTH = 25e9
+"""Bytes/s at which an asynchronous save stages a GPU's shard to host memory (PCIe Gen4 x16, practical)."""
+INTERVAL_TOLERANCE = 2.0
+"""The rule warns when the configured interval is more than this factor away from Young/Daly's."""
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """Checkpoint interval and expected loss for one job."""
+
+    job_mtbf_s: float
+    """Mean time between failures of the whole job."""
+    save_time_s: float
+    """Training time one checkpoint save costs."""
+    optimal_interval_s: float
+    """Young/Daly interval sqrt(2 * save * MTBF)."""
+    lost_fraction: float
+    """Expected fraction of wall time lost at the optimal interval (saves + rework + restarts)."""
+
+    def lost_at(self, interval_s: float, restart_s: float = 0.0) -> float:
+        """Expected fraction of time lost when saving every ``interval_s`` seconds."""
+        return lost_fraction(interval_s, self.save_time_s, self.job_mtbf_s, restart_s)
+
+
+def lost_fraction(interval_s: float, save_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """First-order expected loss: ``save/tau + (tau + save)/(2 M) + restart/M``."""
+    if interval_s <= 0:
+        raise ValueError(f"checkpoint interval {interval_s} s must be positive")
+    return save_s / interval_s + (interval_s + save_s) / (2 * mtbf_s) + restart_s / mtbf_s
+
+
+def goodput(num_gpus: int, save_time_s: float, failure_rate_per_gpu_s: float = DEFAULT_FAILURE_RATE_PER_GPU_S,
+            restart_s: float = 0.0) -> Goodput:
+    """Young/Daly interval and loss for ``num_gpus`` GPUs and a save costing ``save_time_s``."""
+    if num_gpus < 1 or failure_rate_per_gpu_s <= 0 or save_time_s < 0:
+        raise ValueError(f"goodput: need num_gpus >= 1 ({num_gpus}), a positive failure rate "
+                         f"({failure_rate_per_gpu_s}) and a save time >= 0 ({save_time_s})")
+    mtbf = 1.0 / (failure_rate_per_gpu_s * num_gpus)
+    tau = math.sqrt(2.0 * max(save_time_s, 1e-9) * mtbf)
+    return Goodput(job_mtbf_s=mtbf, save_time_s=save_time_s, optimal_interval_s=tau,
+                   lost_fraction=lost_fraction(tau, save_time_s, mtbf, restart_s))
+
+
+def checkpoint_bytes(cfg: RunConfig) -> float:
+    """Size of one checkpoint (weights + optimizer state) in bytes."""
+    from kilocard.perf.params import count_parameters
+
+    return float(count_parameters(cfg.model).total) * CHECKPOINT_BYTES_PER_PARAM
+
+
+def save_time_s(cfg: RunConfig) -> float:
+    """Training time one save costs: the configured figure, else size / filesystem bandwidth
+    (async saves: the largest GPU shard staged to host memory)."""
+    if cfg.checkpoint.expected_save_time_s is not None:
+        return float(cfg.checkpoint.expected_save_time_s)
+    size = checkpoint_bytes(cfg)
+    gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    if cfg.checkpoint.async_save:
+        return size / max(1, gpus) / HOST_COPY_BANDWIDTH
+    return size / (cfg.cluster.fs_write_bandwidth_gbs * 1e9)
+
+
+def job_goodput(cfg: RunConfig, failure_rate_per_gpu_s: float = DEFAULT_FAILURE_RATE_PER_GPU_S) -> Goodput:
+    """Goodput of the job ``cfg`` describes."""
+    return goodput(cfg.cluster.nodes * cfg.cluster.gpus_per_node, save_time_s(cfg), failure_rate_per_gpu_s)
+
+
+def rule_checkpoint_interval(cfg: RunConfig, layout: object = None) -> Iterable:
+    """Warn (CHECKPOINT_INTERVAL) when ``checkpoint.save_interval`` steps is far from Young/Daly's interval.
+
+    Needs a predicted step time, so it says nothing for CPU ranks or GPUs the table lacks.
+    """
+    from kilocard.validate.issues import warning
+
+    step = _step_time(cfg)
+    if step is None:
+        return
+    g = job_goodput(cfg)
+    best_steps = max(1, round(g.optimal_interval_s / step))
+    field = "checkpoint.save_interval"
+    hint = (f"set {field}={best_steps} (Young/Daly: sqrt(2 x save {g.save_time_s:.0f} s x job MTBF "
+            f"{g.job_mtbf_s / 3600:.1f} h) = {g.optimal_interval_s / 60:.1f} min at {step:.2f} s/step)")
+    interval = cfg.checkpoint.save_interval
+    if interval <= 0:
+        run_s = cfg.trainer.train_iters * step
+        if run_s > INTERVAL_TOLERANCE * g.optimal_interval_s:
+            yield warning("CHECKPOINT_INTERVAL", field, interval,
+                          f"no periodic checkpoint in a {run_s / 3600:.1f} h run whose {cfg.cluster.nodes * cfg.cluster.gpus_per_node} "
+                          f"GPUs fail every {g.job_mtbf_s / 3600:.1f} h on average", hint)
+        return
+    tau = interval * step
+    ratio = tau / g.optimal_interval_s
+    if ratio > INTERVAL_TOLERANCE or ratio < 1 / INTERVAL_TOLERANCE:
+        loss_cfg, loss_best = g.lost_at(tau), g.lost_fraction
+        yield warning("CHECKPOINT_INTERVAL", field, interval,
+                      f"saving every {interval} steps ({tau / 60:.1f} min) loses {loss_cfg:.1%} of the time to saves "
+                      f"and rework; the Young/Daly interval loses {loss_best:.1%}", hint)
+
+
+def _step_time(cfg: RunConfig) -> Optional[float]:
+    from kilocard.perf.predict import predict
+    from kilocard.topology import gpu_spec
+
+    spec = gpu_spec(cfg.cluster.gpu)
+    if spec is None or spec.vendor == "cpu":
+        return None
+    try:
+        return predict(cfg).step_time_s
+    except (ValueError, ZeroDivisionError, KeyError):
+        return None  # an invalid layout: the parallel/batch rules already report it

@@ -1,0 +1,362 @@
+"""``kilocard plan``: the layouts that fit, ranked by predicted throughput.
+
+For the composed model, GPU count and cluster, the planner enumerates TP, PP, VP, CP, EP, ETP,
+micro-batch size, recompute and the distributed optimizer, and keeps what the validator accepts
+(memory included). Search order, cheapest first:
+
+1. divisibility filters on plain integers (world, heads, query groups, layers, experts, batch,
+   interleaved micro-batches), and CP only for long sequences (``MIN_CP_TOKENS`` per CP rank),
+   before any config is built;
+2. the analytic step time of every survivor (about 0.1 ms each), sorted fastest first;
+3. walking that order: the memory estimate (about 0.1 ms), then the full validator (about 10 ms)
+   only for candidates that could enter the table; a parallel layout (TP, PP, CP, EP, ETP) is
+   listed once, with its fastest accepted VP / micro-batch / recompute / optimizer choice.
+
+The walk stops once the top K layouts and the recipe's own layout are known (or after
+``max_validations`` validator calls, which the output then says).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+from kilocard.config.schema import RunConfig
+from kilocard.perf.flops import flops_per_iteration, shape_from_model
+from kilocard.perf.predict import hardware_for, layout_of
+from kilocard.perf.steptime import Hardware, predict_step_time
+
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+MBS_CHOICES = (1, 2, 4, 8, 16)
+CONVENTION = "megatron_current"
+MIN_CP_TOKENS = 4096
+"""Context parallelism is tried only while each CP rank keeps at least this many tokens of a sequence:
+below it the ring exchange no longer hides behind the attention blocks (CP is a long-context tool)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space."""
+
+    tp: int
+    """Tensor-parallel size."""
+    pp: int
+    """Pipeline-parallel size."""
+    vp: Optional[int]
+    """Virtual stages per pipeline rank (``None``: not interleaved)."""
+    cp: int
+    """Context-parallel size."""
+    ep: int
+    """Expert-parallel size."""
+    etp: Optional[int]
+    """Expert tensor-parallel size (``None``: equal to TP)."""
+    mbs: int
+    """Micro-batch size."""
+    recompute: str
+    """``none``, ``selective`` or ``full``."""
+    distributed_optimizer: bool
+    """Shard the optimizer state over DP x CP."""
+
+    @property
+    def layout_key(self) -> Tuple[int, int, int, int, int]:
+        """(TP, PP, CP, EP, ETP): how the model is split; VP, MBS, recompute are schedule choices."""
+        return (self.tp, self.pp, self.cp, self.ep, self.etp or self.tp)
+
+    def overrides(self) -> List[str]:
+        """Hydra overrides that select this candidate."""
+        par = "parallel."
+        out = [
+            f"{par}tensor_model_parallel_size={self.tp}", f"{par}pipeline_model_parallel_size={self.pp}",
+            f"{par}virtual_pipeline_model_parallel_size={'null' if self.vp is None else self.vp}",
+            f"{par}context_parallel_size={self.cp}", f"{par}expert_model_parallel_size={self.ep}",
+            f"{par}expert_tensor_parallel_size={'null' if self.etp is None else self.etp}",
+            f"{par}sequence_parallel={'true' if self.tp > 1 else 'false'}",
+            f"{par}recompute_granularity={'null' if self.recompute == 'none' else self.recompute}",
+        ]
+        if self.recompute == "full":
+            out += [f"{par}recompute_method=uniform", f"{par}recompute_num_layers=1"]
+        else:
+            out += [f"{par}recompute_method=null", f"{par}recompute_num_layers=null"]
+        out += [f"{par}use_distributed_optimizer={'true' if self.distributed_optimizer else 'false'}",
+                f"trainer.micro_batch_size={self.mbs}"]
+        return out
+
+
+def apply(cfg: RunConfig, c: Candidate) -> RunConfig:
+    """``cfg`` with the candidate's parallel and micro-batch choices."""
+    full = c.recompute == "full"
+    par = dataclasses.replace(
+        cfg.parallel, tensor_model_parallel_size=c.tp, pipeline_model_parallel_size=c.pp,
+        virtual_pipeline_model_parallel_size=c.vp, context_parallel_size=c.cp, expert_model_parallel_size=c.ep,
+        expert_tensor_parallel_size=c.etp, sequence_parallel=c.tp > 1,
+        recompute_granularity=None if c.recompute == "none" else c.recompute,
+        recompute_method="uniform" if full else None, recompute_num_layers=1 if full else None,
+        use_distributed_optimizer=c.distributed_optimizer,
+        overlap_p2p_comm=cfg.parallel.overlap_p2p_comm and c.vp is not None,
+        tp_comm_overlap=cfg.parallel.tp_comm_overlap and c.tp > 1,
+        overlap_param_gather=cfg.parallel.overlap_param_gather and c.distributed_optimizer,
+    )
+    return dataclasses.replace(cfg, parallel=par, trainer=dataclasses.replace(cfg.trainer, micro_batch_size=c.mbs))
+
+
+def current_candidate(cfg: RunConfig) -> Candidate:
+    """The candidate a config already is."""
+    p = cfg.parallel
+    return Candidate(
+        tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
+        vp=p.virtual_pipeline_model_parallel_size, cp=p.context_parallel_size, ep=p.expert_model_parallel_size,
+        etp=p.expert_tensor_parallel_size, mbs=cfg.trainer.micro_batch_size,
+        recompute=p.recompute_granularity or "none", distributed_optimizer=p.use_distributed_optimizer,
+    )
+
+
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _pow2_upto(n: int) -> List[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def enumerate_candidates(cfg: RunConfig, world: int) -> Iterator[Candidate]:
+    """Every candidate that passes the divisibility filters (no config is built here)."""
+    m, p, gbs = cfg.model, cfg.parallel, cfg.trainer.global_batch_size
+    groups = m.num_query_groups or m.num_attention_heads
+    domain = max(1, cfg.cluster.nvlink_domain_size)
+    tps = [t for t in _pow2_upto(min(domain, m.num_attention_heads)) if m.num_attention_heads % t == 0 and groups % t == 0
+           and world % t == 0]
+    split_layers = m.num_layers + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
+    experts = m.num_moe_experts or 0
+    cps = [c for c in _pow2_upto(64) if c == 1 or (m.seq_length % (2 * c) == 0 and m.seq_length // c >= MIN_CP_TOKENS)]
+    for tp, cp in itertools.product(tps, cps):
+        if world % (tp * cp):
+            continue
+        for pp in _divisors(split_layers):
+            if pp > m.num_layers or world % (tp * cp * pp):
+                continue
+            dp = world // (tp * cp * pp)
+            vps: List[Optional[int]] = [None]
+            if pp > 1:
+                vps += [v for v in _divisors(split_layers // pp) if 1 < v <= 16]
+            eps = [e for e in _divisors(experts) if (dp * cp * tp) % e == 0] if experts else [1]
+            etps: List[Optional[int]] = [None, 1] if experts and tp > 1 else [None]
+            for mbs in MBS_CHOICES:
+                if gbs % (mbs * dp):
+                    continue
+                micro = gbs // (mbs * dp)
+                for vp, ep, etp in itertools.product(vps, eps, etps):
+                    if vp is not None and micro % pp:
+                        continue
+                    if experts and (world // pp) % ((etp or tp) * ep):
+                        continue
+                    for rc, dist in itertools.product(RECOMPUTE_CHOICES, (True, False)):
+                        yield Candidate(tp, pp, vp, cp, ep, etp, mbs, rc, dist)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A candidate the validator accepted, with its prediction."""
+
+    candidate: Candidate
+    """The choices."""
+    step_time_s: float
+    """Predicted seconds per step."""
+    tflops_per_gpu: float
+    """Predicted TFLOP/s per GPU (megatron_current)."""
+    mfu: float
+    """Predicted MFU against the dense peak of the run's GEMM dtype."""
+    memory: Dict[str, int]
+    """Bytes per GPU by component (weights, gradients, optimizer, activations, total)."""
+    breakdown: Dict[str, float] = field(default_factory=dict)
+    """Predicted seconds per step by component."""
+
+
+@dataclass
+class Plan:
+    """The planner's answer."""
+
+    world: int
+    """GPUs planned for."""
+    gpu: str
+    """GPU model."""
+    peak_flops: float
+    """Dense peak FLOP/s per GPU the MFUs divide by."""
+    top: List[Ranked]
+    """Best accepted candidate of each of the top layouts, fastest first."""
+    recipe_layout_rank: Optional[int]
+    """1-based rank of the config's own layout among accepted layouts (``None``: not found)."""
+    recipe: Optional[Ranked]
+    """The config's own layout as configured, when accepted."""
+    recipe_issue: Optional[str]
+    """Why the config's own layout was not accepted (first error), if it was not."""
+    candidates: int
+    """Candidates after the divisibility filters."""
+    validated: int
+    """Validator calls made."""
+    exhausted: bool
+    """The validation budget ran out before the recipe's layout was placed."""
+    hbm_usable_bytes: Optional[int] = None
+    """Usable memory per GPU the validator checks against."""
+
+
+def _predictor(cfg: RunConfig, hw: Hardware):
+    shapes, flops = {}, {}
+
+    def step(c: Candidate) -> float:
+        if c.tp not in shapes:
+            shapes[c.tp] = shape_from_model(cfg.model, c.tp)
+            flops[c.tp] = flops_per_iteration(dataclasses.replace(
+                cfg, parallel=dataclasses.replace(cfg.parallel, tensor_model_parallel_size=c.tp)), CONVENTION)
+        lay = layout_of(apply(cfg, c))
+        return predict_step_time(shapes[c.tp], lay, hw).total_s
+
+    return step, flops
+
+
+def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
+    """Rank the accepted layouts of ``cfg``'s model on its cluster by predicted throughput."""
+    from kilocard.layout import compute_layout
+    from kilocard.perf.memory import estimate_memory
+    from kilocard.validate import validate
+    from kilocard.validate.memory import hbm_bytes, usable_bytes
+
+    hw = hardware_for(cfg.cluster)
+    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    step, flops = _predictor(cfg, hw)
+    cands = list(enumerate_candidates(cfg, world))
+    own = current_candidate(cfg)
+    if own not in cands:
+        cands.append(own)
+    timed = sorted(((step(c), i, c) for i, c in enumerate(cands)), key=lambda x: (x[0], x[1]))
+    hbm = hbm_bytes(cfg)
+    usable = usable_bytes(hbm) if hbm else None
+    peak = hw.peak_flops.get(layout_of(cfg).precision, hw.peak_flops["bf16"])
+    accepted: Dict[Tuple, Ranked] = {}
+    order: List[Tuple] = []
+    validated, own_ranked, own_issue, exhausted = 0, None, None, False
+    for t, _, c in timed:
+        key = c.layout_key
+        if key in accepted and (c != own or own_ranked is not None):
+            continue
+        own_key_done = own.layout_key in accepted and (own_ranked is not None or own_issue is not None)
+        if len(order) >= top and own_key_done:
+            break
+        run = apply(cfg, c)
+        mem = estimate_memory(run, compute_layout(run))
+        if usable is not None and mem.total > usable and c != own:
+            continue
+        if validated >= max_validations:
+            exhausted = True
+            break
+        report = validate(run)
+        validated += 1
+        if not report.valid:
+            if c == own:
+                own_issue = f"{report.errors[0].code}: {report.errors[0].message}"
+            continue
+        ranked = _rank(c, t, flops[c.tp], world, peak, mem.to_json(), run, hw)
+        if c == own:
+            own_ranked = ranked
+        if key not in accepted:
+            accepted[key] = ranked
+            order.append(key)
+    rank = order.index(own.layout_key) + 1 if own.layout_key in accepted else None
+    return Plan(world=world, gpu=hw.gpu, peak_flops=peak, top=[accepted[k] for k in order[:top]],
+                recipe_layout_rank=rank, recipe=own_ranked, recipe_issue=own_issue, candidates=len(cands),
+                validated=validated, exhausted=exhausted, hbm_usable_bytes=usable)
+
+
+def _rank(c: Candidate, t: float, flops: float, world: int, peak: float, memory: Dict[str, int],
+          run: RunConfig, hw: Hardware) -> Ranked:
+    tflops = flops / t / world / 1e12
+    breakdown = predict_step_time(shape_from_model(run.model, c.tp), layout_of(run), hw).breakdown
+    return Ranked(candidate=c, step_time_s=t, tflops_per_gpu=tflops, mfu=tflops * 1e12 / peak, memory=memory,
+                  breakdown=breakdown)
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def _row(i: object, r: Ranked) -> Tuple[str, ...]:
+    c = r.candidate
+    gib = r.memory.get("total", 0) / 2**30
+    return (str(i), str(c.tp), str(c.pp), str(c.vp or "-"), str(c.cp), str(c.ep), str(c.etp or c.tp), str(c.mbs),
+            c.recompute, "yes" if c.distributed_optimizer else "no", f"{r.step_time_s:.2f}",
+            f"{r.tflops_per_gpu:.0f}", f"{r.mfu:.1%}", f"{gib:.1f}")
+
+
+def render_text(p: Plan) -> str:
+    """The table ``kilocard plan`` prints, each entry followed by its override line."""
+    header = ("#", "TP", "PP", "VP", "CP", "EP", "ETP", "MBS", "recompute", "distopt", "step s", "TF/s/GPU",
+              "MFU", "mem GiB")
+    rows = [header] + [_row(i + 1, r) for i, r in enumerate(p.top)]
+    widths = [max(len(r[j]) for r in rows) for j in range(len(header))]
+    out = [f"{p.world} x {p.gpu}: {p.candidates} candidates after divisibility filters, {p.validated} validated; "
+           f"MFU against {p.peak_flops / 1e12:.0f} TFLOP/s dense peak, FLOPs convention {CONVENTION}"]
+    out.append("  ".join(v.rjust(w) for v, w in zip(header, widths)))
+    for i, r in enumerate(p.top):
+        out.append("  ".join(v.rjust(w) for v, w in zip(rows[i + 1], widths)))
+        out.append("    " + " ".join(r.candidate.overrides()))
+    out.append("")
+    out.append(own_layout_line(p))
+    return "\n".join(out)
+
+
+def own_layout_line(p: Plan) -> str:
+    """One line on how the config's own layout ranks."""
+    if p.recipe_issue:
+        return f"the config's own layout is not accepted: {p.recipe_issue}"
+    if p.recipe_layout_rank is None:
+        why = " (validation budget exhausted)" if p.exhausted else ""
+        return f"the config's own layout is not among the accepted layouts ranked{why}"
+    best = p.top[0].tflops_per_gpu if p.top else 0.0
+    own = p.recipe.tflops_per_gpu if p.recipe else 0.0
+    gap = f", {1 - own / best:.1%} below the best" if best and own < best else ""
+    return (f"the config's own layout ranks #{p.recipe_layout_rank} of the accepted layouts "
+            f"({own:.0f} TFLOP/s per GPU as configured{gap})")
+
+
+def render_json(p: Plan) -> str:
+    """``--format json``."""
+    def one(r: Ranked) -> dict:
+        return {**dataclasses.asdict(r.candidate), "overrides": r.candidate.overrides(), "step_time_s": r.step_time_s,
+                "tflops_per_gpu": r.tflops_per_gpu, "mfu": r.mfu, "memory_bytes": r.memory, "breakdown": r.breakdown}
+    return json.dumps({
+        "world": p.world, "gpu": p.gpu, "peak_flops": p.peak_flops, "convention": CONVENTION,
+        "candidates": p.candidates, "validated": p.validated, "top": [one(r) for r in p.top],
+        "recipe_layout_rank": p.recipe_layout_rank, "recipe": one(p.recipe) if p.recipe else None,
+        "recipe_issue": p.recipe_issue,
+    }, indent=1)
+
+
+def plan_command(overrides: Sequence[str], top: int = 10, plot: Optional[str] = None, fmt: str = "text") -> int:
+    """``kilocard plan``: 0 when at least one layout is accepted, 1 when none, 2 on bad input."""
+    from kilocard.config.compose import compose, to_run_config
+
+    if top < 1:
+        print(f"kilocard plan: error: --top: {top} must be at least 1", file=sys.stderr)
+        return 2
+    cfg = to_run_config(compose(list(overrides)))
+    try:
+        result = plan(cfg, top=top)
+    except ValueError as e:
+        print(f"kilocard plan: error: {e}", file=sys.stderr)
+        return 2
+    print(render_json(result) if fmt == "json" else render_text(result))
+    if plot:
+        from kilocard.perf.plots import plot_plan, plot_schedule, schedule_path
+
+        plot_plan(result, plot)
+        best = result.top[0] if result.top else result.recipe
+        if best is not None:
+            plot_schedule(best.candidate, apply(cfg, best.candidate), schedule_path(plot))
+        print(f"wrote {plot}" + (f" and {schedule_path(plot)}" if best is not None else ""), file=sys.stderr)
+    return 0 if result.top else 1
