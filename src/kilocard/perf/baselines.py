@@ -220,13 +220,18 @@ def compare_row(row: Row, recipes: Dict[str, str], params: PerfModelParams = FIT
 
 
 def recipe_index() -> Dict[str, str]:
-    """Map baseline row id to the recipe that reproduces it (recipe.baseline_id)."""
-    from kilocard.recipes import catalog_rows
+    """Map baseline row id to the recipe that reproduces it (``recipe.baseline_id`` in its own file)."""
+    from kilocard.config.compose import recipe_catalog
 
     out: Dict[str, str] = {}
-    for r in catalog_rows():
-        if r.baseline:
-            out.setdefault(r.baseline, r.name)
+    for name, path in recipe_catalog().items():
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"recipe {name}: {path} is not valid YAML: {e}") from None
+        baseline = (doc.get("recipe") or {}).get("baseline_id") if isinstance(doc, dict) else None
+        if baseline:
+            out.setdefault(str(baseline), name)
     return out
 
 
