@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from kilocard.config.compose import ComposeError, compose_each, recipe_catalog, to_run_config
 from kilocard.config.schema import RunConfig
@@ -126,15 +126,20 @@ def _write_cache(path: Path, rows: List[RecipeRow]) -> None:
         print(f"kilocard recipes: note: cannot cache the catalog in {path.parent} ({e.strerror})", file=sys.stderr)
 
 
-def catalog_rows(use_cache: bool = True) -> List[RecipeRow]:
-    """Compose every recipe and summarise it (from the cache when nothing changed)."""
+def catalog_rows(use_cache: bool = True, composed: Optional[Dict[str, RunConfig]] = None) -> List[RecipeRow]:
+    """Compose every recipe and summarise it (from the cache when nothing changed).
+
+    ``composed`` passes recipes the caller already composed (``{name: RunConfig}``, every recipe),
+    so they are summarised (and cached) without composing them again.
+    """
     path = cache_dir() / f"catalog-{_cache_key()}.json"
-    if use_cache:
+    if use_cache and composed is None:
         cached = _read_cache(path)
         if cached is not None:
             return cached
     names = list(recipe_catalog())
-    rows = [recipe_row(n, rc) for n, rc in zip(names, compose_recipes(names))]
+    configs = [composed[n] for n in names] if composed is not None else compose_recipes(names)
+    rows = [recipe_row(n, rc) for n, rc in zip(names, configs)]
     if use_cache:
         _write_cache(path, rows)
     return rows
