@@ -7,6 +7,7 @@ empty split is one clear ``DataError`` instead of an assertion (or an endless lo
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -23,13 +24,28 @@ from kilocard.data.paths import parse_blend
 DATA_TYPES = ("mock", "indexed")
 
 
+class _MockCacheNotice(logging.Filter):
+    """Drops Megatron's warning that mock indices are not cached: kilocard does that on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "MockGPTDataset indexes because path_to_cache is None" not in record.getMessage()
+
+
+logging.getLogger("megatron.core.datasets.gpt_dataset").addFilter(_MockCacheNotice())
+
+
 def train_samples(run_cfg: RunConfig) -> int:
     """Global samples the whole run reads: ``trainer.train_iters * trainer.global_batch_size``."""
     return run_cfg.trainer.train_iters * run_cfg.trainer.global_batch_size
 
 
 def cache_path(run_cfg: RunConfig, cache_dir: Optional[str]) -> Optional[str]:
-    """Index-cache folder: ``data.path_to_cache``, else ``cache_dir``, else Megatron's default (None)."""
+    """Index-cache folder: ``data.path_to_cache``, else ``cache_dir``, else Megatron's default (None).
+
+    Mock data is never cached: every rank rebuilds its (deterministic) index in well under a second.
+    """
+    if run_cfg.data.type == "mock":
+        return None
     chosen = run_cfg.data.path_to_cache or cache_dir
     return str(Path(chosen).expanduser().resolve()) if chosen else None
 
