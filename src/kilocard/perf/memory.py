@@ -9,10 +9,13 @@ megatron-core 0.19.2 wheel) this module gives the same number on the same inputs
   parameter, the 12 sharded over DP with the distributed optimizer (expert parameters over
   expert-DP), counted on the most loaded shard (first stage: 1/PP of the layers plus the
   embedding; dense, MoE, MLA, GQA, MTP, shared experts and the router as Megatron counts them);
-* activations == ``compute_activation_memory(args, M)`` (sequence parallel with selective
-  recompute; Korthikanti et al. 2022, Table 2) and ``compute_activation_memory_without_sp(args, M)``
-  otherwise (including recompute none, as ``report_theoretical_memory`` picks them), with the
-  interleaved-schedule penalty and the ``min(1, M/PP)`` discount.
+* activations == ``compute_activation_memory(args, M)`` with sequence parallel (Korthikanti et
+  al. 2022, Table 2, SP + selective) and ``compute_activation_memory_without_sp(args, M)`` without,
+  with the interleaved-schedule penalty and the ``min(1, M/PP)`` discount. Megatron-LM's
+  ``report_theoretical_memory`` picks the SP formula only with selective recompute; the only term
+  selective recompute removes is the s x s attention scores, which fused/flash attention never
+  stores, so kilocard picks it whenever SP is on, and adds the scores (``5 a s^2 b / t`` per layer)
+  only for ``unfused``/``local`` attention without recompute.
 
 Where kilocard goes further (each term is zero, or the identity, on Megatron's own inputs):
 
@@ -342,15 +345,34 @@ def activations_full_recompute(cfg: RunConfig, a: SimpleNamespace, num_microbatc
     return stored + working
 
 
+def attention_scores_bytes(cfg: RunConfig, a: SimpleNamespace) -> float:
+    """The s x s attention scores (5 a s^2 b / t bytes per layer, Table 2) when they are stored.
+
+    Fused/flash attention (``attention_backend`` auto/flash/fused) never stores them, and selective
+    recompute drops them; only ``unfused``/``local`` attention without selective recompute keeps them.
+    """
+    backend = getattr(cfg.model, "attention_backend", "auto")
+    if backend not in ("unfused", "local") or cfg.parallel.recompute_granularity is not None:
+        return 0.0
+    s, b = a.seq_length, a.micro_batch_size
+    per_layer = 5 * a.num_attention_heads * s * s * b / a.tensor_model_parallel_size
+    return per_layer * a.activation_num_layers * _pipeline_factor(a, None)
+
+
 def activation_bytes(cfg: RunConfig, a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
-    """Activation bytes per GPU, choosing the formula as ``report_theoretical_memory`` does."""
+    """Activation bytes per GPU: Megatron's SP formula with sequence parallel, its no-SP one without.
+
+    ``report_theoretical_memory`` uses the SP formula only with selective recompute; selective
+    recompute removes exactly the s x s attention scores, which fused/flash attention never stores,
+    so kilocard uses it whenever SP is on and adds the scores only for unfused attention.
+    """
     p = cfg.parallel
     if p.recompute_granularity == "full":
         act = activations_full_recompute(cfg, a, num_microbatches)
-    elif p.sequence_parallel and p.recompute_granularity == "selective":
-        act = activations_sp_selective(a, num_microbatches)
+    elif p.sequence_parallel:
+        act = activations_sp_selective(a, num_microbatches) + attention_scores_bytes(cfg, a)
     else:
-        act = activations_no_sp(a, num_microbatches)
+        act = activations_no_sp(a, num_microbatches) + attention_scores_bytes(cfg, a)
     pr = cfg.precision
     return act * (2 if not (pr.bf16 or pr.fp16) and pr.params_dtype == "float32" else 1)
 

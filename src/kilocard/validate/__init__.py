@@ -34,8 +34,9 @@ MCORE_CODES = frozenset({
 
 
 def structurally_valid(cfg: RunConfig, lay: Layout) -> bool:
-    """No error from the structural rules (model, parallel, batch, recompute)."""
-    return not any(i.severity == ERROR for r in STRUCTURAL_RULES for i in r(cfg, lay))
+    """No error from the structural rules (model, parallel, batch, recompute) or TP placement."""
+    rules = STRUCTURAL_RULES + (topology.rule_tp_nvlink,)
+    return not any(i.severity == ERROR for r in rules for i in r(cfg, lay))
 
 
 def run_rules(cfg: RunConfig, lay: Layout, rules: Iterable[Rule] = RULES) -> List[Issue]:
