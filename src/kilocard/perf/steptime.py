@@ -245,22 +245,21 @@ def stage_microbatch_time(shape: ModelShape, lay: Layout, hw: Hardware, params: 
             continue
         f = layer_forward(shape, lay, hw, eff, params, moe)
         exposed_tp = f.tp_comm * (1.0 - (net.tp_overlap if lay.tp_comm_overlap else 0.0))
-        compute_fwd = f.gemm + f.attn + f.elem
-        fwd = compute_fwd + exposed_tp + f.cp_comm + f.ep_comm
-        bwd = 2 * compute_fwd + exposed_tp * (1.0 - net.tp_bwd_overlap) + 2 * f.cp_comm + f.ep_comm
-        if lay.recompute == "full":
-            bwd += fwd
-        elif lay.recompute == "selective":
-            bwd += f.attn
-        passes = 4 if lay.recompute == "full" else 3
+        full = 1.0 if lay.recompute == "full" else 0.0
+        # Forward, backward (2x the forward's GEMM and elementwise work), and a recompute forward.
+        per_layer = {
+            "gemm": f.gemm * (3 + full),
+            "attention": f.attn * (3 + (1.0 if lay.recompute in ("full", "selective") else 0.0)),
+            "elementwise": f.elem * (3 + full),
+            "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) + full),
+            "cp_comm": f.cp_comm * (3 + full),
+            "ep_comm": f.ep_comm * (2 + full),
+            "overhead": net.layer_overhead_s * (3 + full),
+        }
         n = layers * frac
-        total += n * (fwd + bwd + passes * net.layer_overhead_s)
-        for key, v in (("gemm", f.gemm), ("attention", f.attn), ("elementwise", f.elem)):
-            parts[key] = parts.get(key, 0.0) + n * v * passes
-        parts["tp_comm"] = parts.get("tp_comm", 0.0) + n * exposed_tp * (passes - net.tp_bwd_overlap)
-        parts["cp_comm"] = parts.get("cp_comm", 0.0) + n * f.cp_comm * 3
-        parts["ep_comm"] = parts.get("ep_comm", 0.0) + n * f.ep_comm * 2
-        parts["overhead"] = parts.get("overhead", 0.0) + n * passes * net.layer_overhead_s
+        for key, v in per_layer.items():
+            parts[key] = parts.get(key, 0.0) + n * v
+            total += n * v
     if last:
         peak = _peak(hw, lay.precision, eff)
         tok = lay.mbs * shape.seq / lay.cp
