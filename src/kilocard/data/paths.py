@@ -1,4 +1,4 @@
-"""Resolve ``data.data_path`` entries (indexed-dataset prefixes, optionally weighted) to real files.
+"""Resolve ``data.data_path`` entries (indexed-dataset prefixes, optionally weighted) and tokenizer files.
 
 A relative prefix is looked up in the current directory first, then under kilocard's shipped
 root: the folder that holds ``conf/`` (the repository in a source checkout, the installed
@@ -23,10 +23,19 @@ def shipped_root() -> Path:
     return data_dir("conf").parent
 
 
+def _candidates(name: str) -> List[Path]:
+    path = Path(name).expanduser()
+    return [path] if path.is_absolute() else [Path.cwd() / path, shipped_root() / path]
+
+
+def find_file(name: str) -> Optional[Path]:
+    """The file ``name`` (cwd first, then the shipped root), or None when neither has it."""
+    return next((c.resolve() for c in _candidates(name) if c.is_file()), None)
+
+
 def resolve_data_prefix(prefix: str) -> str:
     """Absolute path prefix of the ``.bin/.idx`` pair named ``prefix``; ``DataError`` if absent."""
-    path = Path(prefix).expanduser()
-    candidates = [path] if path.is_absolute() else [Path.cwd() / path, shipped_root() / path]
+    candidates = _candidates(prefix)
     for candidate in candidates:
         if _has_files(candidate):
             return str(candidate.resolve())

@@ -83,12 +83,23 @@ class ByteTokenizer(MegatronTokenizerBase):
 
 
 TOKENIZERS = {BYTES_TOKENIZER: ByteTokenizer}
-"""Tokenizer name (``data.tokenizer`` / ``--tokenizer``) -> class."""
+"""Built-in tokenizer name (``data.tokenizer`` / ``--tokenizer``) -> class; a file path loads a BPE."""
 
 
 def get_tokenizer(name: str) -> MegatronTokenizerBase:
-    """The tokenizer called ``name``; an unknown name raises ``DataError`` listing the known ones."""
-    if name not in TOKENIZERS:
+    """The tokenizer ``name``: a built-in (``kilocard-bytes``) or a ``kilocard-bpe`` JSON file.
+
+    A relative file path is looked up in the current directory, then under kilocard's shipped root.
+    Anything else raises ``DataError`` listing the choices.
+    """
+    if name in TOKENIZERS:
+        return TOKENIZERS[name]()
+    from kilocard.data.paths import find_file
+
+    path = find_file(name)
+    if path is None:
         known = ", ".join(sorted(TOKENIZERS))
-        raise DataError(f"data.tokenizer: unknown tokenizer {name!r}; fix: use one of {known}")
-    return TOKENIZERS[name]()
+        raise DataError(f"data.tokenizer: unknown tokenizer {name!r}; fix: use {known} or the path of a kilocard-bpe JSON file")
+    from kilocard.data.bpe import BpeTokenizer
+
+    return BpeTokenizer.load(path)
