@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("preprocess", help="turn JSONL text into Megatron .bin/.idx")
     p.add_argument("--input", required=True, help="JSONL file, one {'text': ...} per line")
     p.add_argument("--output-prefix", required=True, help="output prefix (writes PREFIX_text_document.bin/.idx)")
-    p.add_argument("--tokenizer", default="kilocard-bytes")
+    p.add_argument("--tokenizer", default="kilocard-bytes", help="kilocard-bytes or a kilocard-bpe JSON file")
 
     p = sub.add_parser("sbatch", help="validate and render (optionally submit) a Slurm batch script")
     _add_config_args(p)
