@@ -254,6 +254,9 @@ class CheckpointConfig:
     """Spread the writing of replicated tensors over data-parallel ranks."""
     fallback_to_previous: bool = False
     """When the newest committed step fails its integrity check, resume from the one before."""
+    ckpt_step: Optional[int] = None
+    """Start from this committed step of ``checkpoint.load`` instead of its newest (Megatron-LM ``--ckpt-step``);
+    ignored once the run has committed steps of its own."""
     expected_save_time_s: Optional[float] = None
     """Expected save time; ``None`` means estimated from checkpoint size and filesystem bandwidth."""
 
