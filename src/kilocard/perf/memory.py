@@ -79,7 +79,7 @@ class MemoryEstimate:
 
 
 def _moe_pattern(m: ModelConfig) -> list:
-    if m.num_moe_experts is None:
+    if not m.num_moe_experts:
         return [0] * m.num_layers
     if isinstance(m.moe_layer_freq, int):
         return [1 if i % max(1, m.moe_layer_freq) == 0 else 0 for i in range(m.num_layers)]
@@ -113,7 +113,7 @@ def megatron_memory_args(cfg: RunConfig, layout: Optional[Layout] = None) -> Sim
         hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
         kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
         group_query_attention=gqa, num_query_groups=m.num_query_groups if gqa else m.num_attention_heads,
-        num_experts=m.num_moe_experts, swiglu=bool(m.gated_linear_unit),
+        num_experts=m.num_moe_experts or None, swiglu=bool(m.gated_linear_unit),
         moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
         moe_layer_freq=m.moe_layer_freq if isinstance(m.moe_layer_freq, int) else list(m.moe_layer_freq),
         num_layers=m.num_layers, moe_ffn_hidden_size=(m.moe_ffn_hidden_size or ffn) if m.num_moe_experts else None,

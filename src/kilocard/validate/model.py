@@ -16,7 +16,7 @@ def model_shape_ok(cfg: RunConfig) -> bool:
     m = cfg.model
     opt = (m.ffn_hidden_size, m.num_query_groups, m.kv_channels, m.moe_ffn_hidden_size)
     return all(getattr(m, f) >= 1 for f in SHAPE_FIELDS) and all(v is None or v >= 1 for v in opt) \
-        and m.moe_router_topk >= 1 and (not isinstance(m.moe_layer_freq, int) or m.moe_layer_freq >= 1)
+        and m.moe_router_topk >= 1 and (m.num_moe_experts is None or m.num_moe_experts >= 1) and (not isinstance(m.moe_layer_freq, int) or m.moe_layer_freq >= 1)
 
 
 def rule_model_shape(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
