@@ -29,6 +29,11 @@ Sections (``KILOCARD_CPU_SHIM_SKIP=2,5`` switches sections off, for experiments 
    load raises ``KeyError: 'step'`` (the checkpoint lacks torch Adam's per-param ``step``), and
    ``load_state_dict`` gives every param the same ``step`` tensor, so Adam bumps it once per
    param per step (silently wrong bias correction). Keep the live ``step`` and un-share it.
+10. Synchronous checkpoint saves: the torch_dist writer hands its write results through a queue
+    served by a *spawned* multiprocessing Manager, which imports torch when it unpickles the first
+    result (about 4 s per rank; 12-15 s for four ranks on two cores, every run). CPU ranks save
+    synchronously (the results are put and read in the same process), so an in-process
+    ``queue.Queue`` does the same job. Not for async saves (GPU backend only).
 """
 
 from __future__ import annotations
@@ -216,6 +221,14 @@ def _patch_distopt_adam_step() -> None:
     DO.load_state_dict = load_sd
 
 
+def _patch_sync_save_results_queue() -> None:
+    import queue
+
+    import megatron.core.dist_checkpointing.strategies.filesystem_async as fa
+    results: "queue.Queue" = queue.Queue()
+    fa._get_write_results_queue = lambda: results
+
+
 SECTIONS: Dict[int, Callable[[], None]] = {
     1: _patch_rng_tracker,
     2: _patch_devices,
@@ -226,6 +239,7 @@ SECTIONS: Dict[int, Callable[[], None]] = {
     7: _patch_sequence_parallel_norm,
     8: _patch_uneven_collectives,
     9: _patch_distopt_adam_step,
+    10: _patch_sync_save_results_queue,
 }
 """Section number -> the function that installs it (numbers as in the module docstring)."""
 

@@ -254,30 +254,44 @@ def init_optimizer_states(optimizer: Any) -> None:
                 g["lr"] = lr
 
 
-def load_root_and_step(save_root: Path, load_root: Optional[Path], fallback: bool) -> Tuple[Optional[Path], Optional[int]]:
-    """Where to resume from: this run's own newest committed step, else ``checkpoint.load``'s.
+def load_root_and_step(save_root: Path, load_root: Optional[Path], fallback: bool,
+                       ckpt_step: Optional[int] = None) -> Tuple[Optional[Path], Optional[int]]:
+    """Where to resume from: this run's own newest committed step, else ``checkpoint.load``'s
+    (its step ``ckpt_step`` when given). Returns ``(None, None)`` for a fresh start.
 
-    Verifies the manifest (rank 0 only, by the caller). Raises ``CheckpointError`` naming the step and
-    file, unless ``fallback`` finds an older committed step that passes.
+    Verifies the manifest (the caller runs this on rank 0 only). Raises ``CheckpointError`` naming the
+    step and file, unless ``fallback`` finds an older committed step that passes.
     """
-    for root in (save_root, load_root):
-        if root is None or latest_committed(root) is None:
-            continue
-        steps = committed_steps(root)
-        last = latest_committed(root)
-        if not steps or steps[0] != last:
-            err = CheckpointError(f"checkpoint step {last}: {step_dir(root, last)} has no {MANIFEST} "
-                                  f"although {root / TRACKER} names it")
-            if not fallback or not steps:
-                raise err
-        first_error: Optional[CheckpointError] = None
-        for s in steps:
-            try:
-                verify_step(step_dir(root, s))
-                return root, s
-            except CheckpointError as e:
-                first_error = first_error or e
-                if not fallback:
-                    raise
-        raise first_error or CheckpointError(f"{root}: no committed step passes its integrity check")
-    return None, None
+    if save_root is not None and latest_committed(save_root) is not None:
+        return save_root, _pick(save_root, committed_steps(save_root), fallback)
+    if load_root is None or latest_committed(load_root) is None:
+        if load_root is not None:
+            raise CheckpointError(f"checkpoint.load: {load_root} holds no committed step ({TRACKER} missing)")
+        return None, None
+    steps = committed_steps(load_root)
+    if ckpt_step is not None:
+        if ckpt_step not in steps:
+            raise CheckpointError(f"checkpoint.ckpt_step: step {ckpt_step} is not committed under {load_root} "
+                                  f"(committed: {sorted(steps)})")
+        steps = [s for s in steps if s <= ckpt_step]
+    return load_root, _pick(load_root, steps, fallback, ckpt_step)
+
+
+def _pick(root: Path, steps: List[int], fallback: bool, wanted: Optional[int] = None) -> int:
+    """The newest of ``steps`` (newest first) that passes verification; ``wanted`` defaults to the tracker's."""
+    wanted = latest_committed(root) if wanted is None else wanted
+    first_error: Optional[CheckpointError] = None
+    if not steps or steps[0] != wanted:
+        first_error = CheckpointError(f"checkpoint step {wanted}: {step_dir(root, wanted)} has no {MANIFEST} "
+                                      f"although it is committed (deleted or moved?)")
+        if not fallback or not steps:
+            raise first_error
+    for s in steps:
+        try:
+            verify_step(step_dir(root, s))
+            return s
+        except CheckpointError as e:
+            if not fallback:
+                raise
+            first_error = first_error or e
+    raise CheckpointError(f"{first_error}; and no older committed step under {root} passes its integrity check")

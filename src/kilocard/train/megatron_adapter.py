@@ -111,6 +111,7 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
         recompute_granularity=p.recompute_granularity, recompute_method=p.recompute_method,
         recompute_num_layers=p.recompute_num_layers,
         overlap_p2p_comm=p.overlap_p2p_comm and p.virtual_pipeline_model_parallel_size is not None,
+        batch_p2p_comm=not (p.overlap_p2p_comm and p.virtual_pipeline_model_parallel_size is not None),
         tp_comm_overlap=p.tp_comm_overlap and backend.is_cuda,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=pr.bf16, fp16=pr.fp16,
         fp8=pr.fp8, fp8_recipe=pr.fp8_recipe, fp8_margin=pr.fp8_margin,
@@ -278,6 +279,6 @@ def forward_step(data_iterator: Any, model: Any) -> Tuple[torch.Tensor, Callable
         losses = output_tensor.float().view(-1)
         m = loss_mask.view(-1).float()
         loss = torch.sum(losses * m) / m.sum().clamp(min=1.0)
-        return loss, {"lm loss": loss.detach()}
+        return loss, {"lm loss": loss.detach().clone()}  # the schedule divides `loss` in place
 
     return output, loss_func

@@ -23,6 +23,9 @@ from kilocard.train.metrics import MetricsWriter, Throughput, peak_memory_bytes
 from kilocard.train.signals import StopFlag, Watchdog
 
 
+_T0 = time.monotonic()
+
+
 class NonFiniteLoss(Exception):
     """The loss became NaN or infinite (exit CRASH)."""
 
@@ -50,6 +53,12 @@ class Trainer:
         self.num_micro = t.global_batch_size // (t.micro_batch_size * self.dp)
         self.throughput = Throughput.for_run(run_cfg, self.world)
         self.resumed_from: Optional[str] = None
+        self.log(f"built model ({self.num_micro} micro-batches per step, world {self.world}, backend {backend.name})")
+
+    def log(self, msg: str) -> None:
+        """A rank-0 line in the training log, stamped with seconds since the process started."""
+        if self.rank == 0:
+            print(f"[{time.monotonic() - _T0:7.1f}s] kilocard.train: {msg}", flush=True)
 
     # --- resume --------------------------------------------------------------------------------
 
@@ -60,7 +69,8 @@ class Trainer:
         if self.rank == 0:
             try:
                 root, step = ck.load_root_and_step(self.save_root, self.load_root,
-                                                   self.cfg.checkpoint.fallback_to_previous)
+                                                   self.cfg.checkpoint.fallback_to_previous,
+                                                   self.cfg.checkpoint.ckpt_step)
                 decision = [str(root) if root else None, step, None]
             except ck.CheckpointError as e:
                 decision = [None, None, str(e)]
@@ -102,9 +112,7 @@ class Trainer:
         else:
             rng = "re-seeded (layout changed)"
         self.resumed_from = str(sdir)
-        if self.rank == 0:
-            print(f"kilocard.train: resumed from {sdir} (step {self.step}, {self.consumed} samples; RNG {rng})",
-                  flush=True)
+        self.log(f"resumed from {sdir} (step {self.step}, {self.consumed} samples; RNG {rng})")
 
     # --- save ----------------------------------------------------------------------------------
 
@@ -115,6 +123,7 @@ class Trainer:
         if self.last_saved == self.step:
             return
         self.watchdog.beat(f"saving step {self.step}")
+        t0 = time.monotonic()
         sdir = ck.step_dir(self.save_root, self.step)
         if self.rank == 0:
             if sdir.exists():  # an uncommitted leftover of an interrupted save of this step
@@ -141,6 +150,7 @@ class Trainer:
             ck.prune(self.save_root, self.cfg.checkpoint.keep_last, self.step)
         dist.barrier()
         self.last_saved = self.step
+        self.log(f"committed step {self.step} in {time.monotonic() - t0:.1f}s ({sdir})")
 
     def _save_strategy(self) -> Any:
         if not self.cfg.checkpoint.fully_parallel_save or self.dp == 1:
@@ -194,6 +204,7 @@ class Trainer:
         if self.step >= t.train_iters:
             return "done"
         iterators = self._iterators()
+        self.log(f"data ready; training steps {self.step + 1}..{t.train_iters}")
         interval = self.cfg.checkpoint.save_interval
         while self.step < t.train_iters:
             self.watchdog.beat(f"step {self.step + 1}")

@@ -1,0 +1,100 @@
+"""Checkpoint commit protocol and integrity checks (pure file-level behaviour, no ranks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kilocard.config.schema import ModelConfig
+from kilocard.train import checkpoint as ck
+
+
+def _commit(root: Path, step: int, payload: bytes = b"weights") -> Path:
+    d = ck.step_dir(root, step)
+    (d / "rng").mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(payload * 100)
+    (d / "rng" / "rank_00000.pt").write_bytes(b"rng")
+    ck.write_manifest(d)
+    ck._fsync_write(root / ck.TRACKER, f"{step}\n")
+    return d
+
+
+def test_manifest_lists_every_file_with_size_and_sha(tmp_path):
+    d = _commit(tmp_path, 10)
+    m = json.loads((d / ck.MANIFEST).read_text())
+    assert m["step"] == 10 and set(m["files"]) == {"__0_0.distcp", "rng/rank_00000.pt"}
+    assert m["files"]["__0_0.distcp"]["size"] == 700
+    ck.verify_step(d)
+
+
+def test_corrupted_or_missing_shard_names_step_and_file(tmp_path):
+    d = _commit(tmp_path, 10)
+    shard = d / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ck.CheckpointError, match=r"checkpoint step 10: file .*__0_0\.distcp fails its sha256"):
+        ck.verify_step(d)
+    shard.unlink()
+    with pytest.raises(ck.CheckpointError, match=r"checkpoint step 10: file .*__0_0\.distcp is missing"):
+        ck.verify_step(d)
+    with pytest.raises(ck.CheckpointError, match="step 10"):
+        ck.load_root_and_step(tmp_path, None, fallback=False)
+
+
+def test_fallback_to_previous_committed_step(tmp_path):
+    _commit(tmp_path, 5)
+    d10 = _commit(tmp_path, 10)
+    (d10 / "__0_0.distcp").write_bytes(b"truncated")
+    assert ck.load_root_and_step(tmp_path, None, fallback=True) == (tmp_path, 5)
+
+
+def test_partial_step_is_never_loaded(tmp_path):
+    """A step written by every rank but not committed (no manifest, tracker not advanced) is ignored."""
+    _commit(tmp_path, 5)
+    partial = ck.step_dir(tmp_path, 10)
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half")
+    assert ck.committed_steps(tmp_path) == [5]
+    assert ck.load_root_and_step(tmp_path, None, fallback=False) == (tmp_path, 5)
+
+
+def test_fresh_start_and_load_dir_and_ckpt_step(tmp_path):
+    own, other = tmp_path / "own", tmp_path / "other"
+    own.mkdir()
+    other.mkdir()
+    assert ck.load_root_and_step(own, None, fallback=False) == (None, None)
+    _commit(other, 4)
+    _commit(other, 8)
+    assert ck.load_root_and_step(own, other, fallback=False) == (other, 8)
+    assert ck.load_root_and_step(own, other, fallback=False, ckpt_step=4) == (other, 4)
+    with pytest.raises(ck.CheckpointError, match="checkpoint.ckpt_step: step 6 is not committed"):
+        ck.load_root_and_step(own, other, fallback=False, ckpt_step=6)
+    _commit(own, 2)  # once the run has its own steps, they win
+    assert ck.load_root_and_step(own, other, fallback=False) == (own, 2)
+    with pytest.raises(ck.CheckpointError, match="holds no committed step"):
+        ck.load_root_and_step(tmp_path / "x", tmp_path / "empty", fallback=False)
+
+
+def test_prune_keeps_last_committed_only_after_commit(tmp_path):
+    for s in (2, 4, 6):
+        _commit(tmp_path, s)
+    ck.prune(tmp_path, keep_last=2, newest=6)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_0000004", "step_0000006"]
+
+
+def test_tracker_write_is_atomic_and_validated(tmp_path):
+    ck._fsync_write(tmp_path / ck.TRACKER, "12\n")
+    assert ck.latest_committed(tmp_path) == 12
+    assert not list(tmp_path.glob(".*tmp*"))
+    (tmp_path / ck.TRACKER).write_text("garbage")
+    with pytest.raises(ck.CheckpointError, match="expected a step number"):
+        ck.latest_committed(tmp_path)
+
+
+def test_model_differences_name_shape_fields_only():
+    saved = ck.asdict(ModelConfig(num_layers=4, hidden_size=64))
+    now = ModelConfig(num_layers=2, hidden_size=64, name="renamed", hidden_dropout=0.1)
+    assert ck.model_differences(saved, now) == ["model.num_layers: 4 -> 2"]
