@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kilocard.cli import main
-from kilocard.config.compose import compose, compose_each, recipe_catalog, to_run_config
-from kilocard.perf.baselines import load_rows
+from kilocard.config.compose import compose, compose_each, to_run_config
+from kilocard.perf.baselines import load_rows, recipe_index
 from kilocard.perf.planner import apply, current_candidate, enumerate_candidates, plan
 from kilocard.perf.plots import simulate
 from kilocard.validate import validate
@@ -16,11 +16,11 @@ from kilocard.validate import validate
 def calibration_recipes():
     """Every recipe that reproduces a published row with a full configuration."""
     complete = {r.id for r in load_rows() if r.complete}
-    names = sorted(recipe_catalog())
+    names = sorted(name for row, name in recipe_index().items() if row in complete)
     cfgs = [to_run_config(c) for c in compose_each([[f"recipe={n}"] for n in names])]
-    chosen = [(n, c) for n, c in zip(names, cfgs) if c.recipe.baseline_id in complete]
-    assert len(chosen) >= 10, "the calibration rows should each have a recipe"
-    return chosen
+    assert len(names) >= 10, "the calibration rows should each have a recipe"
+    assert all(c.recipe.baseline_id in complete for c in cfgs)
+    return list(zip(names, cfgs))
 
 
 #: Published runs that used a feature kilocard's memory model does not have, so the validator rejects

@@ -208,14 +208,23 @@ class Plan:
 
 
 def _predictor(cfg: RunConfig, hw: Hardware):
+    """``step(candidate) -> seconds`` (shapes and FLOPs cached per TP) and the FLOPs per TP."""
     shapes, flops = {}, {}
+    base = layout_of(cfg)
+    par = cfg.parallel
 
     def step(c: Candidate) -> float:
         if c.tp not in shapes:
             shapes[c.tp] = shape_from_model(cfg.model, c.tp)
             flops[c.tp] = flops_per_iteration(dataclasses.replace(
-                cfg, parallel=dataclasses.replace(cfg.parallel, tensor_model_parallel_size=c.tp)), CONVENTION)
-        lay = layout_of(apply(cfg, c))
+                cfg, parallel=dataclasses.replace(par, tensor_model_parallel_size=c.tp)), CONVENTION)
+        lay = dataclasses.replace(
+            base, tp=c.tp, pp=c.pp, vp=c.vp or 1, cp=c.cp, ep=c.ep, etp=c.etp or c.tp, mbs=c.mbs,
+            dp=base.gpus // (c.tp * c.pp * c.cp), recompute=c.recompute, sequence_parallel=c.tp > 1,
+            distributed_optimizer=c.distributed_optimizer,
+            overlap_param_gather=par.overlap_param_gather and c.distributed_optimizer,
+            tp_comm_overlap=par.tp_comm_overlap and c.tp > 1, overlap_p2p_comm=par.overlap_p2p_comm and c.vp is not None,
+        )
         return predict_step_time(shapes[c.tp], lay, hw).total_s
 
     return step, flops

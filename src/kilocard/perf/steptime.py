@@ -234,8 +234,9 @@ def ep_comm_forward(tok: float, h: int, shape: ModelShape, lay: Layout, hw: Hard
 
 
 def stage_microbatch_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams,
-                          layers: float, last: bool, parts: Dict[str, float]) -> float:
-    """Forward + backward (+ recompute) time of one micro-batch through ``layers`` layers of a stage."""
+                          layers: float, parts: Dict[str, float]) -> float:
+    """Forward + backward (+ recompute) time of one micro-batch through ``layers`` layers of a stage;
+    adds each component's seconds to ``parts``."""
     eff = params.for_family(hw.family)
     net = params.network
     n_moe = sum(shape.moe_layers) / shape.layers if shape.moe_layers else 0.0
@@ -260,24 +261,25 @@ def stage_microbatch_time(shape: ModelShape, lay: Layout, hw: Hardware, params: 
         for key, v in per_layer.items():
             parts[key] = parts.get(key, 0.0) + n * v
             total += n * v
-    if last:
-        peak = _peak(hw, lay.precision, eff)
-        tok = lay.mbs * shape.seq / lay.cp
-        logits = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, peak, eff)
-        logits += 3 * tok * shape.vocab / lay.tp * 4 / (hw.hbm_bandwidth * eff.hbm_efficiency)  # fp32 softmax CE
-        parts["logits"] = parts.get("logits", 0.0) + logits
-        total += logits
     return total
+
+
+def logits_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams) -> float:
+    """Output layer of one micro-batch on the last stage: the logits GEMM (x3) and the fp32 cross-entropy."""
+    eff = params.for_family(hw.family)
+    tok = lay.mbs * shape.seq / lay.cp
+    t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, lay.precision, eff), eff)
+    return t + 3 * tok * shape.vocab / lay.tp * 4 / (hw.hbm_bandwidth * eff.hbm_efficiency)
 
 
 def predict_step_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams = FITTED,
                       params_per_gpu: Optional[float] = None) -> StepTime:
     """Predicted step time of ``lay`` for ``shape`` on ``hw``; ``params_per_gpu`` defaults to a dense estimate."""
     parts: Dict[str, float] = {}
-    per_stage = shape.layers / lay.pp
-    scratch: Dict[str, float] = {}
-    t_mid = stage_microbatch_time(shape, lay, hw, params, per_stage, last=(lay.pp == 1), parts=scratch)
-    t_last = stage_microbatch_time(shape, lay, hw, params, per_stage, last=True, parts=parts)
+    t_mid = stage_microbatch_time(shape, lay, hw, params, shape.layers / lay.pp, parts)
+    logits = logits_time(shape, lay, hw, params)
+    parts["logits"] = logits
+    t_last = t_mid + logits
     m = lay.microbatches
     for k in parts:
         parts[k] *= m
