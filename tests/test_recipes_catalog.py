@@ -51,6 +51,8 @@ def layout_problems(rc: RunConfig) -> List[str]:
     dp = world(rc) // (tp * pp * cp)
     if t.global_batch_size % (t.micro_batch_size * dp):
         out.append(f"gbs {t.global_batch_size} not divisible by mbs*dp = {t.micro_batch_size * dp}")
+    elif vp and (t.global_batch_size // (t.micro_batch_size * dp)) % pp:
+        out.append(f"interleaved schedule: {t.global_batch_size // (t.micro_batch_size * dp)} micro-batches not a multiple of pp {pp}")
     out += pipeline_split_problems(rc)
     if m.num_attention_heads % tp or (m.num_query_groups or m.num_attention_heads) % tp:
         out.append(f"heads {m.num_attention_heads} / query groups {m.num_query_groups} not divisible by tp {tp}")

@@ -429,4 +429,7 @@ KILOCARD_OWN_FIELDS: Dict[str, str] = {
     "parallel.tp_within_node": "topology rule switch of kilocard's validator",
     "parallel.cp_within_nvlink": "topology rule switch of kilocard's validator",
     "precision.params_dtype": "a dtype name for ModelParallelConfig.params_dtype (a torch.dtype)",
+    "optim.lr_warmup_iters": "Megatron-LM --lr-warmup-iters; reaches OptimizerParamScheduler as lr_warmup_steps",
+    "optim.lr_decay_iters": "Megatron-LM --lr-decay-iters; reaches OptimizerParamScheduler as lr_decay_steps",
+    "optim.lr_decay_style": "OptimizerParamScheduler(lr_decay_style=...), not an OptimizerConfig field",
 }
