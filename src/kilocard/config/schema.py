@@ -229,7 +229,7 @@ class DataConfig:
     random_seed: int = 1234
     """Seed for dataset shuffling."""
     path_to_cache: Optional[str] = None
-    """Where dataset index caches go; ``None`` means next to the data."""
+    """Where dataset index caches go; ``None`` means ``<run_dir>/data_cache``."""
     num_workers: int = 0
     """DataLoader worker processes per rank."""
 
