@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from kilocard.cli import main
@@ -9,6 +11,8 @@ from kilocard.config.compose import compose, compose_each, to_run_config
 from kilocard.perf.baselines import load_rows, recipe_index
 from kilocard.perf.planner import apply, current_candidate, enumerate_candidates, plan
 from kilocard.perf.plots import simulate
+from kilocard.layout import compute_layout
+from kilocard.perf.predict import predict
 from kilocard.validate import validate
 
 
@@ -57,7 +61,17 @@ def test_every_listed_layout_is_accepted_and_ranked(llama70b):
     assert times == sorted(times)
     assert len({r.candidate.layout_key for r in result.top}) == 5
     for r in result.top[:3]:
-        assert validate(apply(cfg, r.candidate)).valid
+        run = apply(cfg, r.candidate)
+        assert validate(run).valid
+        # The planner's fast path predicts exactly what predict() says for the config it selects.
+        assert predict(run).step_time_s == pytest.approx(r.step_time_s, rel=1e-12)
+
+
+def test_uneven_pipeline_split_is_kept_or_evened_per_pp():
+    """DeepSeek-V3's 61 layers split 4 + 14x4 + 1 over 16 stages; other PP sizes get a split that works."""
+    cfg = to_run_config(compose(["recipe=deepseek_v3"]))
+    for c in itertools.islice(enumerate_candidates(cfg, 1024), 0, None, 97):
+        assert compute_layout(apply(cfg, c)).stage_layers is not None, c
 
 
 def test_override_line_selects_the_layout(llama70b):

@@ -60,6 +60,10 @@ class Candidate:
     """``none``, ``selective`` or ``full``."""
     distributed_optimizer: bool
     """Shard the optimizer state over DP x CP."""
+    first_stage_layers: Optional[int] = None
+    """Layers on the first pipeline stage when the split is uneven (``None``: even)."""
+    last_stage_layers: Optional[int] = None
+    """Layers on the last pipeline stage when the split is uneven (``None``: even)."""
 
     @property
     def layout_key(self) -> Tuple[int, int, int, int, int]:
@@ -81,9 +85,15 @@ class Candidate:
             out += [f"{par}recompute_method=uniform", f"{par}recompute_num_layers=1"]
         else:
             out += [f"{par}recompute_method=null", f"{par}recompute_num_layers=null"]
+        out += [f"{par}num_layers_in_first_pipeline_stage={_null(self.first_stage_layers)}",
+                f"{par}num_layers_in_last_pipeline_stage={_null(self.last_stage_layers)}"]
         out += [f"{par}use_distributed_optimizer={'true' if self.distributed_optimizer else 'false'}",
                 f"trainer.micro_batch_size={self.mbs}"]
         return out
+
+
+def _null(v: Optional[int]) -> str:
+    return "null" if v is None else str(v)
 
 
 def apply(cfg: RunConfig, c: Candidate) -> RunConfig:
@@ -96,6 +106,7 @@ def apply(cfg: RunConfig, c: Candidate) -> RunConfig:
         recompute_granularity=None if c.recompute == "none" else c.recompute,
         recompute_method="uniform" if full else None, recompute_num_layers=1 if full else None,
         use_distributed_optimizer=c.distributed_optimizer,
+        num_layers_in_first_pipeline_stage=c.first_stage_layers, num_layers_in_last_pipeline_stage=c.last_stage_layers,
         overlap_p2p_comm=cfg.parallel.overlap_p2p_comm and c.vp is not None,
         tp_comm_overlap=cfg.parallel.tp_comm_overlap and c.tp > 1,
         overlap_param_gather=cfg.parallel.overlap_param_gather and c.distributed_optimizer,
@@ -111,6 +122,7 @@ def current_candidate(cfg: RunConfig) -> Candidate:
         vp=p.virtual_pipeline_model_parallel_size, cp=p.context_parallel_size, ep=p.expert_model_parallel_size,
         etp=p.expert_tensor_parallel_size, mbs=cfg.trainer.micro_batch_size,
         recompute=p.recompute_granularity or "none", distributed_optimizer=p.use_distributed_optimizer,
+        first_stage_layers=p.num_layers_in_first_pipeline_stage, last_stage_layers=p.num_layers_in_last_pipeline_stage,
     )
 
 
@@ -126,6 +138,39 @@ def _pow2_upto(n: int) -> List[int]:
     return out
 
 
+def stage_split(cfg: RunConfig, pp: int) -> Optional[Tuple[Optional[int], Optional[int]]]:
+    """(first, last) stage layers for ``pp`` stages: the config's uneven split when it still divides,
+    else an even split (embedding/loss accounting included); ``None`` when neither works."""
+    m, p = cfg.model, cfg.parallel
+    first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
+    if first is not None or last is not None:
+        inner = pp - (first is not None) - (last is not None)
+        rest = m.num_layers - (first or 0) - (last or 0)
+        if inner > 0 and rest > 0 and rest % inner == 0:
+            return first, last
+    total = m.num_layers + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
+    return (None, None) if total % pp == 0 else None
+
+
+def stage_list(cfg: RunConfig, pp: int, first: Optional[int], last: Optional[int]) -> Optional[Tuple[float, ...]]:
+    """Layers per stage for a candidate's split (as ``kilocard.layout.stage_layers``); ``None`` when even."""
+    m, p = cfg.model, cfg.parallel
+    if first is not None or last is not None:
+        inner = pp - (first is not None) - (last is not None)
+        mid = (m.num_layers - (first or 0) - (last or 0)) / inner
+        out = [mid] * pp
+        if first is not None:
+            out[0] = first
+        if last is not None:
+            out[-1] = last
+    else:
+        total = m.num_layers + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
+        out = [total / pp] * pp
+        out[0] -= p.account_for_embedding_in_pipeline_split
+        out[-1] -= p.account_for_loss_in_pipeline_split
+    return None if len(set(out)) == 1 else tuple(float(n) for n in out)
+
+
 def enumerate_candidates(cfg: RunConfig, world: int) -> Iterator[Candidate]:
     """Every candidate that passes the divisibility filters (no config is built here)."""
     m, p, gbs = cfg.model, cfg.parallel, cfg.trainer.global_batch_size
@@ -139,12 +184,13 @@ def enumerate_candidates(cfg: RunConfig, world: int) -> Iterator[Candidate]:
     for tp, cp in itertools.product(tps, cps):
         if world % (tp * cp):
             continue
-        for pp in _divisors(split_layers):
-            if pp > m.num_layers or world % (tp * cp * pp):
+        for pp in range(1, m.num_layers + 1):
+            split = stage_split(cfg, pp) if world % (tp * cp * pp) == 0 else None
+            if split is None:
                 continue
             dp = world // (tp * cp * pp)
             vps: List[Optional[int]] = [None]
-            if pp > 1:
+            if pp > 1 and split == (None, None):
                 vps += [v for v in _divisors(split_layers // pp) if 1 < v <= 16]
             eps = [e for e in _divisors(experts) if (dp * cp * tp) % e == 0] if experts else [1]
             etps: List[Optional[int]] = [None, 1] if experts and tp > 1 else [None]
@@ -158,7 +204,7 @@ def enumerate_candidates(cfg: RunConfig, world: int) -> Iterator[Candidate]:
                     if experts and (world // pp) % ((etp or tp) * ep):
                         continue
                     for rc, dist in itertools.product(RECOMPUTE_CHOICES, (True, False)):
-                        yield Candidate(tp, pp, vp, cp, ep, etp, mbs, rc, dist)
+                        yield Candidate(tp, pp, vp, cp, ep, etp, mbs, rc, dist, *split)
 
 
 @dataclass(frozen=True)
@@ -224,6 +270,7 @@ def _predictor(cfg: RunConfig, hw: Hardware):
             distributed_optimizer=c.distributed_optimizer,
             overlap_param_gather=par.overlap_param_gather and c.distributed_optimizer,
             tp_comm_overlap=par.tp_comm_overlap and c.tp > 1, overlap_p2p_comm=par.overlap_p2p_comm and c.vp is not None,
+            stage_layers=stage_list(cfg, c.pp, c.first_stage_layers, c.last_stage_layers),
         )
         return predict_step_time(shapes[c.tp], lay, hw).total_s
 

@@ -7,7 +7,7 @@ The adapter between the typed config (RunConfig, GPU table) and the step-time mo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from kilocard.config.schema import ClusterConfig, RunConfig
 from kilocard.perf.efficiency import FITTED, PerfModelParams
@@ -108,7 +108,18 @@ def layout_of(cfg: RunConfig, world: Optional[int] = None) -> Layout:
         flash_attention=m.attention_backend not in ("local", "unfused"),
         num_experts=m.num_moe_experts or 0,
         dropout=bool(m.hidden_dropout or m.attention_dropout),
+        stage_layers=_stage_layers(cfg),
     )
+
+
+def _stage_layers(cfg: RunConfig) -> Optional[Tuple[float, ...]]:
+    """Layers per pipeline stage as Megatron-Core splits them; ``None`` when even or not a valid split."""
+    from kilocard.layout import stage_layers
+
+    split = stage_layers(cfg)
+    if split is None or len(set(split)) == 1:
+        return None
+    return tuple(float(n) for n in split)
 
 
 def predict(run_cfg: RunConfig, convention: str = "megatron_current", params: PerfModelParams = FITTED,

@@ -20,7 +20,7 @@ reduce-scatter / all-reduce and parameter all-gather over DP x CP, and the optim
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from kilocard.perf.efficiency import FITTED, GpuEfficiency, PerfModelParams
 from kilocard.perf.flops import ModelShape
@@ -94,6 +94,9 @@ class Layout:
     """Routed experts (0: dense)."""
     dropout: bool = False
     """Hidden/attention dropout on (extra mask traffic)."""
+    stage_layers: Optional[Tuple[float, ...]] = None
+    """Layers on each pipeline stage when the split is uneven or accounts for embedding/loss;
+    ``None`` means layers / PP each."""
 
     @property
     def gpus(self) -> int:
@@ -274,22 +277,29 @@ def logits_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelP
 
 def predict_step_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams = FITTED,
                       params_per_gpu: Optional[float] = None) -> StepTime:
-    """Predicted step time of ``lay`` for ``shape`` on ``hw``; ``params_per_gpu`` defaults to a dense estimate."""
-    parts: Dict[str, float] = {}
-    t_mid = stage_microbatch_time(shape, lay, hw, params, shape.layers / lay.pp, parts)
+    """Predicted step time of ``lay`` for ``shape`` on ``hw``; ``params_per_gpu`` defaults to a dense estimate.
+
+    The pipeline runs at the pace of its slowest stage: the one with the most layers, or the last
+    stage when the output layer makes it slower.
+    """
+    per_layer: Dict[str, float] = {}
+    t_layer = stage_microbatch_time(shape, lay, hw, params, 1.0, per_layer)
+    stages = lay.stage_layers or (shape.layers / lay.pp,) * lay.pp
     logits = logits_time(shape, lay, hw, params)
-    parts["logits"] = logits
-    t_last = t_mid + logits
+    widest = max(stages[:-1]) if lay.pp > 1 else 0.0
+    last_bound = stages[-1] * t_layer + logits >= widest * t_layer
+    slow_layers = stages[-1] if last_bound else widest
+    t_slow = slow_layers * t_layer + (logits if last_bound else 0.0)
     m = lay.microbatches
-    for k in parts:
-        parts[k] *= m
-    bubble = (lay.pp - 1) / lay.vp * t_mid
+    parts = {k: v * slow_layers * m for k, v in per_layer.items()}
+    parts["logits"] = logits * m if last_bound else 0.0
+    bubble = (lay.pp - 1) / lay.vp * max(stages) * t_layer
     p2p = pipeline_p2p(shape, lay, hw, params) * (m * lay.vp + lay.pp - 1)
     parts["bubble"] = bubble
     parts["pp_p2p"] = p2p
-    compute = m * t_last + bubble + p2p
-    n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay)
-    parts["dp_comm"] = dp_comm(n_params, lay, hw, params, t_last)
+    compute = m * t_slow + bubble + p2p
+    n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay, max(stages))
+    parts["dp_comm"] = dp_comm(n_params, lay, hw, params, t_slow)
     parts["optimizer"] = optimizer_time(n_params, lay, hw, params)
     total = compute + parts["dp_comm"] + parts["optimizer"]
     return StepTime(total_s=total, breakdown=parts)
@@ -308,8 +318,9 @@ def pipeline_p2p(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModel
     return (volume / _bw(span, hw, params) + regather + 2 * params.network.p2p_latency_s) * exposed
 
 
-def dense_params_per_gpu(shape: ModelShape, lay: Layout) -> float:
-    """Parameters held by one GPU (layers / PP, matrices / TP; experts / (EP x ETP); embedding added)."""
+def dense_params_per_gpu(shape: ModelShape, lay: Layout, stage_layers: Optional[float] = None) -> float:
+    """Parameters held by one GPU of a stage with ``stage_layers`` layers (default layers / PP): matrices
+    / TP, experts / (EP x ETP), plus the embedding."""
     h, q, kv = shape.hidden, shape.kv_channels * shape.heads, shape.kv_channels * shape.query_groups
     mats = 3 if shape.gated else 2
     attn = (h * (q + 2 * kv) + q * h) / lay.tp
@@ -318,7 +329,8 @@ def dense_params_per_gpu(shape: ModelShape, lay: Layout) -> float:
     moe_ffn = shape.moe_ffn or shape.ffn
     experts = lay.num_experts / lay.ep
     moe = n_moe * (attn + mats * h * (moe_ffn * experts / lay.etp + shape.shared_ffn / lay.tp))
-    return (dense + moe) / lay.pp + shape.vocab * h / lay.tp
+    per_layer = (dense + moe) / shape.layers
+    return per_layer * (stage_layers if stage_layers is not None else shape.layers / lay.pp) + shape.vocab * h / lay.tp
 
 
 def dp_comm(n_params: float, lay: Layout, hw: Hardware, params: PerfModelParams, t_microbatch: float) -> float:
