@@ -345,8 +345,13 @@ def _row(i: object, r: Ranked) -> Tuple[str, ...]:
     c = r.candidate
     gib = r.memory.get("total", 0) / 2**30
     return (str(i), str(c.tp), str(c.pp), str(c.vp or "-"), str(c.cp), str(c.ep), str(c.etp or c.tp), str(c.mbs),
-            c.recompute, "yes" if c.distributed_optimizer else "no", f"{r.step_time_s:.2f}",
-            f"{r.tflops_per_gpu:.0f}", f"{r.mfu:.1%}", f"{gib:.1f}")
+            c.recompute, "yes" if c.distributed_optimizer else "no", f"{r.step_time_s:.3g}",
+            _num(r.tflops_per_gpu), f"{r.mfu:.1%}", f"{gib:.3g}")
+
+
+def _num(x: float) -> str:
+    """1234 -> '1234', 12.3 -> '12.3', 0.0123 -> '0.0123' (CPU ranks run at GFLOP/s)."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def render_text(p: Plan) -> str:
@@ -356,7 +361,7 @@ def render_text(p: Plan) -> str:
     rows = [header] + [_row(i + 1, r) for i, r in enumerate(p.top)]
     widths = [max(len(r[j]) for r in rows) for j in range(len(header))]
     out = [f"{p.world} x {p.gpu}: {p.candidates} candidates after divisibility filters, {p.validated} validated; "
-           f"MFU against {p.peak_flops / 1e12:.0f} TFLOP/s dense peak, FLOPs convention {CONVENTION}"]
+           f"MFU against {_num(p.peak_flops / 1e12)} TFLOP/s dense peak, FLOPs convention {CONVENTION}"]
     out.append("  ".join(v.rjust(w) for v, w in zip(header, widths)))
     for i, r in enumerate(p.top):
         out.append("  ".join(v.rjust(w) for v, w in zip(rows[i + 1], widths)))
@@ -377,7 +382,7 @@ def own_layout_line(p: Plan) -> str:
     own = p.recipe.tflops_per_gpu if p.recipe else 0.0
     gap = f", {1 - own / best:.1%} below the best" if best and own < best else ""
     return (f"the config's own layout ranks #{p.recipe_layout_rank} of the accepted layouts "
-            f"({own:.0f} TFLOP/s per GPU as configured{gap})")
+            f"({_num(own)} TFLOP/s per GPU as configured{gap})")
 
 
 def render_json(p: Plan) -> str:
@@ -411,8 +416,9 @@ def plan_command(overrides: Sequence[str], top: int = 10, plot: Optional[str] = 
         from kilocard.perf.plots import plot_plan, plot_schedule, schedule_path
 
         plot_plan(result, plot)
-        best = result.top[0] if result.top else result.recipe
-        if best is not None:
-            plot_schedule(best.candidate, apply(cfg, best.candidate), schedule_path(plot))
-        print(f"wrote {plot}" + (f" and {schedule_path(plot)}" if best is not None else ""), file=sys.stderr)
+        # The schedule of the layout the overrides chose, when the validator accepts it; else the best.
+        shown = result.recipe or (result.top[0] if result.top else None)
+        if shown is not None:
+            plot_schedule(shown.candidate, apply(cfg, shown.candidate), schedule_path(plot))
+        print(f"wrote {plot}" + (f" and {schedule_path(plot)}" if shown is not None else ""), file=sys.stderr)
     return 0 if result.top else 1
