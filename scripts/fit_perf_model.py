@@ -5,7 +5,7 @@ Coordinate search (no scipy): each free parameter in turn is scaled up and down 
 is kept when it lowers the loss (mean squared relative error of TFLOP/s per GPU plus the squared
 worst error, over rows with full configurations); steps halve when nothing improves. Tied names
 move together (one knee, one HBM efficiency for every GPU family); every parameter stays in its
-physical range (BOUNDS). The loss has several minima, so the search runs from a few seeded
+physical range (PHYSICAL_RANGES). The loss has several minima, so the search runs from a few seeded
 starting points and keeps the best. Prints the fitted values to paste into
 src/kilocard/perf/efficiency.py (FITTED) and the errors per row.
 
@@ -21,7 +21,7 @@ import sys
 from typing import Dict, List, Sequence
 
 from kilocard.perf.baselines import compare_row, error_stats, load_rows
-from kilocard.perf.efficiency import FITTED, flat, with_values
+from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, flat, with_values
 
 #: Free parameters; names in one tuple move together. Everything else stays at its stated value.
 FREE: Sequence[Sequence[str]] = (
@@ -35,15 +35,6 @@ FREE: Sequence[Sequence[str]] = (
     ("network.tp_overlap",),
     ("network.p2p_latency_s",),
 )
-#: Physical ranges: no kernel or link sustains its datasheet rate, and a pipeline send's fixed cost
-#: stays under a millisecond.
-BOUNDS: Dict[str, tuple] = {
-    "gemm_efficiency": (0.4, 0.95), "gemm_knee": (0.0, 512.0), "flash_attention_efficiency": (0.2, 0.8),
-    "hbm_efficiency": (0.5, 0.9), "nvlink_efficiency": (0.3, 0.9), "network_efficiency": (0.3, 0.95),
-    "tp_overlap": (0.0, 0.95), "p2p_latency_s": (0.0, 0.001),
-}
-
-
 def loss(values: Dict[str, float], rows) -> float:
     params = with_values(FITTED, values)
     errs = [compare_row(r, {}, params).rel_error for r in rows]
@@ -52,7 +43,7 @@ def loss(values: Dict[str, float], rows) -> float:
 
 
 def clamp(name: str, v: float) -> float:
-    lo, hi = BOUNDS[name.split(".")[-1]]
+    lo, hi = PHYSICAL_RANGES[name.split(".")[-1]]
     return min(hi, max(lo, v))
 
 

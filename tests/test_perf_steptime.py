@@ -83,3 +83,19 @@ def test_moe_expert_parallel_pays_all_to_all():
 def test_unknown_gpu_is_a_one_line_error():
     with pytest.raises(ValueError, match="cluster.gpu: unknown GPU 'v100'"):
         predict(replace(_cfg(), cluster=replace(H100, gpu="v100")))
+
+
+def test_every_parameter_is_named_and_physical():
+    from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, flat
+
+    for name, value in flat(FITTED).items():
+        lo, hi = PHYSICAL_RANGES[name.split(".")[-1]]
+        assert lo <= value <= hi, f"{name} = {value} outside [{lo}, {hi}]"
+
+
+def test_prediction_json_names_convention_and_peak():
+    import json
+
+    doc = json.loads(json.dumps(predict(_cfg()).to_json()))
+    assert doc["convention"] == "megatron_current" and doc["peak_dtype"] == "bf16"
+    assert doc["mfu"] == pytest.approx(doc["tflops_per_gpu"] * 1e12 / doc["peak_flops"])

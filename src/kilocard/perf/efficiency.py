@@ -8,7 +8,7 @@ run: there is no per-run correction. ``docs/perf_model.md`` lists the values and
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Dict
+from typing import Dict, Tuple
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,16 @@ FITTED = PerfModelParams(
         dp_overlap=0.9, p2p_overlap=0.8, layer_overhead_s=0.0, p2p_latency_s=0.001,
     ),
 )
+
+
+#: The range each fitted parameter may take: no kernel or link sustains its datasheet rate, a GEMM
+#: knee beyond 512 would make every real GEMM memory-bound, a pipeline send's fixed cost stays under 1 ms.
+PHYSICAL_RANGES: Dict[str, Tuple[float, float]] = {
+    "gemm_efficiency": (0.4, 0.95), "gemm_knee": (0.0, 512.0), "flash_attention_efficiency": (0.2, 0.8),
+    "hbm_efficiency": (0.5, 0.9), "nvlink_efficiency": (0.3, 0.9), "network_efficiency": (0.3, 0.95),
+    "tp_overlap": (0.0, 0.95), "p2p_latency_s": (0.0, 0.001), "fp8_gemm_ratio": (0.5, 1.0),
+    "tp_bwd_overlap": (0.0, 1.0), "dp_overlap": (0.0, 1.0), "p2p_overlap": (0.0, 1.0), "layer_overhead_s": (0.0, 1e-3),
+}
 
 
 def flat(params: PerfModelParams) -> Dict[str, float]:

@@ -35,6 +35,12 @@ class Prediction:
     breakdown: Dict[str, float] = field(default_factory=dict)
     """Seconds per step by component (see ``StepTime.breakdown``)."""
 
+    def to_json(self) -> Dict[str, object]:
+        """A JSON-ready dict (what ``kilocard validate --format json`` carries as the prediction)."""
+        return {"step_time_s": self.step_time_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
+                "convention": self.convention, "peak_flops": self.peak_flops, "peak_dtype": self.peak_dtype,
+                "breakdown_s": dict(self.breakdown)}
+
 
 def gpu_family(spec: GpuSpec) -> str:
     """Efficiency family of a GPU: ``ampere``, ``hopper``, ``blackwell``, ``cdna3`` or ``cpu``."""
