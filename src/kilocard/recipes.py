@@ -77,14 +77,14 @@ def compose_recipes(names: Sequence[str]) -> List[RunConfig]:
     """Compose each named recipe (no overrides); a broken recipe is named in the error."""
     try:
         return [to_run_config(cfg) for cfg in compose_each([[f"recipe={n}"] for n in names])]
-    except ComposeError:
-        pass  # find which recipe failed, below, so the message can name it
+    except ComposeError as batch_error:
+        first_error = batch_error  # find which recipe failed, below, so the message can name it
     for name in names:
         try:
             to_run_config(compose_each([[f"recipe={name}"]])[0])
         except ComposeError as e:
             raise ComposeError(f"recipe {name} ({recipe_catalog()[name]}): {e}", field=e.field, value=e.value) from None
-    raise AssertionError("unreachable: the batch failed but every recipe composes alone")
+    raise first_error
 
 
 def _cache_key() -> str:
