@@ -217,3 +217,11 @@ def test_kilocard_recipes_prints_every_recipe(all_recipes: Dict[str, RunConfig],
     for name, rc in all_recipes.items():
         line = next(line for line in lines if line.split()[0] == name)
         assert str(world(rc)) in line.split() and (rc.recipe.baseline_id or "-") in line.split()
+
+
+def test_every_recipe_passes_the_validator(all_recipes: Dict[str, RunConfig]) -> None:
+    """No shipped recipe has an error under kilocard's own validator (memory, topology, batch...)."""
+    from kilocard.validate import validate
+
+    failing = {name: [f"{i.code}: {i.message}" for i in validate(rc).errors] for name, rc in all_recipes.items()}
+    assert {name: errs for name, errs in failing.items() if errs} == {}
