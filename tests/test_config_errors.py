@@ -18,11 +18,15 @@ import pytest
 from kilocard.cli import EXIT_USAGE, main
 
 
+def kilocard_command() -> List[str]:
+    """The installed ``kilocard`` console script next to this interpreter (``python -m`` otherwise)."""
+    script = Path(sys.executable).parent / "kilocard"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kilocard.cli"]
+
+
 def run_show(args: List[str], tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "kilocard.cli", "show", *args], env=env, capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([*kilocard_command(), "show", *args], env=env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize(
