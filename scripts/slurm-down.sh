@@ -27,7 +27,10 @@ else
   shopt -s nullglob
   stop_pids slurmd "$RUN"/slurmd-*.pid
   stop_pids slurmctld "$RUN/slurmctld.pid"
-  stop_pids munged "$RUN/munged.pid"   # only when slurm-up.sh started it
+  # munged only when slurm-up.sh started it and no other Slurm daemon (another cluster) still uses it
+  others=$(for c in /proc/[0-9]*/comm; do cat "$c" 2>/dev/null; done | grep -cxE 'slurmctld|slurmd' || true)
+  if [ "$others" -gt 0 ]; then log "keeping munged: $others other Slurm daemon(s) still use it"; rm -f "$RUN/munged.pid"
+  else stop_pids munged "$RUN/munged.pid"; fi
   shopt -u nullglob
 fi
 if [ "${1:-}" = "--purge" ]; then rm -rf "$BASE"; log "removed $BASE"; fi

@@ -129,12 +129,12 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$BASE/log/jobcomp.txt
 AccountingStorageType=accounting_storage/none
-# simulated (State=CLOUD) nodes: never really powered up or down
-SuspendProgram=/bin/true
-ResumeProgram=/bin/true
-SuspendTime=300
-TreeWidth=65533
 EOF
+  if [ -n "$CLOUD" ]; then
+    # simulated (State=CLOUD) nodes: never really powered up or down; real nodes never suspend
+    printf 'SuspendProgram=/bin/true\nResumeProgram=/bin/true\nSuspendTime=300\nTreeWidth=65533\n'
+    if [ "$NODES" -gt 0 ]; then echo "SuspendExcNodes=n[1-$NODES]"; fi
+  fi
   i=0
   for n in "${names[@]+"${names[@]}"}"; do
     echo "NodeName=$n NodeAddr=127.0.0.1 NodeHostname=localhost Port=$((SLURMD_PORT0 + i)) Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB $gres_line State=UNKNOWN"
@@ -196,6 +196,9 @@ if ! alive "$RUN/slurmctld.pid" slurmctld; then
   alive "$RUN/slurmctld.pid" slurmctld || die "slurmctld failed to start"
   log "slurmctld started (pid $(cat "$RUN/slurmctld.pid"))"
 fi
+# the controller answering on this port must be ours (another cluster may hold the port)
+saved=$(timeout 10 scontrol show config 2>/dev/null | awk '$1 == "StateSaveLocation" {print $3}')
+[ "$saved" = "$BASE/ctld" ] || die "port $CTLD_PORT answers for another controller (state in '$saved'); set KILOCARD_SLURM_PORT"
 for n in "${names[@]+"${names[@]}"}"; do
   if ! alive "$RUN/slurmd-$n.pid" slurmd; then
     slurmd -N "$n" || die "slurmd -N $n failed"
