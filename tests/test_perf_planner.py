@@ -126,3 +126,12 @@ def test_plot_writes_layout_and_schedule_pngs(tmp_path, capsys):
 def test_bad_top_is_a_one_line_error(capsys):
     assert main(["plan", "recipe=tiny_gpt", "--top", "0"]) == 2
     assert "--top" in capsys.readouterr().err
+
+
+def test_too_few_gpus_says_why_and_how_many(capsys):
+    """405B on one node: nothing fits; the own layout (128 GPUs) cannot even be placed; exit 1."""
+    rc = main(["plan", "recipe=llama31_405b", "cluster.nodes=1", "trainer.global_batch_size=64"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "no layout the validator accepts" in out and "try more GPUs" in out
+    assert "WORLD_NOT_DIVISIBLE" in out

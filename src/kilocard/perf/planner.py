@@ -27,7 +27,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from kilocard.config.schema import RunConfig
 from kilocard.perf.flops import flops_per_iteration, shape_from_model
-from kilocard.perf.predict import hardware_for, layout_of
+from kilocard.perf.predict import hardware_for, layout_of, precision_of
 from kilocard.perf.steptime import Hardware, predict_step_time
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -251,13 +251,20 @@ class Plan:
     """The validation budget ran out before the recipe's layout was placed."""
     hbm_usable_bytes: Optional[int] = None
     """Usable memory per GPU the validator checks against."""
+    over_memory: int = 0
+    """Candidates skipped because their memory estimate exceeds the usable HBM."""
+    min_memory_bytes: Optional[int] = None
+    """Smallest memory estimate among those skipped."""
 
 
 def _predictor(cfg: RunConfig, hw: Hardware):
     """``step(candidate) -> seconds`` (shapes and FLOPs cached per TP) and the FLOPs per TP."""
     shapes, flops = {}, {}
-    base = layout_of(cfg)
     par = cfg.parallel
+    trivial = dataclasses.replace(par, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                                  virtual_pipeline_model_parallel_size=None, context_parallel_size=1,
+                                  expert_model_parallel_size=1, expert_tensor_parallel_size=None)
+    base = layout_of(dataclasses.replace(cfg, parallel=trivial))  # every field but the per-candidate ones
 
     def step(c: Candidate) -> float:
         if c.tp not in shapes:
@@ -279,9 +286,6 @@ def _predictor(cfg: RunConfig, hw: Hardware):
 
 def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
     """Rank the accepted layouts of ``cfg``'s model on its cluster by predicted throughput."""
-    from kilocard.layout import compute_layout
-    from kilocard.perf.memory import estimate_memory
-    from kilocard.validate import validate
     from kilocard.validate.memory import hbm_bytes, usable_bytes
 
     hw = hardware_for(cfg.cluster)
@@ -289,45 +293,77 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
     step, flops = _predictor(cfg, hw)
     cands = list(enumerate_candidates(cfg, world))
     own = current_candidate(cfg)
-    if own not in cands:
+    own_issue = None
+    if world % (own.tp * own.pp * own.cp):
+        own_issue = (f"WORLD_NOT_DIVISIBLE: TP({own.tp}) * PP({own.pp}) * CP({own.cp}) = "
+                     f"{own.tp * own.pp * own.cp} does not divide the {world} GPUs")
+    elif own not in cands:
         cands.append(own)
     timed = sorted(((step(c), i, c) for i, c in enumerate(cands)), key=lambda x: (x[0], x[1]))
     hbm = hbm_bytes(cfg)
     usable = usable_bytes(hbm) if hbm else None
-    peak = hw.peak_flops.get(layout_of(cfg).precision, hw.peak_flops["bf16"])
-    accepted: Dict[Tuple, Ranked] = {}
-    order: List[Tuple] = []
-    validated, own_ranked, own_issue, exhausted = 0, None, None, False
-    for t, _, c in timed:
-        key = c.layout_key
-        if key in accepted and (c != own or own_ranked is not None):
-            continue
-        own_key_done = own.layout_key in accepted and (own_ranked is not None or own_issue is not None)
-        if len(order) >= top and own_key_done:
-            break
-        run = apply(cfg, c)
-        mem = estimate_memory(run, compute_layout(run))
-        if usable is not None and mem.total > usable and c != own:
-            continue
-        if validated >= max_validations:
-            exhausted = True
-            break
-        report = validate(run)
-        validated += 1
-        if not report.valid:
-            if c == own:
-                own_issue = f"{report.errors[0].code}: {report.errors[0].message}"
-            continue
-        ranked = _rank(c, t, flops[c.tp], world, peak, mem.to_json(), run, hw)
-        if c == own:
-            own_ranked = ranked
-        if key not in accepted:
-            accepted[key] = ranked
-            order.append(key)
-    rank = order.index(own.layout_key) + 1 if own.layout_key in accepted else None
-    return Plan(world=world, gpu=hw.gpu, peak_flops=peak, top=[accepted[k] for k in order[:top]],
-                recipe_layout_rank=rank, recipe=own_ranked, recipe_issue=own_issue, candidates=len(cands),
-                validated=validated, exhausted=exhausted, hbm_usable_bytes=usable)
+    peak = hw.peak_flops.get(precision_of(cfg), hw.peak_flops["bf16"])
+    walk = _Walk(cfg, own, own_issue, usable, world, peak, hw, flops)
+    exhausted = walk.run(timed, top, max_validations)
+    rank = walk.order.index(own.layout_key) + 1 if own.layout_key in walk.accepted else None
+    return Plan(world=world, gpu=hw.gpu, peak_flops=peak, top=[walk.accepted[k] for k in walk.order[:top]],
+                recipe_layout_rank=rank, recipe=walk.own_ranked, recipe_issue=walk.own_issue,
+                candidates=len(cands), validated=walk.validated, exhausted=exhausted, hbm_usable_bytes=usable,
+                over_memory=walk.over_memory, min_memory_bytes=walk.min_memory)
+
+
+@dataclass
+class _Walk:
+    """Down the candidates fastest first: memory estimate, then the validator, one layout key once."""
+
+    cfg: RunConfig
+    own: Candidate
+    own_issue: Optional[str]
+    usable: Optional[int]
+    world: int
+    peak: float
+    hw: Hardware
+    flops: Dict[int, float]
+    accepted: Dict[Tuple, Ranked] = field(default_factory=dict)
+    order: List[Tuple] = field(default_factory=list)
+    own_ranked: Optional[Ranked] = None
+    validated: int = 0
+    over_memory: int = 0
+    min_memory: Optional[int] = None
+
+    def run(self, timed, top: int, max_validations: int) -> bool:
+        """Walk until ``top`` layouts and the config's own are known; True when the budget ran out."""
+        from kilocard.layout import compute_layout
+        from kilocard.perf.memory import estimate_memory
+        from kilocard.validate import validate
+
+        for t, _, c in timed:
+            is_own = c == self.own
+            if c.layout_key in self.accepted and not is_own:
+                continue
+            if len(self.order) >= top and (self.own_ranked is not None or self.own_issue is not None):
+                return False
+            run = apply(self.cfg, c)
+            mem = estimate_memory(run, compute_layout(run))
+            if self.usable is not None and mem.total > self.usable and not is_own:
+                self.over_memory += 1
+                self.min_memory = mem.total if self.min_memory is None else min(self.min_memory, mem.total)
+                continue
+            if self.validated >= max_validations:
+                return True
+            report = validate(run)
+            self.validated += 1
+            if not report.valid:
+                if is_own:
+                    self.own_issue = f"{report.errors[0].code}: {report.errors[0].message}"
+                continue
+            ranked = _rank(c, t, self.flops[c.tp], self.world, self.peak, mem.to_json(), run, self.hw)
+            if is_own:
+                self.own_ranked = ranked
+            if c.layout_key not in self.accepted:
+                self.accepted[c.layout_key] = ranked
+                self.order.append(c.layout_key)
+        return False
 
 
 def _rank(c: Candidate, t: float, flops: float, world: int, peak: float, memory: Dict[str, int],
@@ -366,9 +402,21 @@ def render_text(p: Plan) -> str:
     for i, r in enumerate(p.top):
         out.append("  ".join(v.rjust(w) for v, w in zip(rows[i + 1], widths)))
         out.append("    " + " ".join(r.candidate.overrides()))
+    if not p.top:
+        out.append(no_layout_line(p))
     out.append("")
     out.append(own_layout_line(p))
     return "\n".join(out)
+
+
+def no_layout_line(p: Plan) -> str:
+    """Why the table is empty."""
+    line = f"no layout the validator accepts among {p.candidates} candidates"
+    if p.over_memory and p.min_memory_bytes and p.hbm_usable_bytes:
+        gpus_needed = p.world * p.min_memory_bytes / p.hbm_usable_bytes
+        line += (f": {p.over_memory} exceed the usable {p.hbm_usable_bytes / 2**30:.1f} GiB per GPU (the smallest "
+                 f"needs {p.min_memory_bytes / 2**30:.1f} GiB); try more GPUs (at least ~{gpus_needed:.0f}, cluster.nodes=...)")
+    return line
 
 
 def own_layout_line(p: Plan) -> str:
