@@ -11,3 +11,49 @@ def all_recipes():
 
     names = list(recipe_catalog())
     return dict(zip(names, compose_recipes(names)))
+
+
+# --- a real Slurm cluster on this machine (scripts/slurm-up.sh / slurm-down.sh) -------------------
+def slurm_skip_reason():
+    """Why the local-Slurm tests cannot run here, or ``None``; CI runs as root with apt, so they run."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return "needs root: scripts/slurm-up.sh installs Debian's slurm packages and starts slurmctld/slurmd"
+    if shutil.which("sbatch") is None and shutil.which("apt-get") is None:
+        return "Slurm is not installed and apt-get is not available to install it"
+    return None
+
+
+def run_slurm_script(name, env_extra, timeout=300):
+    """Run scripts/<name> with extra environment; fail the test session with its output on error."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / name
+    proc = subprocess.run(["bash", str(script)], env={**os.environ, **env_extra}, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"{name} failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def local_slurm():
+    """Real slurmctld + 6 slurmd nodes (n1..n6, partition ``local``) via scripts/slurm-up.sh; stopped
+    at the end of the session unless it was already running before."""
+    import subprocess
+
+    reason = slurm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    env = {"KILOCARD_SLURM_NODES": "6"}
+    ping = subprocess.run(["timeout", "10", "scontrol", "ping"], capture_output=True, text=True) if \
+        __import__("shutil").which("scontrol") else None
+    was_up = ping is not None and "is UP" in ping.stdout
+    run_slurm_script("slurm-up.sh", env)
+    yield {"partition": "local", "nodes": 6}
+    if not was_up:
+        run_slurm_script("slurm-down.sh", env, timeout=120)
