@@ -70,3 +70,17 @@ def test_unreadable_file_is_one_line_error(tmp_path, capsys):
 def test_shipped_file_is_the_calibration_set():
     ids = [r.id for r in load_rows()]
     assert "sc21-1.7b" in ids and "bridge-llama31-405b-fp8" in ids
+
+
+def test_row_software_override_changes_the_prediction(tmp_path):
+    """The software rule is a default: a row can state its own (flash attention on an SC21 row)."""
+    row = ("{id: r, gpu: a100-sxm4-80gb, gpus: 32, precision: fp16, recompute: full,"
+           " model: {layers: 24, hidden: 2304, heads: 24, kv_heads: null, ffn: 9216, gated_mlp: false, vocab: 51200, seq: 2048},"
+           " parallel: {tp: 1, pp: 1, vp: null, cp: 1, ep: 1, dp: 32}, batch: {gbs: 512, mbs: 16},"
+           " result: {tflops_per_gpu: 137}, flops_convention: megatron_sc21%s}")
+    plain, flash = tmp_path / "plain.yaml", tmp_path / "flash.yaml"
+    plain.write_text("rows:\n  - " + row % "" + "\n")
+    flash.write_text("rows:\n  - " + row % ", software: {attention_backend: flash, overlap_grad_reduce: true}" + "\n")
+    slow = compare_all(str(plain), recipes={})[0].predicted_tflops_per_gpu
+    fast = compare_all(str(flash), recipes={})[0].predicted_tflops_per_gpu
+    assert fast > slow * 1.05
