@@ -102,7 +102,7 @@ def test_a_broken_recipe_is_named_in_the_catalog_error(tmp_path: Path, monkeypat
     monkeypatch.setattr(paths, "_PKG", tmp_path)
     compose.recipe_catalog.cache_clear()
     try:
-        with pytest.raises(compose.ComposeError, match=r"recipe broken .*trainer.global_batch_size.*'lots'"):
+        with pytest.raises(compose.ComposeError, match=r"recipe broken: trainer.global_batch_size: .*'lots'.*recipes/tiny/broken.yaml"):
             compose_recipes(["broken"])
     finally:
         compose.recipe_catalog.cache_clear()

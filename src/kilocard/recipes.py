@@ -83,7 +83,7 @@ def compose_recipes(names: Sequence[str]) -> List[RunConfig]:
         try:
             to_run_config(compose_each([[f"recipe={name}"]])[0])
         except ComposeError as e:
-            raise ComposeError(f"recipe {name} ({recipe_catalog()[name]}): {e}", field=e.field, value=e.value) from None
+            raise ComposeError(f"recipe {name}: {e}", field=e.field, value=e.value) from None
     raise first_error
 
 

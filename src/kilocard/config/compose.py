@@ -72,6 +72,15 @@ def _explain(exc: BaseException, overrides: Sequence[str]) -> ComposeError:
     return explain(exc, overrides, _group_options)
 
 
+def _located(err: ComposeError, overrides: Sequence[str]) -> ComposeError:
+    """Point at the recipe file when the bad field was not given on the command line."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    recipe = next((o.split("=", 1)[1].strip() for o in overrides if o.startswith("recipe=")), None)
+    if err.field is None or err.field in given or recipe not in recipe_catalog():
+        return err
+    return ComposeError(f"{err} [set by recipe {recipe_catalog()[recipe]} or a config it selects]", err.field, err.value)
+
+
 def _translate_recipe(override: str) -> str:
     """``recipe=NAME`` -> ``recipes=<family>/NAME``; anything else unchanged."""
     m = re.fullmatch(r"recipe=(.*)", override)
@@ -131,7 +140,7 @@ def compose_each(override_lists: Sequence[Sequence[str]], return_hydra_config: b
                         return_hydra_config=return_hydra_config,
                     )
                 except (HydraException, OmegaConfBaseException, ValueError) as e:
-                    raise _explain(e, translated) from None
+                    raise _located(_explain(e, translated), overrides) from None
                 OmegaConf.set_struct(cfg, True)
                 _reject_unknown_keys(cfg, translated)
                 out.append(cfg)
