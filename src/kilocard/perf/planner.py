@@ -404,9 +404,17 @@ def render_text(p: Plan) -> str:
         out.append("    " + " ".join(r.candidate.overrides()))
     if not p.top:
         out.append(no_layout_line(p))
+    else:
+        out.append("#1's step time: " + breakdown_line(p.top[0]))
     out.append("")
     out.append(own_layout_line(p))
     return "\n".join(out)
+
+
+def breakdown_line(r: Ranked) -> str:
+    """Where a layout's predicted step time goes, largest share first."""
+    shares = sorted(((v / r.step_time_s, k) for k, v in r.breakdown.items() if v > 0), reverse=True)
+    return ", ".join(f"{k} {share:.0%}" for share, k in shares if share >= 0.005)
 
 
 def no_layout_line(p: Plan) -> str:
