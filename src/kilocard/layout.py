@@ -123,6 +123,7 @@ def compute_layout(cfg: RunConfig) -> Layout:
         for name, size, stride in (("etp", etp, 1), ("ep", ep, etp), ("expert_dp", edp, etp * ep)):
             groups[name] = place_group(name, size, stride, world, gpn, domain)
     vp = p.virtual_pipeline_model_parallel_size
+    vp = vp if isinstance(vp, int) and vp >= 1 else None
     return Layout(
         world_size=world, nodes=nodes, gpus_per_node=gpn, nvlink_domain_size=domain,
         tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, dp=dp, expert_dp=edp, num_microbatches=mb,

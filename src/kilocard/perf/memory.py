@@ -78,7 +78,8 @@ class MemoryEstimate:
 # --- the inputs of Megatron-LM's formula ----------------------------------------------------------
 
 
-def _moe_pattern(m: ModelConfig) -> list:
+def moe_pattern(m: ModelConfig) -> list:
+    """1 for each MoE layer, 0 for a dense one (Megatron-LM's reading of ``moe_layer_freq``)."""
     if not m.num_moe_experts:
         return [0] * m.num_layers
     if isinstance(m.moe_layer_freq, int):
@@ -89,7 +90,7 @@ def _moe_pattern(m: ModelConfig) -> list:
 def _effective_ffn(m: ModelConfig) -> float:
     """Average per-layer MLP width seen by a token (the dense ffn for a dense model)."""
     ffn = m.ffn_hidden_size or 4 * m.hidden_size
-    pattern = _moe_pattern(m)
+    pattern = moe_pattern(m)
     if not any(pattern) or not pattern:
         return ffn
     moe = m.moe_router_topk * (m.moe_ffn_hidden_size or ffn) + (m.moe_shared_expert_intermediate_size or 0)
@@ -128,7 +129,7 @@ def megatron_memory_args(cfg: RunConfig, layout: Optional[Layout] = None) -> Sim
         pipeline_model_parallel_size=lay.pp, tensor_model_parallel_size=lay.tp,
         world_size=lay.world_size, data_parallel_size=(lay.dp or 1) * lay.cp,
         use_distributed_optimizer=p.use_distributed_optimizer,
-        virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=lay.vp,
         sequence_parallel=p.sequence_parallel, recompute_granularity=p.recompute_granularity,
         micro_batch_size=cfg.trainer.micro_batch_size,
         seq_length=cfg.model.seq_length // max(1, lay.cp),
@@ -192,7 +193,7 @@ def stage_params(cfg: RunConfig, layout: Layout, a: Optional[SimpleNamespace] = 
     """Parameters per GPU on the most loaded stage (Megatron's accounting, plus the extensions)."""
     a = a or megatron_memory_args(cfg, layout)
     t = _layer_terms(a)
-    pattern = _moe_pattern(cfg.model)
+    pattern = moe_pattern(cfg.model)
     n_moe, n_dense = sum(pattern), a.num_layers - sum(pattern)
     mtp = a.mtp_num_layers or 0
     mtp_moe = pattern[-1] * mtp if pattern else 0

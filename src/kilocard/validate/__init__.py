@@ -57,7 +57,8 @@ def estimates(cfg: RunConfig, lay: Layout) -> Dict[str, Any]:
     mem = estimate_memory(cfg, lay)
     out["memory_bytes_per_gpu"] = mem.to_json()
     out["params_per_gpu"] = mem.params_on_stage
-    out["flops_per_iteration"] = _flops(cfg)
+    if cfg.parallel.tensor_model_parallel_size >= 1:  # the FLOPs shape pads the vocabulary by TP
+        out["flops_per_iteration"] = _flops(cfg)
     return out
 
 

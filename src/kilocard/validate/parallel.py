@@ -53,12 +53,14 @@ def rule_expert_world_divisible(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 def rule_heads_tp(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """Attention heads are a multiple of TP; query groups a multiple or divisor of TP."""
     m = cfg.model
+    if m.num_attention_heads < 1:
+        return  # MODEL_SHAPE reports it
     if m.num_attention_heads % lay.tp:
         yield error("TP_HEADS", P + "tensor_model_parallel_size", lay.tp,
                     f"num_attention_heads({m.num_attention_heads}) is not a multiple of tp({lay.tp})",
                     f"use a TP size that divides {m.num_attention_heads}: {_divisors(m.num_attention_heads, lay.tp)}")
     g = m.num_query_groups
-    if g is not None and g % lay.tp and lay.tp % g:
+    if g is not None and g >= 1 and g % lay.tp and lay.tp % g:
         yield error("TP_QUERY_GROUPS", P + "tensor_model_parallel_size", lay.tp,
                     f"num_query_groups({g}) is neither a multiple nor a divisor of tp({lay.tp})",
                     f"use a TP size that divides {g} or is a multiple of it")

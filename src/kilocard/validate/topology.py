@@ -6,7 +6,7 @@ from typing import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
-from kilocard.perf.params import moe_layer_pattern
+from kilocard.perf.memory import moe_pattern
 from kilocard.topology import GPU_TABLE, ep_peers_on_node, gpu_spec
 from kilocard.validate.issues import Issue, error, warning
 
@@ -33,7 +33,7 @@ def rule_cluster_shape(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 def rule_tp_nvlink(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """TP (and TP*CP with cp_within_nvlink) stays inside one NVLink domain."""
     gpu = gpu_spec(cfg.cluster.gpu)
-    if gpu is None or gpu.vendor == "cpu" or not lay.groups:
+    if gpu is None or gpu.vendor == "cpu" or "tp" not in lay.groups:
         return
     p = cfg.parallel
     tp = lay.groups["tp"]
@@ -57,7 +57,7 @@ def rule_tp_nvlink(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 def rule_stage_split(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """A replica's pipeline stage (its TP*CP ranks) split across nodes is slow (warning)."""
     gpu = gpu_spec(cfg.cluster.gpu)
-    if gpu is None or gpu.vendor == "cpu" or not lay.groups or lay.tp * lay.cp <= 1:
+    if gpu is None or gpu.vendor == "cpu" or "tp_cp" not in lay.groups or lay.tp * lay.cp <= 1:
         return
     if not lay.groups["tp_cp"].within_node:
         yield warning("STAGE_CROSSES_NODES", "parallel.context_parallel_size", lay.cp,
@@ -77,7 +77,7 @@ def ep_alltoall_bytes_per_step(cfg: RunConfig, lay: Layout) -> float:
     tokens = m.seq_length // lay.cp * cfg.trainer.micro_batch_size
     if cfg.parallel.sequence_parallel:
         tokens //= lay.tp
-    moe_layers = sum(moe_layer_pattern(m)) / lay.pp
+    moe_layers = sum(moe_pattern(m)) / lay.pp
     off_node = 1 - ep_peers_on_node(lay.ep, lay.etp, lay.gpus_per_node) / lay.ep
     return 4 * tokens * m.moe_router_topk * m.hidden_size * 2 * moe_layers * lay.num_microbatches * off_node
 
