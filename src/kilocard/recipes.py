@@ -100,6 +100,10 @@ def _cache_key() -> str:
     return h.hexdigest()[:20]
 
 
+KEEP_CACHED_CATALOGS = 8
+"""Catalog files kept in the cache directory (several checkouts may share it)."""
+
+
 def cache_dir() -> Path:
     """Where the catalog cache lives."""
     if os.environ.get("KILOCARD_CACHE_DIR"):
@@ -122,6 +126,9 @@ def _write_cache(path: Path, rows: List[RecipeRow]) -> None:
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps([asdict(r) for r in rows]))
         os.replace(tmp, path)
+        old = sorted(path.parent.glob("catalog-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for stale in old[KEEP_CACHED_CATALOGS:]:  # one file per edit of the configs: keep the newest few
+            stale.unlink(missing_ok=True)
     except OSError as e:  # a read-only home only costs speed; say so once
         print(f"kilocard recipes: note: cannot cache the catalog in {path.parent} ({e.strerror})", file=sys.stderr)
 
