@@ -2,7 +2,7 @@
 
 Field names are Megatron-Core's own (``TransformerConfig``, ``ModelParallelConfig``,
 ``OptimizerConfig``, ``DistributedDataParallelConfig``, ``GPTModel``) wherever Megatron-Core has
-the knob; ``tests/test_schema_megatron_names.py`` proves it against the pinned wheel, and
+the knob; ``tests/test_config_megatron_names.py`` proves it against the pinned wheel, and
 ``KILOCARD_OWN_FIELDS`` lists the fields that are kilocard's own, each with its reason.
 
 Every field carries a docstring (the string literal under it); a test keeps it that way.
