@@ -14,3 +14,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
   touch "$stamp"
 fi
+# The test oracle: megatron-core 0.19.2 (Megatron-LM formulas) in .oracle/, apart from the pinned one.
+bash scripts/install_oracle.sh

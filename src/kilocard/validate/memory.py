@@ -77,9 +77,10 @@ def _variants(cfg: RunConfig) -> List[Dict[str, object]]:
     for k in (2, 4):
         tp = p.tensor_model_parallel_size * k
         single.append({"parallel.tensor_model_parallel_size": tp, "parallel.sequence_parallel": True})
-    if m.num_moe_experts:
-        for k in (2, 4, 8):
-            single.append({"parallel.expert_model_parallel_size": p.expert_model_parallel_size * k})
+    if m.num_moe_experts and m.num_moe_experts > 0:  # larger EP sizes that divide the experts
+        ep, e = p.expert_model_parallel_size, m.num_moe_experts
+        for d in [d for d in range(ep + 1, min(e, 1 << 16) + 1) if e % d == 0][:12]:
+            single.append({"parallel.expert_model_parallel_size": d})
     if t.micro_batch_size > 1:
         single.append({"trainer.micro_batch_size": 1})
     pairs = [{**a, **b} for i, a in enumerate(single) for b in single[i + 1:] if not set(a) & set(b)]
