@@ -179,3 +179,36 @@ def test_signal_lead_rule_uses_save_time_and_time_limit():
 def test_chain_must_be_positive(tmp_path, capsys):
     rc, out, err = run_cli([*TINY, f"cluster.shared_fs={tmp_path}", "--chain", "0"], capsys)
     assert rc == 2 and "--chain" in err
+
+
+def test_sbatch_argv_passes_secret_names_and_chain_position():
+    from kilocard.launch.slurm import sbatch_argv
+
+    argv = sbatch_argv(Path("/r/submit.sbatch"), ["WANDB_API_KEY"], chain_link=2, dependency="afterany:17")
+    assert argv == ["sbatch", "--parsable", "--export=ALL,KILOCARD_CHAIN_LINK=2,WANDB_API_KEY",
+                    "--dependency=afterany:17", "/r/submit.sbatch"]
+    assert sbatch_argv(Path("/r/s"), parsable=False) == ["sbatch", "/r/s"]
+
+
+@pytest.mark.parametrize("text,job", [("123\n", 123), ("4567;cluster\n", 4567), ("sbatch: warning x\n89\n", 89)])
+def test_parse_job_id(text, job):
+    from kilocard.launch.slurm import parse_job_id
+
+    assert parse_job_id(text) == job
+
+
+def test_parse_job_id_rejects_garbage():
+    from kilocard.launch.slurm import SlurmError, parse_job_id
+
+    with pytest.raises(SlurmError, match="expected a job id"):
+        parse_job_id("Submitted batch job 12")
+
+
+def test_submit_refuses_missing_secret_before_calling_sbatch(tmp_path, capsys, monkeypatch):
+    """A secret named in launcher.secret_env but not exported: one-line error, sbatch never runs."""
+    monkeypatch.delenv("KILOCARD_TEST_SECRET", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch reachable: the check must come first
+    rc, out, err = run_cli([*TINY, f"cluster.shared_fs={tmp_path}/runs", "launcher.secret_env=[KILOCARD_TEST_SECRET]",
+                            "--submit"], capsys)
+    assert rc == 1 and "KILOCARD_TEST_SECRET not set" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()

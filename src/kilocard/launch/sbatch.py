@@ -26,7 +26,7 @@ from kilocard.config.schema import RunConfig
 from kilocard.launch import checks, shell
 from kilocard.launch.render import LOG_DIR, render_script
 from kilocard.launch.rundir import RunDirError, create_run_dir
-from kilocard.launch.slurm import SlurmError, record_jobs, sbatch_argv, submit_chain
+from kilocard.launch.slurm import SlurmError, missing_secrets, record_jobs, sbatch_argv, submit_chain
 from kilocard.plan import LaunchPlan, build_plan
 from kilocard.validate import validate
 from kilocard.validate.issues import ERROR, Issue
@@ -155,6 +155,11 @@ def sbatch_command(overrides: Sequence[str], multirun: bool = False, submit: boo
     if any(p is None for p in prepared):
         bad = sum(p is None for p in prepared)
         print(f"kilocard sbatch: {bad} of {len(prepared)} config(s) invalid; nothing written, nothing submitted", file=sys.stderr)
+        return EXIT_INVALID
+    missing = sorted({n for p in prepared if p is not None for n in missing_secrets(p.plan.secret_env)}) if submit else []
+    if missing:
+        print(f"kilocard sbatch: error: launcher.secret_env: {', '.join(missing)} not set in this shell; export "
+              f"them before submitting; nothing written, nothing submitted", file=sys.stderr)
         return EXIT_INVALID
     status = EXIT_OK
     for p in prepared:
