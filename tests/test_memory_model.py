@@ -67,3 +67,10 @@ def test_totals_add_up():
     e = est()
     assert e.total == e.weights + e.gradients + e.optimizer + e.activations
     assert set(e.to_json()) == {"weights", "gradients", "optimizer", "activations", "total"}
+
+
+def test_fp8_keeps_linear_inputs_in_one_byte():
+    bf16 = est(parallel__recompute_granularity="selective")
+    fp8 = est(parallel__recompute_granularity="selective", precision__fp8="hybrid")
+    assert 0.7 * bf16.activations < fp8.activations < 0.9 * bf16.activations
+    assert fp8.weights == bf16.weights

@@ -33,8 +33,11 @@ Where kilocard goes further (each term is zero, or the identity, on Megatron's o
 * full recompute (not modelled by Megatron): a recomputed layer keeps only its input
   (``2 s b h`` bytes, / TP with SP), plus one recompute unit's full activations as working set.
 
-Not modelled: FP8 activation savings, the attention score matrix (flash/fused attention is
-assumed), allocator fragmentation and workspaces (the validator keeps a reserve for those).
+* FP8/FP4 GEMMs: Transformer Engine keeps the inputs of the four linear layers (QKV, attention
+  projection, fc1, fc2) for the backward pass in 1 byte instead of 2; those terms are halved.
+
+Not modelled: allocator fragmentation and workspaces (the validator keeps a reserve for those),
+FP8 weight transpose caches.
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ def megatron_memory_args(cfg: RunConfig, layout: Optional[Layout] = None) -> Sim
         seq_length=cfg.model.seq_length // max(1, lay.cp),
         activation_num_layers=(first * lay.pp) if first is not None else m.num_layers,
         activation_ffn_hidden_size=_effective_ffn(m),
+        fp8_linear_inputs=cfg.precision.fp8 is not None or cfg.precision.fp4 is not None,
     )
 
 
@@ -288,6 +292,8 @@ def activations_sp_selective(a: SimpleNamespace, num_microbatches: Optional[int]
     """Megatron's ``compute_activation_memory`` (SP + selective recompute), bytes per GPU."""
     s, b, h, pp = a.seq_length, a.micro_batch_size, a.hidden_size, a.pipeline_model_parallel_size
     act = (s * b * h) * (18 + (4 * (a.activation_ffn_hidden_size / h)))
+    if getattr(a, "fp8_linear_inputs", False):  # QKV, proj, fc1, fc2 inputs kept in 1 byte, not 2
+        act -= (s * b * h) * (3 + a.activation_ffn_hidden_size / h)
     act *= a.activation_num_layers
     act += 8 * s * b * pp
     act += s * b * h * pp
@@ -303,6 +309,8 @@ def activations_no_sp(a: SimpleNamespace, num_microbatches: Optional[int]) -> fl
     s, b, h, pp, tp = a.seq_length, a.micro_batch_size, a.hidden_size, a.pipeline_model_parallel_size, a.tensor_model_parallel_size
     ffn_scale = a.activation_ffn_hidden_size / a.ffn_hidden_size if a.ffn_hidden_size else 1.0
     per_layer = s * b * h * (10 + (24 / tp) * _mlp_share(ffn_scale, h, a.ffn_hidden_size))
+    if getattr(a, "fp8_linear_inputs", False):  # QKV and fc1 inputs (2 of 10), proj and fc2 (5 of 24 / t)
+        per_layer -= s * b * h * (2 + (5 / tp) * _mlp_share(ffn_scale, h, a.ffn_hidden_size))
     act = per_layer * a.activation_num_layers
     act += 8 * s * b * pp
     act += s * b * h * pp
