@@ -21,7 +21,7 @@ from pathlib import Path
 from kilocard.config.schema import ClusterConfig, ModelConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig
 from kilocard.validate import MCORE_CODES, validate
 
-N_CASES = 250
+N_CASES = 200
 HERE = Path(__file__).resolve().parent
 
 

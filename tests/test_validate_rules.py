@@ -105,11 +105,13 @@ def test_rule_flags_the_bad_config_and_passes_the_fixed_one(rule, bad, code, goo
     assert code not in codes(rule, good)
 
 
-def test_every_rule_is_covered():
+def test_every_rule_of_these_modules_is_covered():
     from kilocard.validate import RULES
 
+    mods = {m.__name__ for m in (batch, launcher, model, optimizer, parallel, precision, recompute, topology)}
+    mine = {r for r in RULES if r.__module__ in mods}
     covered = {c[0] for c in CASES}
-    assert set(RULES) - covered == set(), [r.__name__ for r in set(RULES) - covered]
+    assert len(mine) >= 27 and mine - covered == set(), [r.__name__ for r in mine - covered]
 
 
 def test_messages_print_every_factor():

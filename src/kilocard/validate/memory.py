@@ -78,7 +78,7 @@ def _variants(cfg: RunConfig) -> List[Dict[str, object]]:
         tp = p.tensor_model_parallel_size * k
         single.append({"parallel.tensor_model_parallel_size": tp, "parallel.sequence_parallel": True})
     if m.num_moe_experts and m.num_moe_experts > 0:  # larger EP sizes that divide the experts
-        ep, e = p.expert_model_parallel_size, m.num_moe_experts
+        ep, e = max(1, p.expert_model_parallel_size), m.num_moe_experts
         for d in [d for d in range(ep + 1, min(e, 1 << 16) + 1) if e % d == 0][:12]:
             single.append({"parallel.expert_model_parallel_size": d})
     if t.micro_batch_size > 1:
