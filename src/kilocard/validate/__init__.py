@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
-from kilocard.validate import batch, launcher, model, optimizer, parallel, precision, recompute, topology
+from kilocard.validate import batch, inputs, launcher, model, optimizer, parallel, precision, recompute, topology
 from kilocard.validate.issues import ERROR, WARNING, Issue, Report
 from kilocard.validate.memory import hbm_bytes, rule_memory_fits, usable_bytes
 
@@ -21,7 +21,8 @@ Rule = Callable[[RunConfig, Layout], Iterable[Issue]]
 #: Rules whose errors make a layout structurally invalid (used to filter memory suggestions).
 STRUCTURAL_RULES: Tuple[Rule, ...] = model.RULES + parallel.RULES + batch.RULES + recompute.RULES
 #: Every rule except the memory fit, in report order.
-RULES: Tuple[Rule, ...] = (STRUCTURAL_RULES + precision.RULES + optimizer.RULES + topology.RULES + launcher.RULES)
+RULES: Tuple[Rule, ...] = (STRUCTURAL_RULES + precision.RULES + optimizer.RULES + topology.RULES + launcher.RULES
+                          + inputs.RULES)
 
 #: Issue codes for conditions Megatron-Core itself rejects (at config, group or model construction).
 MCORE_CODES = frozenset({

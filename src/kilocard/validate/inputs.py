@@ -1,0 +1,167 @@
+"""Rules on the input surface: numbers in range, launcher fields well formed, names and values safe.
+
+Every verb (``validate``, ``run``, ``sbatch``) runs these, so a config that cannot be launched
+anywhere is refused before anything is written: a negative ``trainer.train_iters``, a learning
+rate below zero, ``checkpoint.keep_last`` below one, a malformed ``launcher.time``, a port out of
+range, a run name that is not a plain directory name, or a value with a control character (a
+newline would start a new line in the batch script). The checks of values that reach a batch
+script are the renderer's own (``kilocard.launch.shell``), applied here to the config alone.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Tuple
+
+from kilocard.config.schema import RunConfig
+from kilocard.launch import shell
+from kilocard.layout import Layout
+from kilocard.validate.issues import Issue, error
+
+#: (field, lowest allowed value, whether the lowest is allowed, what it means): numbers with a floor.
+FLOORS: Tuple[Tuple[str, float, bool, str], ...] = (
+    ("trainer.train_iters", 1, True, "optimizer steps to train"),
+    ("trainer.log_interval", 1, True, "steps between log lines"),
+    ("trainer.hang_timeout_s", 0, True, "seconds without progress before a rank is declared hung (0 = off)"),
+    ("optim.lr", 0, True, "the peak learning rate"),
+    ("optim.min_lr", 0, True, "the learning rate at the end of the decay"),
+    ("optim.weight_decay", 0, True, "the decoupled weight decay"),
+    ("checkpoint.keep_last", 1, True, "committed steps kept (the newest is never removed)"),
+    ("checkpoint.save_interval", 0, True, "steps between saves (0 = only at the end and on a stop)"),
+    ("checkpoint.ckpt_step", 0, True, "the step of checkpoint.load to start from"),
+    ("checkpoint.expected_save_time_s", 0, True, "a measured save time in seconds"),
+    ("cluster.cpus_per_node", 1, True, "CPU cores per node"),
+    ("cluster.fs_write_bandwidth_gbs", 0, False, "the shared filesystem's write bandwidth in GB/s"),
+    ("launcher.nproc", 1, True, "local ranks"),
+    ("launcher.signal_lead_s", 0, True, "seconds between USR1 and the time limit"),
+    ("launcher.max_restarts", 0, True, "torchrun restarts of a failed local run"),
+    ("launcher.max_requeues", 0, True, "times a job may requeue itself"),
+)
+
+#: Probability fields: 0 <= p < 1.
+PROBABILITIES = ("model.hidden_dropout", "model.attention_dropout")
+
+#: Free-text fields that must stay on one line (they reach logs, paths or the batch script).
+ONE_LINE = ("launcher.job_name", "cluster.shared_fs", "cluster.venv", "cluster.container_image",
+            "checkpoint.save", "checkpoint.load", "data.tokenizer", "data.path_to_cache")
+
+#: ``#SBATCH`` values and the pattern kind each must match (``kilocard.launch.shell.SBATCH_PATTERNS``).
+SBATCH_FIELDS = (("launcher.job_name", "name"), ("cluster.partition", "name"), ("cluster.account", "name"),
+                 ("cluster.qos", "name"), ("cluster.mem_per_node", "memory"), ("launcher.dependency", "dependency"))
+
+
+def get(cfg: RunConfig, dotted: str) -> object:
+    """The value of a dotted field (``None`` when a section has no such field)."""
+    node: object = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part, None)
+    return node
+
+
+def rule_number_ranges(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """Counts, rates and durations at or above their floor; dropouts in [0, 1)."""
+    for field, low, inclusive, what in FLOORS:
+        v = get(cfg, field)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if v < low or (v == low and not inclusive):
+            op = ">=" if inclusive else ">"
+            yield error("OUT_OF_RANGE", field, v, f"{field}={v} is out of range: {what} must be {op} {low:g}",
+                        f"set {field} to a value {op} {low:g}")
+    for field in PROBABILITIES:
+        v = get(cfg, field)
+        if isinstance(v, (int, float)) and not 0 <= v < 1:
+            yield error("OUT_OF_RANGE", field, v, f"{field}={v} is a probability and must be in [0, 1)",
+                        f"set {field}=0.0 (or e.g. 0.1)")
+
+
+def time_limit_problem(text: str) -> Optional[str]:
+    """Why ``text`` is not a usable Slurm time limit, or ``None`` (minutes and seconds below 60, > 0)."""
+    pattern, expected = shell.SBATCH_PATTERNS["time"]
+    if not pattern.fullmatch(text):
+        return f"not a Slurm time; expected {expected}"
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if any(p >= 60 for p in parts[1:]):  # MM:SS, HH:MM:SS, D-HH:MM[:SS]: all but the first part
+        return "minutes and seconds must be below 60"
+    if int(days or 0) == 0 and all(p == 0 for p in parts):
+        return "a time limit of 0 means none, and kilocard needs one to send USR1 before it"
+    return None
+
+
+def rule_launcher_time(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``launcher.time`` is a positive Slurm time (``HH:MM:SS``, ``D-HH:MM:SS``, ``MM``...)."""
+    problem = time_limit_problem(str(cfg.launcher.time))
+    if problem:
+        yield error("LAUNCHER_TIME", "launcher.time", cfg.launcher.time, f"launcher.time={cfg.launcher.time!r}: {problem}",
+                    "set launcher.time=04:00:00")
+
+
+def rule_master_port(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``launcher.master_port``, when fixed, is a TCP port 1..65535."""
+    port = cfg.launcher.master_port
+    if port is not None and not 1 <= port <= 65535:
+        yield error("OUT_OF_RANGE", "launcher.master_port", port, f"launcher.master_port={port} is not a TCP port (1..65535)",
+                    "set launcher.master_port=null (derived from the job id) or e.g. 29500")
+
+
+def rule_run_name(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``launcher.run_name``, when set, is one plain directory name (letters, digits, ``. _ + -``)."""
+    name = cfg.launcher.run_name
+    if name is None:
+        return
+    pattern, expected = shell.SBATCH_PATTERNS["name"]
+    if not pattern.fullmatch(str(name)):
+        yield error("RUN_NAME", "launcher.run_name", name,
+                    f"launcher.run_name={name!r} is not a plain directory name; expected {expected}",
+                    "set launcher.run_name=my-run-1 (or leave it null for <job_name>-<UTC time>)")
+
+
+def _value_issue(e: shell.ShellValueError) -> Issue:
+    return error("SCRIPT_VALUE", e.field, "<hidden>" if "secret" in e.field else e.value, str(e),
+                 f"change {e.field} to a value of the expected form")
+
+
+def script_value_issues(cfg: RunConfig) -> List[Issue]:
+    """Values the batch script (or a log line) would carry: one line each, ``#SBATCH`` values checked."""
+    out: List[Issue] = []
+    for field in ONE_LINE:
+        v = get(cfg, field)
+        if v is not None and shell.CONTROL.search(str(v)):
+            out.append(_value_issue(shell.ShellValueError(field, v, "a single line without control characters")))
+    checks = [(f, lambda f=f, k=k: shell.optional_sbatch(f, get(cfg, f), k)) for f, k in SBATCH_FIELDS]
+    checks += [(f"launcher.extra_sbatch[{i}]", lambda i=i, o=o: shell.extra_sbatch(f"launcher.extra_sbatch[{i}]", o))
+               for i, o in enumerate(cfg.launcher.extra_sbatch)]
+    for group in ("cluster", "launcher"):
+        for name, value in get(cfg, f"{group}.env").items():
+            f = f"{group}.env.{name}"
+            checks.append((f, lambda f=f, n=name: shell.env_name(f, n)))
+            checks.append((f, lambda f=f, v=value: shell.quote(f, v)))
+    for i, m in enumerate(cfg.cluster.container_mounts):
+        f = f"cluster.container_mounts[{i}]"
+        checks.append((f, lambda f=f, m=m: shell.quote(f, m)))
+    seen = {i.field for i in out}
+    for field, check in checks:
+        if field in seen:
+            continue
+        try:
+            check()
+        except shell.ShellValueError as e:
+            out.append(_value_issue(e))
+            seen.add(field)
+    return out
+
+
+def rule_script_values(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """Validator-rule form of ``script_value_issues``."""
+    return script_value_issues(cfg)
+
+
+def rule_secret_names(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``launcher.secret_env`` holds variable names (the value stays in the submitting shell)."""
+    from kilocard.launch.checks import secret_issues
+
+    return secret_issues(cfg)
+
+
+RULES = (rule_number_ranges, rule_launcher_time, rule_master_port, rule_run_name, rule_script_values,
+         rule_secret_names)
