@@ -57,3 +57,48 @@ def local_slurm():
     yield {"partition": "local", "nodes": 6}
     if not was_up:
         run_slurm_script("slurm-down.sh", env, timeout=120)
+
+
+# --- the trainer on local CPU ranks (kilocard run / python -m kilocard.train) ----------------------
+class KilocardRun:
+    """Runs ``kilocard run`` (torchrun, gloo) in a private working directory with a private TMPDIR."""
+
+    def __init__(self, workdir):
+        self.workdir = workdir
+
+    def env(self, **extra):
+        """Environment for a launch: one thread per rank, TMPDIR inside the test's directory."""
+        import os
+
+        tmp = self.workdir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        return {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp), **extra}
+
+    def start(self, *args, **env):
+        """Start ``kilocard run ARGS`` and return the Popen (stdout piped, text)."""
+        import subprocess
+        import sys
+
+        cmd = [sys.executable, "-m", "kilocard.cli", "run", *args]
+        return subprocess.Popen(cmd, cwd=self.workdir, env=self.env(**env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def __call__(self, *args, timeout=300, **env):
+        """Run ``kilocard run ARGS`` to the end; return (exit code, output, run dir or None)."""
+        proc = self.start(*args, **env)
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out, self.run_dir_of(out)
+
+    def run_dir_of(self, out):
+        """The run directory printed on the ``run dir:`` line, or None."""
+        for line in out.splitlines():
+            if line.startswith("run dir: "):
+                p = self.workdir / line[len("run dir: "):].strip()
+                return p
+        return None
+
+
+@pytest.fixture
+def kilocard_run(tmp_path):
+    """Launch ``kilocard run`` on local CPU ranks from a private directory (see ``KilocardRun``)."""
+    return KilocardRun(tmp_path)

@@ -88,4 +88,4 @@ def test_section_6_tensor_type_is_needed_and_full_shim_trains():
     assert "torch.cuda.FloatTensor" in r.stderr or "TypeError" in r.stderr, r.stderr[-2000:]
     full = _probe("")
     assert full.returncode == 0, full.stderr[-3000:]
-    assert "applied [1, 2, 3, 4, 5, 6, 7, 8, 9]" in full.stdout and "stage step ok True" in full.stdout
+    assert "applied [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]" in full.stdout and "stage step ok True" in full.stdout
