@@ -44,9 +44,11 @@ PROBABILITIES = ("model.hidden_dropout", "model.attention_dropout")
 ONE_LINE = ("launcher.job_name", "cluster.shared_fs", "cluster.venv", "cluster.container_image",
             "checkpoint.save", "checkpoint.load", "data.tokenizer", "data.path_to_cache")
 
-#: ``#SBATCH`` values and the pattern kind each must match (``kilocard.launch.shell.SBATCH_PATTERNS``).
-SBATCH_FIELDS = (("launcher.job_name", "name"), ("cluster.partition", "name"), ("cluster.account", "name"),
-                 ("cluster.qos", "name"), ("cluster.mem_per_node", "memory"), ("launcher.dependency", "dependency"))
+#: ``#SBATCH`` values, the pattern kind each must match (``kilocard.launch.shell.SBATCH_PATTERNS``) and
+#: whether the field may be unset (null or empty: the directive is left out).
+SBATCH_FIELDS = (("launcher.job_name", "name", False), ("cluster.mem_per_node", "memory", False),
+                 ("cluster.partition", "name", True), ("cluster.account", "name", True), ("cluster.qos", "name", True),
+                 ("launcher.dependency", "dependency", True))
 
 
 def get(cfg: RunConfig, dotted: str) -> object:
@@ -128,7 +130,8 @@ def script_value_issues(cfg: RunConfig) -> List[Issue]:
         v = get(cfg, field)
         if v is not None and shell.CONTROL.search(str(v)):
             out.append(_value_issue(shell.ShellValueError(field, v, "a single line without control characters")))
-    checks = [(f, lambda f=f, k=k: shell.optional_sbatch(f, get(cfg, f), k)) for f, k in SBATCH_FIELDS]
+    checks = [(f, lambda f=f, k=k, o=o: (shell.optional_sbatch if o else shell.sbatch_value)(f, get(cfg, f), k))
+              for f, k, o in SBATCH_FIELDS]
     checks += [(f"launcher.extra_sbatch[{i}]", lambda i=i, o=o: shell.extra_sbatch(f"launcher.extra_sbatch[{i}]", o))
                for i, o in enumerate(cfg.launcher.extra_sbatch)]
     for group in ("cluster", "launcher"):
