@@ -136,10 +136,21 @@ def megatron_memory_args(cfg: RunConfig, layout: Optional[Layout] = None) -> Sim
         sequence_parallel=p.sequence_parallel, recompute_granularity=p.recompute_granularity,
         micro_batch_size=cfg.trainer.micro_batch_size,
         seq_length=cfg.model.seq_length // max(1, lay.cp),
-        activation_num_layers=(first * lay.pp) if first is not None else m.num_layers,
+        activation_num_layers=_inflight_layers(lay) if first is not None else m.num_layers,
         activation_ffn_hidden_size=_effective_ffn(m),
         fp8_linear_inputs=cfg.precision.fp8 is not None or cfg.precision.fp4 is not None,
     )
+
+
+def _inflight_layers(lay: Layout) -> int:
+    """Most layer-activations any stage holds under 1F1B, expressed as ``layers * PP``.
+
+    Stage i keeps ``PP - i`` micro-batches in flight, each with its own layers; on an even split
+    the first stage is the maximum (``layers/PP * PP``, Megatron's formula), on an uneven one a
+    heavier middle stage can be.
+    """
+    st = lay.stage_layers or []
+    return max(n * (lay.pp - i) for i, n in enumerate(st))
 
 
 # --- weights, gradients and optimizer state -------------------------------------------------------
@@ -217,10 +228,33 @@ def stage_params(cfg: RunConfig, layout: Layout, a: Optional[SimpleNamespace] = 
         tp_on += t["embedding"] / tp
     extra = _extra_params(cfg, layout, frac)
     dense = tp_on + rep_on + extra
+    candidates = [(dense, exp_on)] + _middle_stages(cfg, layout, t, etp_ep)
     last = _last_stage_dense(cfg, layout, t, tp_block, rep_block, exp_block, etp_ep)
-    if last is not None and last[0] + last[1] > dense + exp_on:
-        return StageParams(dense=last[0], expert=last[1])
-    return StageParams(dense=dense, expert=exp_on)
+    if last is not None:
+        candidates.append(last)
+    best = max(candidates, key=lambda c: c[0] + c[1])
+    return StageParams(dense=best[0], expert=best[1])
+
+
+def _middle_stages(cfg: RunConfig, layout: Layout, t: dict, etp_ep: int) -> list:
+    """(dense, expert) params of each middle stage of an uneven split, from its own layers.
+
+    An uneven split (``num_layers_in_first/last_pipeline_stage``) usually puts *more* layers on
+    the middle stages, so they, not the first stage, can be the most loaded.
+    """
+    st, m = layout.stage_layers, cfg.model
+    if st is None or len(set(st)) == 1 or layout.pp < 3:
+        return []
+    pattern, out, start = moe_pattern(m), [], st[0]
+    for n in st[1:-1]:
+        moe = sum(pattern[start:start + n])
+        start += n
+        dense_layers = n - moe
+        tp_part = (t["attn"] + t["dense_mlp"]) * dense_layers + (t["attn"] + t["shared"]) * moe
+        rep = t["norms"] * dense_layers + (t["norms"] + t["router"]) * moe
+        dense = tp_part / layout.tp + rep + _bias_params_per_layer(m) * n / layout.tp
+        out.append((dense, t["routed"] * moe / etp_ep))
+    return out
 
 
 def _first_stage_fraction(cfg: RunConfig, layout: Layout) -> float:
