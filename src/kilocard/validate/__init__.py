@@ -76,7 +76,21 @@ def validate(cfg: RunConfig) -> Report:
     est = estimates(cfg, lay)
     if est["memory_bytes_per_gpu"] is not None and not any(i.code == "WORLD_NOT_DIVISIBLE" for i in issues):
         issues.extend(rule_memory_fits(cfg, lay, structural=structurally_valid))
+    if not any(i.severity == ERROR for i in issues):
+        _add_prediction(cfg, est, issues)
     return Report(issues=issues, layout=lay, estimates=est)
+
+
+def _add_prediction(cfg: RunConfig, est: Dict[str, Any], issues: List[Issue]) -> None:
+    """For a valid config: predicted step time and MFU, and the checkpoint-interval (goodput) rule.
+
+    Both need a layout that Megatron-Core would build, so they run only when no rule found an error.
+    """
+    from kilocard.perf.goodput import rule_checkpoint_interval
+    from kilocard.perf.predict import predict
+
+    est["prediction"] = predict(cfg).to_json()
+    issues.extend(rule_checkpoint_interval(cfg, None))
 
 
 __all__ = ["validate", "Report", "Issue", "RULES", "MCORE_CODES", "ERROR", "WARNING", "compute_layout"]

@@ -58,6 +58,11 @@ def memory_lines(report: Report) -> List[str]:
         out.append(f"  {'HBM':<12}{human_bytes(hbm):>12}  (usable after reserve: {human_bytes(usable)})")
     if est.get("flops_per_iteration") is not None:
         out.append(f"FLOPs per iteration: {est['flops_per_iteration']:.4g} ({est['flops_convention']})")
+    pred = est.get("prediction")
+    if pred:
+        out.append(f"predicted: {pred['step_time_s']:.3g} s/step, {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
+                   f"MFU {pred['mfu']:.1%} ({pred['convention']}, peak {pred['peak_flops'] / 1e12:.0f} "
+                   f"TFLOP/s {pred['peak_dtype']})")
     return out
 
 
