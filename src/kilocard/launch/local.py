@@ -196,7 +196,10 @@ def _rank_exit_code(exit_dir: Path, launcher_code: int) -> int:
 
 
 def _print_tail(log: Path, lines: int = 30) -> None:
+    """The ranks' own error lines (once each), else the log's last lines (torchrun's report hides them)."""
     text = log.read_text(errors="replace").splitlines()
-    keep = [l for l in text if "UserWarning" not in l and "warnings.warn" not in l][-lines:]
-    print(f"--- last lines of {log} ---", file=sys.stderr)
+    errors = list(dict.fromkeys(l for l in text if "kilocard.train: error" in l or "kilocard.train: crashed" in l
+                                or "kilocard.train: no progress" in l))
+    keep = errors or [l for l in text if "UserWarning" not in l and "warnings.warn" not in l][-lines:]
+    print(f"--- from {log} ---", file=sys.stderr)
     print("\n".join(keep), file=sys.stderr)
