@@ -1,0 +1,68 @@
+"""Trainer pieces without ranks: rank environment, exit-code aggregation, hang guard, throughput figures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kilocard import exitcodes
+from kilocard.config.compose import compose, to_run_config
+from kilocard.launch.local import _rank_exit_code, torchrun_command
+from kilocard.train.dist_env import resolve
+from kilocard.train.metrics import Throughput
+
+
+def test_slurm_variables_are_accepted():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    r = resolve(env)
+    assert (r.rank, r.world_size, r.local_rank) == (5, 8, 1) and env["RANK"] == "5"
+
+
+def test_torchrun_variables_win_and_missing_master_is_named():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "SLURM_PROCID": "7"}
+    assert resolve(env).rank == 1
+    with pytest.raises(ValueError, match="MASTER_PORT: not set"):
+        resolve({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "MASTER_ADDR": "n1"})
+
+
+def test_single_process_defaults():
+    env: dict = {}
+    r = resolve(env)
+    assert (r.rank, r.world_size) == (0, 1) and int(env["MASTER_PORT"]) > 0
+
+
+def test_rank_exit_codes_decide_the_run_code(tmp_path):
+    for name, code in (("rank_0", "75"), ("rank_1", "75")):
+        (tmp_path / name).write_text(code)
+    assert _rank_exit_code(tmp_path, 1) == exitcodes.RETRY
+    (tmp_path / "rank_1").write_text("3")
+    assert _rank_exit_code(tmp_path, 1) == exitcodes.BAD_CKPT
+    assert _rank_exit_code(tmp_path / "none", 1) == exitcodes.CRASH
+    assert _rank_exit_code(tmp_path, exitcodes.FAULT) == exitcodes.FAULT
+
+
+def test_torchrun_command_runs_the_train_module(tmp_path):
+    cmd = torchrun_command(tmp_path, 4, 12345)
+    assert "--nproc-per-node=4" in cmd and "--master-port=12345" in cmd and cmd[-3:] == ["-m", "kilocard.train", str(tmp_path)]
+
+
+def test_watchdog_exits_fault_with_a_clear_message():
+    code = "from kilocard.train.signals import Watchdog; import time; w = Watchdog(0.3, 3).start(); " \
+           "w.beat('step 7'); time.sleep(5)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == exitcodes.FAULT
+    assert "[rank 3] kilocard.train: no progress for" in p.stderr and "in step 7" in p.stderr
+
+
+def test_throughput_names_its_peak_and_uses_megatron_flops():
+    from kilocard.perf.flops import flops_per_iteration
+
+    rc = to_run_config(compose(["recipe=tiny_gpt", "cluster.gpu=h100-sxm5-80gb", "precision=bf16"]))
+    t = Throughput.for_run(rc, world_size=8)
+    assert t.peak_name == "h100-sxm5-80gb bf16 dense 989 TFLOP/s"
+    f = t.figures(step_time_s=2.0)
+    assert f["tflops_per_gpu"] == pytest.approx(flops_per_iteration(rc, "megatron_current") / 8 / 2.0 / 1e12)
+    assert f["mfu"] == pytest.approx(f["tflops_per_gpu"] * 1e12 / 989e12)
+    assert f["tokens_per_s_per_gpu"] == pytest.approx(rc.trainer.global_batch_size * rc.model.seq_length / 8 / 2.0)
