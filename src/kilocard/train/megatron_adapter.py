@@ -266,13 +266,12 @@ def forward_step(data_iterator: Any, model: Any) -> Tuple[torch.Tensor, Callable
     """Megatron-Core forward step: one micro-batch through the chunk, masked mean LM loss."""
     batch = next(data_iterator)
     dev = next(model.parameters()).device
-    tokens = batch["tokens"].to(dev, non_blocking=True)
-    labels = batch["labels"].to(dev, non_blocking=True)
-    loss_mask = batch["loss_mask"].to(dev, non_blocking=True)
-    position_ids = batch["position_ids"].to(dev, non_blocking=True)
-    mask = batch.get("attention_mask")
-    if mask is not None:
-        mask = mask.to(dev, non_blocking=True)
+
+    def on_device(t):
+        return t if t is None or t.device == dev else t.to(dev, non_blocking=True)
+
+    tokens, labels, loss_mask, position_ids = (on_device(batch[k]) for k in ("tokens", "labels", "loss_mask", "position_ids"))
+    mask = on_device(batch.get("attention_mask"))
     output = model(tokens, position_ids, mask, labels=labels)
 
     def loss_func(output_tensor: torch.Tensor):

@@ -169,7 +169,8 @@ class Trainer:
         self.watchdog.beat("building the data iterator")
         dp_rank = self.ps.get_data_parallel_rank()
         return [build_train_iterator(self.cfg, dp_rank=dp_rank, dp_size=self.dp, consumed_samples=self.consumed,
-                                     cache_dir=str(self.run_dir / "data_cache"))
+                                     cache_dir=str(self.run_dir / "data_cache"),
+                                     create_attention_mask=False)  # GPT attention is causal: Megatron builds the mask
                 for _ in self.built.model]
 
     def train_step(self, iterators: List[Any]) -> Dict[str, Any]:
