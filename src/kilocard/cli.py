@@ -56,8 +56,6 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--submit", action="store_true", help="submit with sbatch --parsable")
     p.add_argument("--chain", type=int, default=1, help="submit N jobs that continue one another")
-    # overrides and flags in any order (`recipe=x --multirun a=1,2 --submit`): the rest, split by sbatch_command
-    p.add_argument("trailing", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     p = sub.add_parser("baselines", help="published MFU baselines vs the performance model")
     p.add_argument("--file", default=None, help="a baselines YAML in the same format")
@@ -129,8 +127,7 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
 def cmd_sbatch(args: argparse.Namespace) -> int:
     from kilocard.launch.sbatch import sbatch_command
 
-    return sbatch_command(args.overrides, multirun=args.multirun, submit=args.submit, chain=args.chain,
-                          trailing=args.trailing)
+    return sbatch_command(args.overrides, multirun=args.multirun, submit=args.submit, chain=args.chain)
 
 
 def cmd_baselines(args: argparse.Namespace) -> int:
@@ -148,9 +145,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {v: globals()[f"cmd_{v}"] for v in VERBS}
 
 
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    """Parse the command line; flags and Hydra overrides may come in any order.
+
+    argparse stops collecting the ``overrides`` positional at the first flag; overrides after a
+    flag (``recipe=x --multirun a=1,2``) come back as unknown tokens and are appended here.
+    """
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    unknown = [t for t in extra if t.startswith("-")]
+    if unknown or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``kilocard`` console script."""
-    args = _parser().parse_args(list(argv) if argv is not None else None)
+    args = parse_args(list(argv) if argv is not None else sys.argv[1:])
     try:
         return COMMANDS[args.verb](args)
     except ComposeError as e:

@@ -122,32 +122,8 @@ def write_run(p: Prepared, chain: int) -> Path:
     return script
 
 
-def split_trailing(tokens: Sequence[str], multirun: bool, submit: bool, chain: int) -> Tuple[List[str], bool, bool, int]:
-    """Overrides and flags given after the first override: ``(overrides, multirun, submit, chain)``."""
-    out: List[str] = []
-    it = iter(tokens)
-    for tok in it:
-        if tok in ("-m", "--multirun"):
-            multirun = True
-        elif tok == "--submit":
-            submit = True
-        elif tok == "--chain" or tok.startswith("--chain="):
-            value = tok.split("=", 1)[1] if "=" in tok else next(it, "")
-            if not value.lstrip("-").isdigit():
-                raise ComposeError(f"--chain: {value!r} is not a job count; use 1 or more", field="--chain", value=value)
-            chain = int(value)
-        elif tok.startswith("-"):
-            raise ComposeError(f"{tok}: unknown option of `kilocard sbatch` (options: --multirun, --submit, --chain N)", field=tok)
-        else:
-            out.append(tok)
-    return out, multirun, submit, chain
-
-
-def sbatch_command(overrides: Sequence[str], multirun: bool = False, submit: bool = False, chain: int = 1,
-                   trailing: Sequence[str] = ()) -> int:
+def sbatch_command(overrides: Sequence[str], multirun: bool = False, submit: bool = False, chain: int = 1) -> int:
     """The ``kilocard sbatch`` verb; returns the process exit code."""
-    more, multirun, submit, chain = split_trailing(trailing, multirun, submit, chain)
-    overrides = [*overrides, *more]
     if chain < 1:
         raise ComposeError(f"--chain: {chain} is not a job count; use 1 or more", field="--chain", value=chain)
     points = compose_many(with_slurm_launcher(overrides), multirun)
