@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import torch
-
 from kilocard.config.schema import RunConfig
 from kilocard.perf.flops import flops_per_iteration
 from kilocard.topology import compute_dtype, gpu_spec
@@ -69,6 +67,8 @@ class Throughput:
 
 def peak_memory_bytes() -> int:
     """CUDA max allocated bytes on GPU ranks; peak RSS of the process on CPU ranks."""
+    import torch
+
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return int(torch.cuda.max_memory_allocated())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -33,12 +33,10 @@ def progress_line(r: Dict[str, Any]) -> str:
 
 def summary_table(records: List[Dict[str, Any]], run_dir: Path, code: int, first_new_step: int = 0) -> str:
     """The table ``kilocard run`` ends with (medians over this launch's steps, first step excluded)."""
-    from kilocard.train.checkpoint import latest_committed
-
-    ckpt_root = run_dir / "checkpoints"
-    committed = latest_committed(ckpt_root) if ckpt_root.is_dir() else None
+    tracker = run_dir / "checkpoints" / "latest_committed.txt"  # kilocard.train.checkpoint.TRACKER
+    committed = tracker.read_text().strip() if tracker.is_file() else None
     rows = [("run dir", str(run_dir)), ("exit", f"{code} {_CODE_NAMES.get(code, '')}".strip()),
-            ("last committed step", str(committed) if committed is not None else "none")]
+            ("last committed step", committed if committed else "none")]
     new = [r for r in records if r["step"] > first_new_step] or records
     if new:
         steady = new[1:] or new

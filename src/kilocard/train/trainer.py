@@ -53,6 +53,7 @@ class Trainer:
         self.num_micro = t.global_batch_size // (t.micro_batch_size * self.dp)
         self.throughput = Throughput.for_run(run_cfg, self.world)
         self.resumed_from: Optional[str] = None
+        self._async_queue: Any = None
         self.log(f"built model ({self.num_micro} micro-batches per step, world {self.world}, backend {backend.name})")
 
     def log(self, msg: str) -> None:
@@ -117,14 +118,19 @@ class Trainer:
     # --- save ----------------------------------------------------------------------------------
 
     def save(self) -> None:
-        """Write the current step on every rank, then commit it (manifest, tracker) and prune."""
+        """Write the current step on every rank, then commit it (manifest, tracker) and prune.
+
+        With ``checkpoint.async_save`` on GPUs the tensors are written in the background and the
+        commit runs when Megatron-Core's async queue finalises the save (``finalize_saves``).
+        """
         from megatron.core import dist_checkpointing
 
         if self.last_saved == self.step:
             return
+        self.finalize_saves(blocking=True)  # at most one save in flight
         self.watchdog.beat(f"saving step {self.step}")
-        t0 = time.monotonic()
-        sdir = ck.step_dir(self.save_root, self.step)
+        t0, step = time.monotonic(), self.step
+        sdir = ck.step_dir(self.save_root, step)
         if self.rank == 0:
             if sdir.exists():  # an uncommitted leftover of an interrupted save of this step
                 import shutil
@@ -133,24 +139,48 @@ class Trainer:
         dist.barrier()
         b = self.built
         sd = ck.sharded_state_dict(b.model, b.optimizer, is_loading=False)
-        dist_checkpointing.save(sd, str(sdir), sharded_strategy=self._save_strategy())
+        use_async = self.cfg.checkpoint.async_save and self.backend.is_cuda
+        request = dist_checkpointing.save(sd, str(sdir), sharded_strategy=self._save_strategy(),
+                                          async_sharded_save=use_async)
+        self._write_rank_state(sdir)
+        self.last_saved = step
+        if not use_async:
+            self._commit(sdir, step, t0)
+            return
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        request.add_finalize_fn(lambda: self._commit(sdir, step, t0))
+        if self._async_queue is None:
+            self._async_queue = AsyncCallsQueue()
+        self._async_queue.schedule_async_request(request)
+
+    def finalize_saves(self, blocking: bool) -> None:
+        """Commit background saves whose writes every rank has finished (collective; no-op when sync)."""
+        if self._async_queue is not None:
+            self._async_queue.maybe_finalize_async_calls(blocking=blocking)
+
+    def _write_rank_state(self, sdir: Path) -> None:
+        """This rank's RNG file, and on rank 0 the trainer state (data position, scheduler, model config)."""
         ck.rng_file(sdir, self.rank).parent.mkdir(exist_ok=True)
         torch.save(ck.rng_state(), ck.rng_file(sdir, self.rank))
         if self.rank == 0:
+            b = self.built
             state = ck.TrainerState(
                 step=self.step, consumed_samples=self.consumed, scheduler=b.scheduler.state_dict(),
                 model=asdict(self.cfg.model), layout=ck.layout_of(self.cfg, self.world),
                 padded_vocab_size=padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size),
                 config_sha256=self.sha)
             (sdir / ck.STATE).write_text(json.dumps(state.__dict__, indent=1) + "\n")
-        dist.barrier()  # every rank has finished writing
+
+    def _commit(self, sdir: Path, step: int, t0: float) -> None:
+        """After every rank has written: manifest, then tracker, then prune (rank 0); collective."""
+        dist.barrier()
         if self.rank == 0:
             ck.write_manifest(sdir)
-            ck._fsync_write(self.save_root / ck.TRACKER, f"{self.step}\n")
-            ck.prune(self.save_root, self.cfg.checkpoint.keep_last, self.step)
+            ck._fsync_write(self.save_root / ck.TRACKER, f"{step}\n")
+            ck.prune(self.save_root, self.cfg.checkpoint.keep_last, step)
         dist.barrier()
-        self.last_saved = self.step
-        self.log(f"committed step {self.step} in {time.monotonic() - t0:.1f}s ({sdir})")
+        self.log(f"committed step {step} in {time.monotonic() - t0:.1f}s ({sdir})")
 
     def _save_strategy(self) -> Any:
         if not self.cfg.checkpoint.fully_parallel_save or self.dp == 1:
@@ -219,12 +249,15 @@ class Trainer:
                 raise NonFiniteLoss(f"step {self.step}: loss is {loss}; lower optim.lr or check the data")
             if writer is not None:
                 writer.write(self._record(loss, r, dt))
+            self.finalize_saves(blocking=False)
             if stop:
                 self.save()
+                self.finalize_saves(blocking=True)
                 return "stopped"
             if interval and self.step % interval == 0:
                 self.save()
         self.save()
+        self.finalize_saves(blocking=True)
         return "done"
 
     def _record(self, loss: float, r: Dict[str, Any], dt: float) -> Dict[str, Any]:
