@@ -13,7 +13,7 @@ from kilocard.validate import batch, launcher, model, optimizer, parallel, preci
 from kilocard.validate.memory import rule_memory_fits
 
 H100 = {"cluster.gpu": "h100-sxm5-80gb", "cluster.nodes": 2, "cluster.gpus_per_node": 8, "cluster.nvlink_domain_size": 8,
-        "launcher.kind": "slurm", "cluster.env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}
+        "launcher.kind": "slurm", "cluster.fs_write_bandwidth_gbs": 50.0, "cluster.env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}
 W4 = {"cluster.gpus_per_node": 4, "launcher.nproc": 4}
 MOE = {"model.num_moe_experts": 4, "model.moe_router_topk": 2}
 

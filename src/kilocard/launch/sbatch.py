@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kilocard.config.compose import ComposeError, compose_many, to_run_config
 from kilocard.config.schema import RunConfig
-from kilocard.launch import checks, shell
+from kilocard.launch import shell
 from kilocard.launch.render import LOG_DIR, render_script
 from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import SlurmError, missing_secrets, record_jobs, sbatch_argv, submit_chain
@@ -96,7 +96,7 @@ def prepare(overrides: Sequence[str], cfg: DictConfig, chain: int, multi: bool) 
     label = f"[{' '.join(overrides)}] " if multi else ""
     extract_secret_refs(cfg)
     run_cfg = to_run_config(cfg)
-    issues = list(validate(run_cfg).issues) + checks.launcher_issues(run_cfg)
+    issues = list(validate(run_cfg).issues)  # the validator includes the Slurm launcher rules
     print_issues(label, issues)
     if any(i.severity == ERROR for i in issues):
         return None

@@ -21,8 +21,19 @@ Rule = Callable[[RunConfig, Layout], Iterable[Issue]]
 #: Rules whose errors make a layout structurally invalid (used to filter memory suggestions).
 STRUCTURAL_RULES: Tuple[Rule, ...] = model.RULES + parallel.RULES + batch.RULES + recompute.RULES
 #: Every rule except the memory fit, in report order.
+def rule_slurm_launcher(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """The Slurm launcher's own rules (USR1 lead vs save time, secrets by name): ``launch.checks``.
+
+    Imported at call time: ``launch.checks`` builds its issues with this package's ``issues`` module.
+    """
+    from kilocard.launch import checks
+
+    for rule in checks.RULES:
+        yield from rule(cfg, lay)
+
+
 RULES: Tuple[Rule, ...] = (STRUCTURAL_RULES + precision.RULES + optimizer.RULES + topology.RULES + launcher.RULES
-                          + inputs.RULES)
+                          + inputs.RULES + (rule_slurm_launcher,))
 
 #: Issue codes for conditions Megatron-Core itself rejects (at config, group or model construction).
 MCORE_CODES = frozenset({
