@@ -81,11 +81,9 @@ def test_section_1_rng_tracker_is_needed():
     assert "cuda" in r.stderr.lower() or "nvidia" in r.stderr.lower(), r.stderr[-2000:]
 
 
-def test_section_6_tensor_type_is_needed_and_full_shim_trains():
-    """Without section 6 the Megatron optimizer rejects CPU float params; with every section a step runs."""
+def test_section_6_tensor_type_is_needed():
+    """Without section 6 the Megatron optimizer rejects CPU float params (the trainer tests run every section)."""
     r = _probe("6")
     assert r.returncode != 0 and "stage rng ok" in r.stdout and "stage step ok" not in r.stdout
     assert "torch.cuda.FloatTensor" in r.stderr or "TypeError" in r.stderr, r.stderr[-2000:]
-    full = _probe("")
-    assert full.returncode == 0, full.stderr[-3000:]
-    assert "applied [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]" in full.stdout and "stage step ok True" in full.stdout
+    assert "applied [1, 2, 3, 4, 5, 7, 8, 9, 10]" in r.stdout
