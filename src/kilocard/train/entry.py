@@ -50,6 +50,7 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     from kilocard.train import checkpoint as ck
     from kilocard.train.megatron_adapter import UnsupportedConfig
     from kilocard.train.signals import StopFlag, Watchdog
+    from kilocard.train.trainer import DiskFull
 
     stop = StopFlag()
     stop.install()
@@ -66,6 +67,9 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     except (ck.ModelMismatch, UnsupportedConfig) as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
+    except DiskFull as e:
+        _say(env.rank, f"error: {e}")
+        return exitcodes.CRASH
     except ck.CheckpointError as e:
         _say(env.rank, f"error: {e} (set checkpoint.fallback_to_previous=true to resume from the step before)")
         return exitcodes.BAD_CKPT

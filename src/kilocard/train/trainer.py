@@ -30,6 +30,22 @@ class NonFiniteLoss(Exception):
     """The loss became NaN or infinite (exit CRASH)."""
 
 
+class DiskFull(Exception):
+    """A checkpoint could not be written: no space left (exit CRASH; the last committed step is intact)."""
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` or anything it wraps is ENOSPC (the torch_dist writer re-raises it wrapped)."""
+    import errno
+
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left on device" in str(e):
+            return True
+        e, seen = (e.__cause__ or e.__context__), seen + 1
+    return False
+
+
 class Trainer:
     """One rank's training run over a built Megatron-Core model."""
 
@@ -118,6 +134,21 @@ class Trainer:
     # --- save ----------------------------------------------------------------------------------
 
     def save(self) -> None:
+        """``_save``, turning a full disk into ``DiskFull`` naming the step, the free bytes and the intact step."""
+        try:
+            self._save()
+        except Exception as e:
+            if not _is_disk_full(e):
+                raise
+            import shutil
+
+            free = shutil.disk_usage(self.save_root).free
+            last = ck.latest_committed(self.save_root)
+            kept = f"the last committed step {last} is intact" if last is not None else "no step was committed yet"
+            raise DiskFull(f"saving step {self.step} under {self.save_root} failed: the disk is full "
+                           f"({free} bytes free); {kept}") from None
+
+    def _save(self) -> None:
         """Write the current step on every rank, then commit it (manifest, tracker) and prune.
 
         With ``checkpoint.async_save`` on GPUs the tensors are written in the background and the
