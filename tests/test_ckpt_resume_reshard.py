@@ -22,8 +22,9 @@ from kilocard import exitcodes
 # Vocabulary padding must not depend on TP for a TP2 -> TP1 resume (258 rows either way).
 COMMON = ["recipe=tiny_gpt", "data=tiny_corpus", "parallel.use_distributed_optimizer=true", "trainer.train_iters=12",
           "model.make_vocab_size_divisible_by=1"]
-TOLERANCE = 2e-3
-"""Largest |loss difference| allowed between the straight run and a run resumed onto another layout."""
+TOLERANCE = 1e-4
+"""Largest |loss difference| allowed between the straight run and a run resumed onto another layout
+(measured: 4.8e-7, float summation order of TP1 versus TP2)."""
 
 
 def losses(run_dir):
