@@ -61,9 +61,10 @@ def step_of(line: str) -> Optional[int]:
 
 
 def run_until(kilocard_run, args: List[str], act: Callable[[subprocess.Popen, Path, int], bool],
-              timeout: float = 300) -> Tuple[int, str, Path, float]:
-    """Start ``kilocard run ARGS``; call ``act(proc, run_dir, step)`` on every progress line until it
-    returns True; then wait for the exit. Returns (code, output, run dir, seconds from the act to the exit)."""
+              timeout: float = 300, after_step: int = 0) -> Tuple[int, str, Path, float]:
+    """Start ``kilocard run ARGS``; call ``act(proc, run_dir, step)`` on every progress line of a step
+    after ``after_step`` (a resumed run first shows its last recorded step) until it returns True;
+    then wait for the exit. Returns (code, output, run dir, seconds from the act to the exit)."""
     proc = kilocard_run.start(*args)
     lines, run_dir, acted_at = [], None, None
     assert proc.stdout is not None
@@ -71,7 +72,7 @@ def run_until(kilocard_run, args: List[str], act: Callable[[subprocess.Popen, Pa
         lines.append(line)
         run_dir = run_dir or run_dir_of(line, kilocard_run.workdir)
         step = step_of(line)
-        if step is not None and run_dir is not None and act(proc, run_dir, step):
+        if step is not None and step > after_step and run_dir is not None and act(proc, run_dir, step):
             acted_at = time.monotonic()
             break
     out = "".join(lines) + proc.communicate(timeout=timeout)[0]
