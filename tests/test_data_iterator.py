@@ -52,8 +52,10 @@ def test_indexed_batches_are_the_corpus_text(tmp_path: Path) -> None:
     assert sum(ch.isalpha() or ch in " .,\n'\"" for ch in text) >= 0.9 * len(text)  # English prose, not noise
 
 
-def test_resume_at_consumed_samples_sees_the_uninterrupted_batches(tmp_path: Path) -> None:
-    cfg = _cfg("data=tiny_corpus", "trainer.micro_batch_size=2", "trainer.global_batch_size=8", "trainer.train_iters=6")
+@pytest.mark.parametrize("data", ["mock", "tiny_corpus"])
+def test_resume_at_consumed_samples_sees_the_uninterrupted_batches(tmp_path: Path, data: str) -> None:
+    """Loss masks included: Megatron's mask cache must not make a sample depend on the first one read."""
+    cfg = _cfg(f"data={data}", "trainer.micro_batch_size=2", "trainer.global_batch_size=8", "trainer.train_iters=6")
     micro_per_step = 4
     full = _take(cfg, tmp_path, 6 * micro_per_step, dp_rank=0, dp_size=1)
     resumed = build_train_iterator(cfg, dp_rank=0, dp_size=1, consumed_samples=3 * 8, cache_dir=str(tmp_path))
@@ -106,3 +108,17 @@ def test_consumed_samples_beyond_the_run_is_refused(tmp_path: Path) -> None:
     cfg = _cfg("trainer.train_iters=2")
     with pytest.raises(DataError, match="consumed_samples: 24 is outside"):
         build_train_iterator(cfg, dp_rank=0, dp_size=1, consumed_samples=24, cache_dir=str(tmp_path))
+
+
+def test_resume_where_the_first_sample_read_has_padding_keeps_later_masks(tmp_path: Path) -> None:
+    """Megatron-Core caches the first sample's loss mask before zeroing its pad positions in place;
+    a resume whose first sample is padded must still give every later sample its own mask."""
+    cfg = _cfg("data=mock", "trainer.micro_batch_size=1", "trainer.global_batch_size=1", "trainer.train_iters=48")
+    full = _take(cfg, tmp_path, 48, dp_rank=0, dp_size=1)
+    padded = [i for i, b in enumerate(full) if i > 0 and bool((b["loss_mask"] == 0).any())]
+    assert padded, "the mock data should hold padded samples"
+    start = padded[0]
+    resumed = build_train_iterator(cfg, dp_rank=0, dp_size=1, consumed_samples=start, cache_dir=str(tmp_path))
+    for expected in full[start:]:
+        got = next(resumed)
+        assert torch.equal(got["loss_mask"], expected["loss_mask"])

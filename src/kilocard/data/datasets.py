@@ -97,6 +97,19 @@ def _check_train_documents(config: GPTDatasetConfig) -> None:
             )
 
 
+def _disable_mask_cache(dataset: Dataset) -> None:
+    """Turn off GPTDataset's mask cache, which makes a sample depend on what was read first.
+
+    Megatron-Core 0.16.1 caches the first sample's loss mask *before* zeroing that sample's pad
+    positions in place, so every later sample inherits them: masks would depend on where reading
+    started, and a resumed run would not reproduce the uninterrupted one. Computing the masks per
+    sample costs one small tensor op.
+    """
+    for ds in getattr(dataset, "datasets", None) or [dataset]:
+        if hasattr(ds, "masks_and_position_ids_are_cacheable"):
+            ds.masks_and_position_ids_are_cacheable = False
+
+
 def build_train_dataset(run_cfg: RunConfig, config: GPTDatasetConfig) -> Dataset:
     """The train split as a map-style dataset of at least ``train_samples(run_cfg)`` samples.
 
@@ -108,6 +121,7 @@ def build_train_dataset(run_cfg: RunConfig, config: GPTDatasetConfig) -> Dataset
     needed = train_samples(run_cfg)
     builder = BlendedMegatronDatasetBuilder(cls, [needed, 0, 0], lambda: True, config)
     dataset = builder.build()[0]
+    _disable_mask_cache(dataset)
     if len(dataset) < needed:
         raise DataError(
             f"data.data_path: the unweighted blend gives {len(dataset)} train samples but the run needs "
