@@ -1,13 +1,23 @@
 #!/usr/bin/env python
-"""Step time of kilocard's trainer versus a bare Megatron-Core loop (same model, same layout), CPU ranks.
+"""Step time of kilocard's trainer versus a bare Megatron-Core loop (same model, same layout, same data), CPU ranks.
 
-    .venv/bin/python scripts/bench_train_overhead.py [--nproc 2] [--steps 30] [OVERRIDES ...]
+    .venv/bin/python scripts/bench_train_overhead.py [--nproc 2] [--steps 60] [--rounds 5] [OVERRIDES ...]
 
-Runs ``python -m kilocard.train`` on a fresh run directory (step times from metrics.jsonl), then
-this script's own bare loop under torchrun: GPTModel + DDP + optimizer built inline with
-Megatron-Core, the same synthetic batches shape, ``get_forward_backward_func`` + ``optimizer.step``
-and nothing else. Each side runs ``--rounds`` times, alternating; it prints the best per-run median
-step time of each side (first 3 steps dropped) and their ratio; the target is a ratio <= 1.05.
+Both sides run under torchrun on the same frozen run directory and read the SAME data the SAME way:
+kilocard's ``build_train_iterator`` (the run's ``data`` config; mock data by default), one iterator
+per rank at this data-parallel rank, no attention mask (causal), exactly as the trainer builds it.
+
+* ours: the real entry point (``kilocard.train.entry.main``) with its default options (TensorBoard
+  on, metrics.jsonl, watchdog, stop-flag agreement, LR schedule); rank 0's ``MetricsWriter.write`` is
+  wrapped to stamp ``time.perf_counter()`` after each step's record, so a step's time is the full
+  loop period between two records: everything the loop does per step, not only the timed part.
+* bare: GPTModel + DDP + optimizer built inline with Megatron-Core, the masked-mean LM loss of
+  Megatron-LM's ``pretrain_gpt``, ``get_forward_backward_func`` + ``optimizer.step`` and nothing
+  else; a step's time is the period between two loop-iteration ends on rank 0.
+
+The sides alternate (ours, bare, ours, bare, ...) for ``--rounds`` rounds so a load change on a
+shared machine hits both; each run's median step period (first ``WARMUP`` periods dropped) is one
+sample; the script prints the median over rounds of each side and their ratio (target <= 1.05).
 """
 
 from __future__ import annotations
@@ -21,22 +31,48 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import List
 
 WARMUP = 3
 
 
+def _periods(stamps: List[float]) -> List[float]:
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def ours_loop(run_dir: Path, out: Path) -> None:
+    """One rank of kilocard's trainer (runs under torchrun); rank 0 writes its step periods to ``out``."""
+    from kilocard.train import entry, metrics
+
+    stamps: List[float] = []
+    write = metrics.MetricsWriter.write
+
+    def stamped(self, record):
+        write(self, record)
+        stamps.append(time.perf_counter())
+
+    metrics.MetricsWriter.write = stamped
+    code = entry.main([str(run_dir)])
+    if code != 0:
+        raise SystemExit(f"kilocard.train exited {code}")
+    if stamps:
+        out.write_text(json.dumps(_periods(stamps)))
+
+
 def bare_loop(run_dir: Path, out: Path) -> None:
-    """One rank of the bare Megatron-Core loop (runs under torchrun)."""
+    """One rank of the bare Megatron-Core loop (runs under torchrun); rank 0 writes its step periods."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     from kilocard.backends import cpu_shim
     from kilocard.config.freeze import load_verified
+    from kilocard.data import build_train_iterator
 
     cpu_shim.apply()
     rc, _ = load_verified(run_dir)
     m, p, t, o = rc.model, rc.parallel, rc.trainer, rc.optim
+    torch.use_deterministic_algorithms(t.deterministic)
     dist.init_process_group("gloo")
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -53,8 +89,10 @@ def bare_loop(run_dir: Path, out: Path) -> None:
     cfg = TransformerConfig(
         num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
         num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups, normalization=m.normalization,
+        layernorm_epsilon=m.layernorm_epsilon, init_method_std=m.init_method_std,
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=m.add_bias_linear,
-        hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=p.tensor_model_parallel_size,
+        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size, sequence_parallel=p.sequence_parallel,
         pipeline_dtype=torch.float32, use_cpu_initialization=True, gradient_accumulation_fusion=False,
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
@@ -65,81 +103,90 @@ def bare_loop(run_dir: Path, out: Path) -> None:
                      vocab_size=vocab, max_sequence_length=m.max_position_embeddings,
                      pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
                      share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
-                     position_embedding_type=m.position_embedding_type)
+                     position_embedding_type=m.position_embedding_type, rotary_base=m.rotary_base)
     model = DistributedDataParallel(config=cfg, module=model, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, use_distributed_optimizer=p.use_distributed_optimizer))
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=o.lr, weight_decay=o.weight_decay,
+                                                 adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
                                                  clip_grad=o.clip_grad, use_distributed_optimizer=p.use_distributed_optimizer),
                                  [model])
     cfg.no_sync_func, cfg.finalize_model_grads_func = model.no_sync, finalize_model_grads
+    cfg.grad_scale_func = opt.scale_loss
     dp = ps.get_data_parallel_world_size()
     n_micro = t.global_batch_size // (t.micro_batch_size * dp)
-    s, b = m.seq_length, t.micro_batch_size
-    g = torch.Generator().manual_seed(ps.get_data_parallel_rank())
-    mask = None  # causal: Megatron-Core builds the mask
-    pos = torch.arange(s).unsqueeze(0).expand(b, -1)
+    it = build_train_iterator(rc, dp_rank=ps.get_data_parallel_rank(), dp_size=dp, consumed_samples=0,
+                              cache_dir=str(run_dir / "data_cache"), create_attention_mask=False)
 
-    def batches():
-        while True:
-            x = torch.randint(0, m.vocab_size, (b, s + 1), generator=g)
-            yield x[:, :-1], x[:, 1:]
+    def fwd(data, mdl):
+        batch = next(data)
+        outp = mdl(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        lm = batch["loss_mask"].view(-1).float()
 
-    def fwd(it, mdl):
-        tok, lab = next(it)
-        outp = mdl(tok, pos, mask, labels=lab)
-        return outp, lambda o_: (o_.float().mean(), {"lm loss": o_.float().mean().detach().clone()})
+        def loss_func(o_):
+            loss = torch.sum(o_.float().view(-1) * lm) / lm.sum().clamp(min=1.0)
+            return loss, {"lm loss": loss.detach().clone()}
 
-    fb, it, times = get_forward_backward_func(), batches(), []
+        return outp, loss_func
+
+    fb, stamps = get_forward_backward_func(), [time.perf_counter()]
     for _ in range(t.train_iters):
-        t0 = time.perf_counter()
         model.zero_grad_buffer()
         opt.zero_grad()
-        fb(forward_step_func=fwd, data_iterator=it, model=[model], num_microbatches=n_micro, seq_length=s,
-           micro_batch_size=b, forward_only=False)
+        fb(forward_step_func=fwd, data_iterator=it, model=[model], num_microbatches=n_micro, seq_length=m.seq_length,
+           micro_batch_size=t.micro_batch_size, forward_only=False)
         opt.step()
-        times.append(time.perf_counter() - t0)
+        stamps.append(time.perf_counter())
     if dist.get_rank() == 0:
-        out.write_text(json.dumps(times))
+        out.write_text(json.dumps(_periods(stamps)))
     ps.destroy_model_parallel()
     dist.destroy_process_group()
+
+
+def _launch(side: str, run_dir: Path, out: Path, nproc: int, work: Path) -> List[float]:
+    """Run one side under torchrun; its rank-0 step periods."""
+    from kilocard.train.dist_env import free_port
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(work), KILOCARD_BENCH_OUT=str(out))
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           f"--master-port={free_port()}", __file__, f"--{side}", str(run_dir)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{side} run failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(out.read_text())
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best median of each side counts")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (ours, bare) ...; medians over rounds")
+    ap.add_argument("--ours", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bare", default=None, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (default: recipe=tiny_gpt)")
     a = ap.parse_args()
-    if a.bare:
-        bare_loop(Path(a.bare), Path(os.environ["KILOCARD_BENCH_OUT"]))
+    if a.ours or a.bare:
+        side = ours_loop if a.ours else bare_loop
+        side(Path(a.ours or a.bare), Path(os.environ["KILOCARD_BENCH_OUT"]))
         return 0
     from kilocard.config.compose import compose
     from kilocard.launch.rundir import create_run_dir
-    from kilocard.train.dist_env import free_port
-    from kilocard.train.metrics import read_metrics
 
     work = Path(tempfile.mkdtemp(prefix="kilocard-bench-"))
-    overrides = (a.overrides or ["recipe=tiny_gpt"]) + [
-        f"trainer.train_iters={a.steps}", f"cluster.gpus_per_node={a.nproc}", "trainer.tensorboard=false"]
-    ours_runs, bare_runs = [], []
-    for r in range(a.rounds):  # alternate, so a load change on a shared machine hits both sides
+    overrides = (a.overrides or ["recipe=tiny_gpt"]) + [f"trainer.train_iters={a.steps}",
+                                                        f"cluster.gpus_per_node={a.nproc}"]
+    ours, bare = [], []
+    for r in range(a.rounds):
         run_dir = create_run_dir(compose(overrides), overrides, root=work)
-        env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(work), KILOCARD_BENCH_OUT=str(work / f"bare{r}.json"))
-        tr = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={a.nproc}"]
-        subprocess.run(tr + [f"--master-port={free_port()}", "-m", "kilocard.train", str(run_dir)], env=env,
-                       check=True, capture_output=True)
-        subprocess.run(tr + [f"--master-port={free_port()}", __file__, "--bare", str(run_dir)], env=env, check=True,
-                       capture_output=True)
-        ours_runs.append(statistics.median([m["step_time_s"] for m in read_metrics(run_dir)][WARMUP:]))
-        bare_runs.append(statistics.median(json.loads((work / f"bare{r}.json").read_text())[WARMUP:]))
-    mo, mb = min(ours_runs), min(bare_runs)
+        ours.append(statistics.median(_launch("ours", run_dir, work / f"ours{r}.json", a.nproc, work)[WARMUP:]))
+        bare.append(statistics.median(_launch("bare", run_dir, work / f"bare{r}.json", a.nproc, work)[WARMUP:]))
+        print(f"round {r + 1}: ours {ours[-1] * 1e3:.2f} ms, bare {bare[-1] * 1e3:.2f} ms", flush=True)
+    mo, mb = statistics.median(ours), statistics.median(bare)
     print(f"layout: {' '.join(overrides)} on {a.nproc} CPU ranks, {a.steps} steps (first {WARMUP} dropped), "
-          f"best of {a.rounds} alternating rounds")
-    print(f"kilocard trainer   median step {mo * 1e3:8.2f} ms")
-    print(f"bare Megatron-Core median step {mb * 1e3:8.2f} ms")
-    print(f"ratio {mo / mb:.3f} (target <= 1.05)")
+          f"{a.rounds} alternating rounds; data: build_train_iterator on both sides")
+    print(f"kilocard trainer   median step period {mo * 1e3:8.2f} ms")
+    print(f"bare Megatron-Core median step period {mb * 1e3:8.2f} ms")
+    print(f"ratio {mo / mb:.3f} (target <= 1.05; per-round ratios "
+          f"{', '.join(f'{x / y:.3f}' for x, y in zip(ours, bare))})")
     return 0
 
 
