@@ -18,6 +18,16 @@ from kilocard import exitcodes
 from kilocard.config.freeze import FrozenConfigError, load_verified
 
 
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistNetworkError")
+"""Text of a collective that failed because another rank's process went away (gloo/NCCL/TCPStore)."""
+
+
+def peer_lost(e: BaseException) -> bool:
+    """Whether ``e`` is a collective failing because another rank died (exit FAULT, not CRASH)."""
+    text = f"{type(e).__name__}: {e}"
+    return any(marker in text for marker in PEER_LOST)
+
+
 def _say(rank: int, msg: str) -> None:
     print(f"[rank {rank}] kilocard.train: {msg}", file=sys.stderr, flush=True)
 
@@ -73,7 +83,12 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     except ck.CheckpointError as e:
         _say(env.rank, f"error: {e} (set checkpoint.fallback_to_previous=true to resume from the step before)")
         return exitcodes.BAD_CKPT
-    except Exception as e:  # a bug or a resource failure: a person must look
+    except Exception as e:
+        if peer_lost(e):  # another rank died mid-collective: the committed steps are intact
+            _say(env.rank, f"error: another rank died or lost its connection ({str(e).splitlines()[0][:160]}); "
+                           f"the last committed step is intact; exiting FAULT ({exitcodes.FAULT})")
+            return exitcodes.FAULT
+        # a bug or a resource failure: a person must look
         traceback.print_exc()
         _say(env.rank, f"crashed: {type(e).__name__}: {e}")
         return exitcodes.CRASH
