@@ -19,6 +19,9 @@ from kilocard.exitcodes import FAULT
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 """Signals that request a save-and-stop at the next step boundary."""
+STARTUP_GRACE_S = 300.0
+"""Seconds allowed before the first training step (imports, rendezvous, model build, checkpoint
+load) when ``trainer.hang_timeout_s`` is shorter: a slow start is not a hang."""
 
 
 class StopFlag:
@@ -50,6 +53,7 @@ class Watchdog:
         self.timeout_s = timeout_s
         self.rank = rank
         self.where = "start-up"
+        self.training = False
         self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kilocard-watchdog", daemon=True)
@@ -63,6 +67,7 @@ class Watchdog:
     def beat(self, where: str) -> None:
         """Record progress; ``where`` names the phase now running (shown if it stalls)."""
         self.where = where
+        self.training = self.training or where.startswith("step ")
         self._last = time.monotonic()
 
     def stop(self) -> None:
@@ -73,8 +78,17 @@ class Watchdog:
         period = min(5.0, max(0.05, self.timeout_s / 10))
         while not self._stop.wait(period):
             idle = time.monotonic() - self._last
-            if idle > self.timeout_s:
+            if idle > (self.timeout_s if self.training else max(self.timeout_s, STARTUP_GRACE_S)):
                 print(f"[rank {self.rank}] kilocard.train: no progress for {idle:.0f}s in {self.where} "
                       f"(trainer.hang_timeout_s={self.timeout_s:g}); a rank hung or died; exiting FAULT ({FAULT})",
                       file=sys.stderr, flush=True)
+                _record_exit(FAULT)
                 os._exit(FAULT)
+
+
+def _record_exit(code: int) -> None:
+    """Leave this rank's exit code where ``kilocard run`` reads it (``os._exit`` skips the normal path)."""
+    exit_dir = os.environ.get("KILOCARD_EXIT_DIR")
+    if exit_dir:
+        with open(os.path.join(exit_dir, f"rank_{os.environ.get('RANK', '0')}"), "w") as f:
+            f.write(f"{code}\n")
