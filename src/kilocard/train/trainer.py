@@ -34,6 +34,10 @@ class DiskFull(Exception):
     """A checkpoint could not be written: no space left (exit CRASH; the last committed step is intact)."""
 
 
+NEARLY_FULL_BYTES = 1 << 20
+"""A save that fails with less than this free under the checkpoint directory failed for want of space."""
+
+
 def _is_disk_full(e: BaseException) -> bool:
     """Whether ``e`` or anything it wraps is ENOSPC (the torch_dist writer re-raises it wrapped)."""
     import errno
@@ -138,11 +142,15 @@ class Trainer:
         try:
             self._save()
         except Exception as e:
-            if not _is_disk_full(e):
-                raise
             import shutil
 
-            free = shutil.disk_usage(self.save_root).free
+            try:
+                free = shutil.disk_usage(self.save_root).free
+            except OSError:
+                raise e from None
+            # torch.save's C++ stream reports ENOSPC only as "basic_ios::clear: iostream error"
+            if not (_is_disk_full(e) or free < NEARLY_FULL_BYTES):
+                raise
             last = ck.latest_committed(self.save_root)
             kept = f"the last committed step {last} is intact" if last is not None else "no step was committed yet"
             raise DiskFull(f"saving step {self.step} under {self.save_root} failed: the disk is full "
