@@ -71,6 +71,9 @@ class Trainer:
         t = run_cfg.trainer
         self.dp = ps.get_data_parallel_world_size()
         self.num_micro = t.global_batch_size // (t.micro_batch_size * self.dp)
+        self._last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
+        self._loss_ranks = self.world // ps.get_pipeline_model_parallel_world_size()
+        self._device = torch.device("cuda") if backend.is_cuda else torch.device("cpu")
         self.throughput = Throughput.for_run(run_cfg, self.world)
         self.resumed_from: Optional[str] = None
         self._async_queue: Any = None
@@ -254,19 +257,25 @@ class Trainer:
             micro_batch_size=t.micro_batch_size, forward_only=False)
         ok, grad_norm, _ = b.optimizer.step()
         b.scheduler.step(increment=1)
-        local = torch.stack([o["lm loss"].float() for o in out]).mean().item() if out else 0.0
+        # Stays on the device: _reduce reads it back together with the stop flag (one host sync a step).
+        local = torch.stack([o["lm loss"].float() for o in out]).mean() if out else None
         return {"local_loss": local, "grad_norm": grad_norm, "update_ok": ok,
                 "lr": b.optimizer.param_groups[0]["lr"]}
 
-    def _reduce(self, local_loss: float) -> tuple:
-        """All-reduce (loss, stop flag) in one collective: mean loss over last-stage ranks, stop if any rank."""
-        last = self.ps.is_pipeline_last_stage(ignore_virtual=True)
-        dev = torch.device("cuda") if self.backend.is_cuda else torch.device("cpu")
-        t = torch.tensor([local_loss if last else 0.0, 1.0 if self.stop.requested else 0.0],
-                         dtype=torch.float64, device=dev)
+    def _reduce(self, local_loss: Optional[torch.Tensor]) -> tuple:
+        """All-reduce (loss, stop flag) in one collective: mean loss over last-stage ranks, stop if any rank.
+
+        Two float64 values on the device, built without a host sync and read back with one ``tolist``:
+        the only device-to-host copy of the step, and the step boundary every rank agrees on for USR1.
+        """
+        t = torch.zeros(2, dtype=torch.float64, device=self._device)
+        if self._last_stage and local_loss is not None:
+            t[0] = local_loss.to(self._device, torch.float64)
+        if self.stop.requested:
+            t[1] = 1.0
         dist.all_reduce(t)
-        pp = self.ps.get_pipeline_model_parallel_world_size()
-        return float(t[0]) / (self.world // pp), bool(t[1] > 0)
+        loss_sum, stops = t.tolist()
+        return loss_sum / self._loss_ranks, stops > 0
 
     def run(self, writer: Optional[MetricsWriter]) -> str:
         """Train until train_iters or a stop request; returns ``"done"`` or ``"stopped"``."""
