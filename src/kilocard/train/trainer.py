@@ -142,9 +142,11 @@ class Trainer:
 
     def save(self) -> None:
         """``_save``, turning a full disk into ``DiskFull`` naming the step, the free bytes and the intact step."""
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
         try:
             self._save()
-        except Exception as e:
+        except (Exception, CheckpointException) as e:
             import shutil
 
             try:
