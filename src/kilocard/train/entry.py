@@ -55,6 +55,7 @@ def train(run_dir: Path) -> int:
 
 def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     import torch.distributed as dist
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from kilocard.backends import select
     from kilocard.train import checkpoint as ck
@@ -83,7 +84,7 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     except ck.CheckpointError as e:
         _say(env.rank, f"error: {e} (set checkpoint.fallback_to_previous=true to resume from the step before)")
         return exitcodes.BAD_CKPT
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # torch's CheckpointException is a BaseException
         if peer_lost(e):  # another rank died mid-collective: the committed steps are intact
             _say(env.rank, f"error: another rank died or lost its connection ({str(e).splitlines()[0][:160]}); "
                            f"the last committed step is intact; exiting FAULT ({exitcodes.FAULT})")
