@@ -11,9 +11,12 @@ from typing import Callable, List, Optional, Tuple
 
 import psutil
 
-TINY = ["--nproc", "2", "recipe=tiny_gpt", "trainer.train_iters=8", "checkpoint.save_interval=2",
+ITERS, EVERY = 24, 4
+"""Steps of the run every fault test interrupts, and steps between its committed saves."""
+TINY = ["--nproc", "2", "recipe=tiny_gpt", f"trainer.train_iters={ITERS}", f"checkpoint.save_interval={EVERY}",
         "trainer.tensorboard=false"]
-"""Two gloo CPU ranks (DP2), 8 steps, a committed step every 2: the run every fault test interrupts."""
+"""Two gloo CPU ranks (DP2), ITERS steps, a committed step every EVERY: long enough (a few seconds) for
+a fault to land mid-run even when the launcher's progress lines come only every 0.5 s."""
 
 
 def records(run_dir: Path) -> List[dict]:
