@@ -28,6 +28,8 @@ def rule_slurm_launcher(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """
     from kilocard.launch import checks
 
+    if not model.model_shape_ok(cfg):  # the save-time estimate counts parameters
+        return
     for rule in checks.RULES:
         yield from rule(cfg, lay)
 
