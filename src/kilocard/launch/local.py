@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from kilocard import exitcodes
 from kilocard.train.dist_env import free_port
@@ -63,7 +63,8 @@ def _new_run(overrides: Sequence[str], nproc: Optional[int]) -> Optional[Path]:
         return None
 
 
-def _world_size(run_dir: Path) -> Optional[int]:
+def _world_and_restarts(run_dir: Path) -> Optional[Tuple[int, int]]:
+    """World size and ``launcher.max_restarts`` from the run's frozen config."""
     from kilocard.config.freeze import FrozenConfigError, load_verified
 
     try:
@@ -71,7 +72,7 @@ def _world_size(run_dir: Path) -> Optional[int]:
     except FrozenConfigError as e:
         print(f"kilocard run: error: {e}", file=sys.stderr)
         return None
-    return rc.cluster.nodes * rc.cluster.gpus_per_node
+    return rc.cluster.nodes * rc.cluster.gpus_per_node, rc.launcher.max_restarts
 
 
 def run_command(overrides: Sequence[str], nproc: Optional[int] = None, resume: Optional[str] = None) -> int:
@@ -90,20 +91,25 @@ def run_command(overrides: Sequence[str], nproc: Optional[int] = None, resume: O
             return exitcodes.BAD_CONFIG
         run_dir = made
     print(f"run dir: {run_dir}", flush=True)
-    world = _world_size(run_dir)
-    if world is None:
+    frozen = _world_and_restarts(run_dir)
+    if frozen is None:
         return exitcodes.BAD_CONFIG
+    world, max_restarts = frozen
     if resume and nproc is not None and nproc != world:
         print(f"kilocard run: error: --nproc {nproc} differs from the run's world size {world}; "
               f"resume onto another layout with a new run and checkpoint.load=<dir>", file=sys.stderr)
         return exitcodes.BAD_CONFIG
-    return launch(run_dir, world)
+    return launch(run_dir, world, max_restarts)
 
 
-def torchrun_command(run_dir: Path, nproc: int, port: int) -> List[str]:
-    """The torchrun command line for ``nproc`` local ranks of ``run_dir``."""
+def torchrun_command(run_dir: Path, nproc: int, port: int, max_restarts: int = 0) -> List[str]:
+    """The torchrun command line for ``nproc`` local ranks of ``run_dir``.
+
+    With ``max_restarts`` > 0 torchrun restarts every rank after a failure; each restart resumes
+    from the last committed step (``python -m kilocard.train`` always does).
+    """
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
-            "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0",
+            "--master-addr=127.0.0.1", f"--master-port={port}", f"--max-restarts={max_restarts}",
             "-m", "kilocard.train", str(run_dir)]
 
 
@@ -123,7 +129,7 @@ def rank_env(run_dir: Path) -> dict:
     return env
 
 
-def launch(run_dir: Path, nproc: int) -> int:
+def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     """Start torchrun for ``run_dir``, show progress, guard against hangs, print the summary."""
     from kilocard.config.freeze import load_verified
 
@@ -132,7 +138,7 @@ def launch(run_dir: Path, nproc: int) -> int:
     log = run_dir / "logs" / "train.log"
     start_step = len(read_metrics(run_dir))
     with open(log, "ab") as out:
-        proc = subprocess.Popen(torchrun_command(run_dir, nproc, free_port()), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(torchrun_command(run_dir, nproc, free_port(), max_restarts), stdout=out, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
         code = _watch(proc, run_dir, run_cfg.trainer.hang_timeout_s + GRACE_S)
     code = _rank_exit_code(run_dir / "logs" / "exit", proc.returncode if code is None else code)

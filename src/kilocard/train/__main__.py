@@ -2,6 +2,13 @@
 
 import sys
 
-from kilocard.train.entry import main
+# The stop flag first: a USR1/TERM that arrives while the heavy modules import is kept, not fatal.
+from kilocard.train.signals import StopFlag  # noqa: E402  (imports no torch)
 
-sys.exit(main())
+_early = StopFlag()
+_early.install()
+
+from kilocard.train import entry  # noqa: E402
+
+entry._EARLY_STOP = _early
+sys.exit(entry.main())

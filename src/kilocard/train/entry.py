@@ -16,6 +16,7 @@ from typing import List, Optional
 
 from kilocard import exitcodes
 from kilocard.config.freeze import FrozenConfigError, load_verified
+from kilocard.train.signals import StopFlag
 
 
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistNetworkError")
@@ -40,6 +41,10 @@ def _deterministic(on: bool) -> None:
         torch.use_deterministic_algorithms(True)
 
 
+_EARLY_STOP = StopFlag()
+"""This process's stop flag, installed as early as ``main`` runs (signals.py imports no torch)."""
+
+
 def train(run_dir: Path) -> int:
     """Train the run in ``run_dir`` on this rank; return an exit code of ``kilocard.exitcodes``."""
     from kilocard.train.dist_env import resolve
@@ -60,10 +65,10 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     from kilocard.backends import select
     from kilocard.train import checkpoint as ck
     from kilocard.train.megatron_adapter import UnsupportedConfig
-    from kilocard.train.signals import StopFlag, Watchdog
+    from kilocard.train.signals import Watchdog
     from kilocard.train.trainer import DiskFull
 
-    stop = StopFlag()
+    stop = _EARLY_STOP  # installed by main() before the heavy imports; keeps a signal that came early
     stop.install()
     watchdog = Watchdog(run_cfg.trainer.hang_timeout_s, env.rank).start()
     try:
@@ -141,6 +146,7 @@ def _shutdown() -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Command line: ``python -m kilocard.train RUN_DIR``."""
+    _EARLY_STOP.install()  # a USR1/TERM during start-up (imports, rendezvous) must not kill the rank
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0].startswith("-"):
         print("usage: python -m kilocard.train RUN_DIR", file=sys.stderr)
