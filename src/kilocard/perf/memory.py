@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Optional
+from typing import Optional, Tuple
 
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.layout import Layout, compute_layout
@@ -423,14 +423,21 @@ def activation_bytes(cfg: RunConfig, a: SimpleNamespace, num_microbatches: Optio
 # --- the estimate ---------------------------------------------------------------------------------
 
 
+def optimizer_shards(cfg: RunConfig, lay: Layout) -> Tuple[int, int]:
+    """Ranks the optimizer state is sharded over: (dense params: DP*CP, experts: expert-DP); 1 without
+    the distributed optimizer."""
+    if not cfg.parallel.use_distributed_optimizer:
+        return 1, 1
+    return (lay.dp or 1) * lay.cp, lay.expert_dp or 1
+
+
 def estimate_memory(cfg: RunConfig, layout: Optional[Layout] = None) -> MemoryEstimate:
     """Bytes per GPU on the most loaded pipeline stage of ``cfg`` (see the module docstring)."""
     lay = layout or compute_layout(cfg)
     a = megatron_memory_args(cfg, lay)
     sp = stage_params(cfg, lay, a)
     bpp = bytes_per_param(cfg)
-    dense_shard = (lay.dp or 1) * lay.cp if cfg.parallel.use_distributed_optimizer else 1
-    expert_shard = (lay.expert_dp or 1) if cfg.parallel.use_distributed_optimizer else 1
+    dense_shard, expert_shard = optimizer_shards(cfg, lay)
     params = sp.dense + sp.expert
     optim = sp.dense * bpp.optim / dense_shard + sp.expert * bpp.optim / expert_shard
     act = activation_bytes(cfg, a, lay.num_microbatches)
@@ -449,8 +456,7 @@ def weight_and_optimizer_bytes(cfg: RunConfig, layout: Optional[Layout] = None) 
     a = megatron_memory_args(cfg, lay)
     sp = stage_params(cfg, lay, a)
     bpp = bytes_per_param(cfg)
-    dense_shard = (lay.dp or 1) * lay.cp if cfg.parallel.use_distributed_optimizer else 1
-    expert_shard = (lay.expert_dp or 1) if cfg.parallel.use_distributed_optimizer else 1
+    dense_shard, expert_shard = optimizer_shards(cfg, lay)
     per_dense = bpp.weight + bpp.grad + bpp.optim / dense_shard
     per_expert = bpp.weight + bpp.grad + bpp.optim / expert_shard
     return sp.dense * per_dense + sp.expert * per_expert
