@@ -26,10 +26,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.perf.params import padded_vocab_size
 
 TRACKER = "latest_committed.txt"
 """Name of the tracker file holding the newest committed step."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping

@@ -111,8 +111,8 @@ def rule_virtual_pipeline(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
                     f"set {P}virtual_pipeline_model_parallel_size=null or pipeline_model_parallel_size=2+")
     elif lay.pp == 2 and not cfg.parallel.overlap_p2p_comm:
         yield error("VP_PP2_NO_OVERLAP", P + "overlap_p2p_comm", False,
-                    f"interleaved schedule with pp(2) and overlap_p2p_comm off sends two p2p ops "
-                    f"between the same two ranks per batch (Megatron-LM requires pp > 2 here)",
+                    "interleaved schedule with pp(2) and overlap_p2p_comm off sends two p2p ops "
+                    "between the same two ranks per batch (Megatron-LM requires pp > 2 here)",
                     f"set {P}overlap_p2p_comm=true, or pp=3+")
 
 
