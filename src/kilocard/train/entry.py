@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from kilocard import exitcodes
 from kilocard.config.freeze import FrozenConfigError, load_verified
-from kilocard.train.signals import StopFlag
+from kilocard.train.signals import StopFlag, die_with_parent_in_forks
 
 
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistNetworkError")
@@ -147,6 +147,7 @@ def _shutdown() -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """Command line: ``python -m kilocard.train RUN_DIR``."""
     _EARLY_STOP.install()  # a USR1/TERM during start-up (imports, rendezvous) must not kill the rank
+    die_with_parent_in_forks()  # a killed rank's checkpoint writers must not keep its sockets open
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0].startswith("-"):
         print("usage: python -m kilocard.train RUN_DIR", file=sys.stderr)

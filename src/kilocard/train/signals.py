@@ -1,13 +1,16 @@
-"""Stop requests and the hang guard.
+"""Stop requests, the hang guard, and forked helpers that die with their rank.
 
 SIGUSR1 (Slurm's ``--signal=USR1@lead``) and SIGTERM only set a flag; the loop all-reduces the
 flag at every step boundary, so every rank stops after the SAME step even when the signal reached
 only some of them. The watchdog thread ends a rank that makes no progress for
 ``trainer.hang_timeout_s`` with exit code FAULT and a message saying where it stalled.
+``die_with_parent_in_forks`` makes every process a rank forks (Megatron-Core's checkpoint writer
+processes) die when the rank dies, so a killed rank's sockets close and its peers fail fast.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -92,3 +95,35 @@ def _record_exit(code: int) -> None:
     if exit_dir:
         with open(os.path.join(exit_dir, f"rank_{os.environ.get('RANK', '0')}"), "w") as f:
             f.write(f"{code}\n")
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal a process gets when the thread that forked it exits (Linux)."""
+
+
+def die_with_parent_in_forks() -> bool:
+    """Make every child this process forks from now on get SIGKILL when its parent dies (Linux).
+
+    Megatron-Core's checkpoint writer (``FileSystemWriterAsync``) forks worker processes that
+    inherit the rank's gloo/NCCL sockets. If the rank is killed mid-save, orphaned workers can
+    outlive it (seen here: stuck for minutes in a multiprocessing queue), keep those sockets open,
+    and leave the other ranks waiting in a collective instead of failing fast with FAULT.
+    ``os.register_at_fork`` covers ``os.fork`` and multiprocessing's fork start method, not
+    ``subprocess`` (which execs); the signal follows the forking *thread*, and Megatron-Core forks
+    from the main thread. Returns whether the guard is installed (Linux only).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    forking = [os.getpid()]
+
+    def _before() -> None:
+        forking[0] = os.getpid()
+
+    def _in_child() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != forking[0]:  # the parent died between fork and prctl
+            os._exit(FAULT)
+
+    os.register_at_fork(before=_before, after_in_child=_in_child)
+    return True
