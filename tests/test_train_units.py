@@ -66,3 +66,55 @@ def test_throughput_names_its_peak_and_uses_megatron_flops():
     assert f["tflops_per_gpu"] == pytest.approx(flops_per_iteration(rc, "megatron_current") / 8 / 2.0 / 1e12)
     assert f["mfu"] == pytest.approx(f["tflops_per_gpu"] * 1e12 / 989e12)
     assert f["tokens_per_s_per_gpu"] == pytest.approx(rc.trainer.global_batch_size * rc.model.seq_length / 8 / 2.0)
+
+
+def test_metrics_writer_tensorboard_scalars_read_back(tmp_path):
+    """Every numeric field of a record is a ``train/<key>`` scalar at its step, read by TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from kilocard.train.metrics import MetricsWriter, read_metrics
+
+    w = MetricsWriter(tmp_path, tensorboard=True, resume_step=0)
+    for step in (1, 2, 3):
+        w.write({"step": step, "loss": 10.0 - step, "mfu": None, "mfu_peak": "cpu", "step_time_s": 0.5 * step})
+    w.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["train/loss", "train/step_time_s"]
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 9.0), (2, 8.0), (3, 7.0)]
+    assert [e.value for e in acc.Scalars("train/step_time_s")] == [0.5, 1.0, 1.5]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+
+
+_FORK_THEN_DIE = """
+import multiprocessing as mp, os, signal, sys, time
+from kilocard.train.signals import die_with_parent_in_forks
+if sys.argv[1] == "guard":
+    assert die_with_parent_in_forks()
+child = mp.get_context("fork").Process(target=time.sleep, args=(120,))
+child.start()
+print(child.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the rank dies mid-save: no cleanup runs
+"""
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_forked_helpers_die_with_their_rank(guard, tmp_path):
+    """A process forked by a rank (as Megatron-Core's checkpoint writers are) is SIGKILLed when the
+    rank dies, so it cannot keep the rank's sockets open; without the guard it outlives the rank
+    (the control case, which shows the test can fail)."""
+    import time
+
+    import psutil
+
+    out = tmp_path / "child_pid"
+    with open(out, "w") as f:  # a file, not a pipe: an orphaned child would hold a pipe open
+        subprocess.run([sys.executable, "-c", _FORK_THEN_DIE, "guard" if guard else "none"], stdout=f, timeout=60)
+    child = int(out.read_text().split()[0])
+    deadline = time.monotonic() + (10 if guard else 2)
+    while time.monotonic() < deadline and psutil.pid_exists(child) and \
+            psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.05)
+    alive = psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE
+    if alive:
+        psutil.Process(child).kill()
+    assert alive is not guard

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -48,6 +48,24 @@ def _is_disk_full(e: BaseException) -> bool:
             return True
         e, seen = (e.__cause__ or e.__context__), seen + 1
     return False
+
+
+@dataclass
+class _InFlight:
+    """A finished step whose (loss, stop flag) all-reduce may still be running."""
+
+    step: int
+    """The step number."""
+    consumed: int
+    """Samples consumed up to and including this step."""
+    values: torch.Tensor
+    """[loss sum over last-stage ranks, stop votes], reduced in place."""
+    work: Any
+    """The collective's handle (``dist.all_reduce(..., async_op=True)``)."""
+    result: Dict[str, Any]
+    """``train_step``'s figures of this step (grad norm, lr)."""
+    started: float
+    """``time.perf_counter()`` when the step began."""
 
 
 class Trainer:
@@ -259,25 +277,44 @@ class Trainer:
             micro_batch_size=t.micro_batch_size, forward_only=False)
         ok, grad_norm, _ = b.optimizer.step()
         b.scheduler.step(increment=1)
-        # Stays on the device: _reduce reads it back together with the stop flag (one host sync a step).
+        # Stays on the device: _start_reduce sends it with the stop flag; _settle reads both back.
         local = torch.stack([o["lm loss"].float() for o in out]).mean() if out else None
         return {"local_loss": local, "grad_norm": grad_norm, "update_ok": ok,
                 "lr": b.optimizer.param_groups[0]["lr"]}
 
-    def _reduce(self, local_loss: Optional[torch.Tensor]) -> tuple:
-        """All-reduce (loss, stop flag) in one collective: mean loss over last-stage ranks, stop if any rank.
+    def _start_reduce(self, r: Dict[str, Any], t0: float) -> "_InFlight":
+        """Start the all-reduce of (loss, stop flag) for the step just taken; read back one step later.
 
-        Two float64 values on the device, built without a host sync and read back with one ``tolist``:
-        the only device-to-host copy of the step, and the step boundary every rank agrees on for USR1.
+        Two float64 values on the device: the mean loss over last-stage ranks and whether any rank
+        got a stop signal. The collective runs in the background (``async_op``) while the next step
+        computes, so the step loop never waits on it: the host reads it (``_settle``) after the next
+        step, or at once before a checkpoint save, a stop or the end of the run.
         """
         t = torch.zeros(2, dtype=torch.float64, device=self._device)
-        if self._last_stage and local_loss is not None:
-            t[0] = local_loss.to(self._device, torch.float64)
+        local = r["local_loss"]
+        if self._last_stage and local is not None:
+            t[0] = local.to(self._device, torch.float64)
         if self.stop.requested:
             t[1] = 1.0
-        dist.all_reduce(t)
-        loss_sum, stops = t.tolist()
-        return loss_sum / self._loss_ranks, stops > 0
+        return _InFlight(step=self.step, consumed=self.consumed, values=t,
+                         work=dist.all_reduce(t, async_op=True), result=r, started=t0)
+
+    def _settle(self, f: "_InFlight", writer: Optional[MetricsWriter], next_start: Optional[float]) -> bool:
+        """Read step ``f.step``'s all-reduce: check the loss, write its record; returns whether to stop.
+
+        Every rank settles the same steps in the same order, so all agree on the step they stop at
+        (USR1 on one rank only stops all of them, one step later). The step time is the period from
+        this step's start to the next one's (``next_start``), or to now when nothing follows yet.
+        """
+        f.work.wait()
+        loss_sum, stops = f.values.tolist()
+        loss = loss_sum / self._loss_ranks
+        if not math.isfinite(loss):
+            raise NonFiniteLoss(f"step {f.step}: loss is {loss}; lower optim.lr or check the data")
+        if writer is not None:
+            dt = (next_start if next_start is not None else time.perf_counter()) - f.started
+            writer.write(self._record(f.step, f.consumed, loss, f.result, dt))
+        return stops > 0
 
     def run(self, writer: Optional[MetricsWriter]) -> str:
         """Train until train_iters or a stop request; returns ``"done"`` or ``"stopped"``."""
@@ -287,33 +324,32 @@ class Trainer:
         iterators = self._iterators()
         self.log(f"data ready; training steps {self.step + 1}..{t.train_iters}")
         interval = self.cfg.checkpoint.save_interval
+        pending: Optional[_InFlight] = None  # the previous step, its all-reduce still in flight
         while self.step < t.train_iters:
             self.watchdog.beat(f"step {self.step + 1}")
             t0 = time.perf_counter()
             r = self.train_step(iterators)
-            loss, stop = self._reduce(r["local_loss"])
-            dt = time.perf_counter() - t0
             self.step += 1
             self.consumed += t.global_batch_size
-            if not math.isfinite(loss):
-                raise NonFiniteLoss(f"step {self.step}: loss is {loss}; lower optim.lr or check the data")
-            if writer is not None:
-                writer.write(self._record(loss, r, dt))
+            current = self._start_reduce(r, t0)
+            stop = self._settle(pending, writer, next_start=t0) if pending is not None else False
+            pending = current
+            if stop or self.step >= t.train_iters or (interval and self.step % interval == 0):
+                # a step is checked (finite loss) and recorded before it is saved
+                stop = self._settle(pending, writer, next_start=None) or stop
+                pending = None
+                self.save()
+                if stop:
+                    self.finalize_saves(blocking=True)
+                    return "stopped"
             self.finalize_saves(blocking=False)
-            if stop:
-                self.save()
-                self.finalize_saves(blocking=True)
-                return "stopped"
-            if interval and self.step % interval == 0:
-                self.save()
-        self.save()
         self.finalize_saves(blocking=True)
         return "done"
 
-    def _record(self, loss: float, r: Dict[str, Any], dt: float) -> Dict[str, Any]:
+    def _record(self, step: int, consumed: int, loss: float, r: Dict[str, Any], dt: float) -> Dict[str, Any]:
         gn = r["grad_norm"]
-        rec = {"step": self.step, "loss": loss, "lr": r["lr"], "grad_norm": float(gn) if gn is not None else None,
-               "step_time_s": dt, "consumed_samples": self.consumed}
+        rec = {"step": step, "loss": loss, "lr": r["lr"], "grad_norm": float(gn) if gn is not None else None,
+               "step_time_s": dt, "consumed_samples": consumed}
         rec.update(self.throughput.figures(dt))
         rec["peak_mem_bytes"] = peak_memory_bytes()
         rec["train_iters"] = self.cfg.trainer.train_iters
