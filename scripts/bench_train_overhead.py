@@ -1,26 +1,30 @@
 #!/usr/bin/env python
 """Step time of kilocard's trainer versus a bare Megatron-Core loop (same model, same layout, same data), CPU ranks.
 
-    .venv/bin/python scripts/bench_train_overhead.py [--nproc 2] [--steps 60] [--rounds 5] [OVERRIDES ...]
+    .venv/bin/python scripts/bench_train_overhead.py [--nproc 2] [--blocks 12] [--block-steps 10] [OVERRIDES ...]
 
-Both sides run under torchrun on the same frozen run directory and read the SAME data the SAME way:
-kilocard's ``build_train_iterator`` (the run's ``data`` config; mock data by default), one iterator
-per rank at this data-parallel rank, no attention mask (causal), exactly as the trainer builds it.
+Both loops run INSIDE THE SAME torchrun ranks, alternating in blocks of ``--block-steps`` steps:
+one ``Trainer.run`` of ``blocks * block_steps + 1`` steps, and after every ``block_steps``-th step's
+record a block of bare steps, run right there on every rank (the trainer's loop pauses; no
+checkpoint is written between blocks). A change in the machine's load (these are shared virtual
+machines: the same run varies by +-15% from one minute to the next) thus hits both sides alike;
+separate processes per side, run one after the other, could not resolve a 5% difference here.
 
-* ours: the real entry point (``kilocard.train.entry.main``) with its default options (TensorBoard
-  on, metrics.jsonl, watchdog, stop-flag agreement, LR schedule); rank 0's ``MetricsWriter.write`` is
-  wrapped to stamp the clocks after each step's record, so a step's time is the full
-  loop period between two records: everything the loop does per step, not only the timed part.
+* ours: kilocard's ``Trainer`` built exactly as ``python -m kilocard.train`` builds it (backend,
+  parallel state, seeds, model, DDP, distributed optimizer, LR schedule, watchdog, stop flag) and
+  its ``run`` loop with rank 0's real ``MetricsWriter`` (metrics.jsonl and TensorBoard on). A
+  step's time is the period between two consecutive metrics records on rank 0: everything the loop
+  does per step (the loss and stop-flag all-reduce, the record, the scalars), not only the timed part.
 * bare: GPTModel + DDP + optimizer built inline with Megatron-Core, the masked-mean LM loss of
   Megatron-LM's ``pretrain_gpt``, ``get_forward_backward_func`` + ``optimizer.step`` and nothing
   else; a step's time is the period between two loop-iteration ends on rank 0.
 
-Two clocks: the wall-clock step period (what the target is about) and rank 0's CPU time per step
-(``time.process_time``, all threads of the process, so TensorBoard's and the watchdog's threads
-count), which a busy shared machine disturbs far less than wall-clock time. The sides alternate
-(ours, bare, ours, bare, ...) for ``--rounds`` rounds so a load change hits both; each run's median
-(first ``WARMUP`` periods dropped) is one sample; the script prints, per clock, the median over
-rounds of each side, their ratio, and the median of the per-round (paired) ratios; target <= 1.05.
+Both read the same data the same way: kilocard's ``build_train_iterator`` (mock data by default),
+no attention mask (causal). The first period of every block is dropped (caches warm after the
+switch), and so is the ours period that spans a bare block.
+Two clocks: wall-clock step period (what the target is about) and rank 0's CPU time per step
+(``time.process_time``, all threads, so TensorBoard's and the watchdog's threads count). Printed:
+each side's median period, their ratio, and the median of the per-block-pair ratios; target <= 1.05.
 """
 
 from __future__ import annotations
@@ -34,67 +38,76 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Callable, Dict, List
 
-WARMUP = 3
+Stamp = List[float]
 
 
-def _stamp() -> List[float]:
+def _stamp() -> Stamp:
     """(wall seconds, CPU seconds of this process, all threads) now."""
     return [time.perf_counter(), time.process_time()]
 
 
-def _periods(stamps: List[List[float]]) -> Dict[str, List[float]]:
-    """Wall and CPU time between consecutive stamps."""
-    return {k: [b[i] - a[i] for a, b in zip(stamps, stamps[1:])] for i, k in enumerate(("wall", "cpu"))}
+def _periods(stamps: List[Stamp]) -> Dict[str, List[float]]:
+    """Wall and CPU time between consecutive stamps, the first period (warm-up after a switch) dropped."""
+    return {k: [b[i] - a[i] for a, b in zip(stamps[1:], stamps[2:])] for i, k in enumerate(("wall", "cpu"))}
 
 
-def ours_loop(run_dir: Path, out: Path) -> None:
-    """One rank of kilocard's trainer (runs under torchrun); rank 0 writes its step periods to ``out``."""
-    from kilocard.train import entry, metrics
-
-    stamps: List[List[float]] = []
-    write = metrics.MetricsWriter.write
-
-    def stamped(self, record):
-        write(self, record)
-        stamps.append(_stamp())
-
-    metrics.MetricsWriter.write = stamped
-    code = entry.main([str(run_dir)])
-    if code != 0:
-        raise SystemExit(f"kilocard.train exited {code}")
-    if stamps:
-        out.write_text(json.dumps(_periods(stamps)))
-
-
-def bare_loop(run_dir: Path, out: Path) -> None:
-    """One rank of the bare Megatron-Core loop (runs under torchrun); rank 0 writes its step periods."""
-    import torch
+def build_ours(run_dir: Path) -> Any:
+    """kilocard's trainer on this rank, set up as ``kilocard.train.entry`` sets it up; returns (trainer, writer, stamps)."""
     import torch.distributed as dist
-    import torch.nn.functional as F
 
-    from kilocard.backends import cpu_shim
+    from kilocard.backends import select
     from kilocard.config.freeze import load_verified
-    from kilocard.data import build_train_iterator
+    from kilocard.train import entry
+    from kilocard.train import megatron_adapter as ma
+    from kilocard.train.dist_env import resolve
+    from kilocard.train.metrics import MetricsWriter
+    from kilocard.train.signals import StopFlag, Watchdog
+    from kilocard.train.trainer import Trainer
 
-    cpu_shim.apply()
-    rc, _ = load_verified(run_dir)
-    m, p, t, o = rc.model, rc.parallel, rc.trainer, rc.optim
-    torch.use_deterministic_algorithms(t.deterministic)
-    dist.init_process_group("gloo")
+    env = resolve(os.environ)
+    run_cfg, sha = load_verified(run_dir)
+    stop = StopFlag()
+    stop.install()
+    watchdog = Watchdog(run_cfg.trainer.hang_timeout_s, env.rank).start()
+    backend = select(env.local_rank)
+    entry._deterministic(run_cfg.trainer.deterministic)
+    dist.init_process_group(backend.dist_backend)
+    ma.init_parallel_state(run_cfg, timeout_minutes=10)
+    ma.seed_all(run_cfg.trainer.seed)
+    trainer = Trainer(run_cfg, run_dir, sha, backend, stop, watchdog)
+    stamps: List[Stamp] = []
+    writer = None
+    if dist.get_rank() == 0:
+        writer = MetricsWriter(run_dir, run_cfg.trainer.tensorboard, resume_step=0)
+        write = writer.write
+
+        def stamped(record: Dict[str, Any]) -> None:
+            write(record)
+            stamps.append(_stamp())
+
+        writer.write = stamped  # type: ignore[method-assign]
+    return trainer, writer, stamps
+
+
+def build_bare(run_dir: Path) -> Callable[[int], List[Stamp]]:
+    """The bare Megatron-Core model, DDP and optimizer (parallel state already up); returns ``block(steps)``."""
+    import torch
+    import torch.nn.functional as F
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    ps.initialize_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size)
-    model_parallel_cuda_manual_seed(t.seed)
-    torch.manual_seed(t.seed)
+    from kilocard.config.freeze import load_verified
+    from kilocard.data import build_train_iterator
+
+    rc, _ = load_verified(run_dir)
+    m, p, t, o = rc.model, rc.parallel, rc.trainer, rc.optim
     cfg = TransformerConfig(
         num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
         num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups, normalization=m.normalization,
@@ -137,66 +150,105 @@ def bare_loop(run_dir: Path, out: Path) -> None:
 
         return outp, loss_func
 
-    fb, stamps = get_forward_backward_func(), [_stamp()]
-    for _ in range(t.train_iters):
-        model.zero_grad_buffer()
-        opt.zero_grad()
-        fb(forward_step_func=fwd, data_iterator=it, model=[model], num_microbatches=n_micro, seq_length=m.seq_length,
-           micro_batch_size=t.micro_batch_size, forward_only=False)
-        opt.step()
-        stamps.append(_stamp())
+    fb = get_forward_backward_func()
+
+    def block(steps: int) -> List[Stamp]:
+        stamps = [_stamp()]
+        for _ in range(steps):
+            model.zero_grad_buffer()
+            opt.zero_grad()
+            fb(forward_step_func=fwd, data_iterator=it, model=[model], num_microbatches=n_micro,
+               seq_length=m.seq_length, micro_batch_size=t.micro_batch_size, forward_only=False)
+            opt.step()
+            stamps.append(_stamp())
+        return stamps
+
+    return block
+
+
+def rank_main(run_dir: Path, blocks: int, block_steps: int, out: Path) -> None:
+    """One rank (under torchrun): the trainer's run, with a bare block after each ours block; rank 0 writes periods."""
+    import torch.distributed as dist
+
+    trainer, writer, ours_stamps = build_ours(run_dir)
+    bare = build_bare(run_dir)
+    results: List[Dict[str, Any]] = []
+    settle = trainer._settle
+
+    def settle_then_bare(f: Any, w: Any, next_start: Any) -> bool:
+        """After every ``block_steps``-th step's record: close the ours block, run a bare block (all ranks)."""
+        stop = settle(f, w, next_start)
+        if next_start is not None and f.step % block_steps == 0:
+            block = f.step // block_steps - 1
+            results.append({"block": block, "side": "ours", **_periods(ours_stamps)})
+            ours_stamps.clear()
+            results.append({"block": block, "side": "bare", **_periods(bare(block_steps))})
+        return stop
+
+    trainer._settle = settle_then_bare  # the loop reads each step's loss here, one step late, on every rank
+    try:
+        if trainer.run(writer) != "done":
+            raise SystemExit("the trainer stopped early")
+    finally:
+        if writer is not None:
+            writer.close()
+        trainer.watchdog.stop()
     if dist.get_rank() == 0:
-        out.write_text(json.dumps(_periods(stamps)))
+        out.write_text(json.dumps(results))
+    from megatron.core import parallel_state as ps
     ps.destroy_model_parallel()
     dist.destroy_process_group()
 
 
-def _launch(side: str, run_dir: Path, out: Path, nproc: int, work: Path) -> Dict[str, float]:
-    """Run one side under torchrun; the medians of its rank-0 step periods (wall, CPU), warm-up dropped."""
-    from kilocard.train.dist_env import free_port
-
-    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(work), KILOCARD_BENCH_OUT=str(out))
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           f"--master-port={free_port()}", __file__, f"--{side}", str(run_dir)]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{side} run failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    return {k: statistics.median(v[WARMUP:]) for k, v in json.loads(out.read_text()).items()}
+def summarize(results: List[Dict[str, Any]]) -> List[str]:
+    """Lines: per clock, each side's median period, the ratio of medians and the median paired ratio."""
+    lines = []
+    blocks = sorted({r["block"] for r in results})
+    for k, what in (("wall", "wall-clock step period"), ("cpu", "rank-0 CPU time per step (all threads)")):
+        side = {s: [v for r in results if r["side"] == s for v in r[k]] for s in ("ours", "bare")}
+        per_block = {(r["block"], r["side"]): statistics.median(r[k]) for r in results}
+        paired = [per_block[b, "ours"] / per_block[b, "bare"] for b in blocks]
+        mo, mb = statistics.median(side["ours"]), statistics.median(side["bare"])
+        lines.append(f"{what}: kilocard trainer median {mo * 1e3:.2f} ms ({len(side['ours'])} steps), bare "
+                     f"Megatron-Core median {mb * 1e3:.2f} ms ({len(side['bare'])} steps), ratio of medians "
+                     f"{mo / mb:.3f}, median of {len(paired)} per-block-pair ratios {statistics.median(paired):.3f} "
+                     f"(range {min(paired):.3f}-{max(paired):.3f}; target <= 1.05)")
+    return lines
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (ours, bare) ...; medians over rounds")
-    ap.add_argument("--ours", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--bare", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--blocks", type=int, default=12, help="block pairs (ours + bare)")
+    ap.add_argument("--block-steps", type=int, default=10, help="steps per block (the first period is dropped)")
+    ap.add_argument("--rank", default=None, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (default: recipe=tiny_gpt)")
     a = ap.parse_args()
-    if a.ours or a.bare:
-        side = ours_loop if a.ours else bare_loop
-        side(Path(a.ours or a.bare), Path(os.environ["KILOCARD_BENCH_OUT"]))
+    if a.rank:
+        rank_main(Path(a.rank), a.blocks, a.block_steps, Path(os.environ["KILOCARD_BENCH_OUT"]))
         return 0
     from kilocard.config.compose import compose
     from kilocard.launch.rundir import create_run_dir
+    from kilocard.train.dist_env import free_port
 
     work = Path(tempfile.mkdtemp(prefix="kilocard-bench-"))
-    overrides = (a.overrides or ["recipe=tiny_gpt"]) + [f"trainer.train_iters={a.steps}",
+    total = a.blocks * a.block_steps + 1  # + 1: the last ours block's record is read before the run's end
+    overrides = (a.overrides or ["recipe=tiny_gpt"]) + [f"trainer.train_iters={total}",
                                                         f"cluster.gpus_per_node={a.nproc}"]
-    ours, bare = [], []
-    for r in range(a.rounds):
-        run_dir = create_run_dir(compose(overrides), overrides, root=work)
-        ours.append(_launch("ours", run_dir, work / f"ours{r}.json", a.nproc, work))
-        bare.append(_launch("bare", run_dir, work / f"bare{r}.json", a.nproc, work))
-        print(f"round {r + 1}: ours {ours[-1]['wall'] * 1e3:.2f} ms (CPU {ours[-1]['cpu'] * 1e3:.2f}), "
-              f"bare {bare[-1]['wall'] * 1e3:.2f} ms (CPU {bare[-1]['cpu'] * 1e3:.2f})", flush=True)
-    print(f"layout: {' '.join(overrides)} on {a.nproc} CPU ranks, {a.steps} steps (first {WARMUP} dropped), "
-          f"{a.rounds} alternating rounds; data: build_train_iterator on both sides")
-    for k, what in (("wall", "wall-clock step period"), ("cpu", "rank-0 CPU time per step (all threads)")):
-        mo, mb = (statistics.median(x[k] for x in side) for side in (ours, bare))
-        paired = statistics.median(x[k] / y[k] for x, y in zip(ours, bare))
-        print(f"{what}: kilocard trainer median {mo * 1e3:.2f} ms, bare Megatron-Core median {mb * 1e3:.2f} ms, "
-              f"ratio of medians {mo / mb:.3f}, median of per-round ratios {paired:.3f} (target <= 1.05)")
+    run_dir = create_run_dir(compose(overrides), overrides, root=work)
+    out = work / "periods.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(work), KILOCARD_BENCH_OUT=str(out))
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={a.nproc}",
+           f"--master-port={free_port()}", __file__, "--rank", str(run_dir),
+           f"--blocks={a.blocks}", f"--block-steps={a.block_steps}"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"benchmark ranks failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    results = json.loads(out.read_text())
+    print(f"layout: {' '.join(overrides)} on {a.nproc} CPU ranks; {a.blocks} block pairs of {a.block_steps} steps "
+          f"per side, alternating inside the same ranks; data: build_train_iterator on both sides")
+    for line in summarize(results):
+        print(line)
     return 0
 
 
