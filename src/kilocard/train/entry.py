@@ -66,7 +66,7 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     from kilocard.train import checkpoint as ck
     from kilocard.train.megatron_adapter import UnsupportedConfig
     from kilocard.train.signals import Watchdog
-    from kilocard.train.trainer import DiskFull
+    from kilocard.train.trainer import DiskFull, NonFiniteLoss
 
     stop = _EARLY_STOP  # installed by main() before the heavy imports; keeps a signal that came early
     stop.install()
@@ -83,7 +83,7 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     except (ck.ModelMismatch, UnsupportedConfig) as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
-    except DiskFull as e:
+    except (DiskFull, NonFiniteLoss) as e:  # a person must look, but the message says it all
         _say(env.rank, f"error: {e}")
         return exitcodes.CRASH
     except ck.CheckpointError as e:
