@@ -60,11 +60,9 @@ def build_ours(run_dir: Path) -> Any:
     from kilocard.backends import select
     from kilocard.config.freeze import load_verified
     from kilocard.train import entry
-    from kilocard.train import megatron_adapter as ma
     from kilocard.train.dist_env import resolve
     from kilocard.train.metrics import MetricsWriter
     from kilocard.train.signals import StopFlag, Watchdog
-    from kilocard.train.trainer import Trainer
 
     env = resolve(os.environ)
     run_cfg, sha = load_verified(run_dir)
@@ -74,9 +72,7 @@ def build_ours(run_dir: Path) -> Any:
     backend = select(env.local_rank)
     entry._deterministic(run_cfg.trainer.deterministic)
     dist.init_process_group(backend.dist_backend)
-    ma.init_parallel_state(run_cfg, timeout_minutes=10)
-    ma.seed_all(run_cfg.trainer.seed)
-    trainer = Trainer(run_cfg, run_dir, sha, backend, stop, watchdog)
+    trainer = entry.build_trainer(run_dir, run_cfg, sha, backend, stop, watchdog, timeout_minutes=10)
     stamps: List[Stamp] = []
     writer = None
     if dist.get_rank() == 0:

@@ -103,16 +103,23 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
         _shutdown()
 
 
+def build_trainer(run_dir: Path, run_cfg, sha: str, backend, stop, watchdog, timeout_minutes: int):
+    """Megatron-Core's parallel state, the seeds, and this rank's ``Trainer`` (process group already up)."""
+    from kilocard.train import megatron_adapter as ma
+    from kilocard.train.trainer import Trainer
+
+    ma.init_parallel_state(run_cfg, timeout_minutes=timeout_minutes)
+    ma.seed_all(run_cfg.trainer.seed)
+    return Trainer(run_cfg, run_dir, sha, backend, stop, watchdog)
+
+
 def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeout) -> int:
     import torch.distributed as dist
 
-    from kilocard.train import megatron_adapter as ma
     from kilocard.train.metrics import MetricsWriter
-    from kilocard.train.trainer import Trainer
 
-    ma.init_parallel_state(run_cfg, timeout_minutes=max(1, int(timeout.total_seconds() // 60)))
-    ma.seed_all(run_cfg.trainer.seed)
-    trainer = Trainer(run_cfg, run_dir, sha, backend, stop, watchdog)
+    trainer = build_trainer(run_dir, run_cfg, sha, backend, stop, watchdog,
+                            timeout_minutes=max(1, int(timeout.total_seconds() // 60)))
     trainer.resume()
     writer = None
     if dist.get_rank() == 0:

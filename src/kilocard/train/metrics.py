@@ -84,8 +84,10 @@ class MetricsWriter:
         self._file = open(self.path, "a", buffering=1)
         self._tb: Any = None
         if tensorboard:
+            from tensorboard.compat.proto.summary_pb2 import Summary
             from torch.utils.tensorboard import SummaryWriter
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=resume_step + 1)
+            self._summary = Summary
 
     def _truncate_after(self, step: int) -> None:
         """Drop records of steps after the resumed one (they are trained again)."""
@@ -106,8 +108,7 @@ class MetricsWriter:
         """
         self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:
-            from tensorboard.compat.proto.summary_pb2 import Summary
-
+            Summary = self._summary
             values = [Summary.Value(tag=f"train/{k}", simple_value=float(v)) for k, v in record.items()
                       if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"]
             self._tb.file_writer.add_summary(Summary(value=values), record["step"])
