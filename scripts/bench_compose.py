@@ -20,10 +20,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, List
+from collections.abc import Callable
 
 
-def timed(fn: Callable[[], object], repeat: int, clock: Callable[[], float] = time.perf_counter) -> List[float]:
+def timed(fn: Callable[[], object], repeat: int, clock: Callable[[], float] = time.perf_counter) -> list[float]:
     out = []
     for _ in range(repeat):
         t0 = clock()
@@ -32,8 +32,11 @@ def timed(fn: Callable[[], object], repeat: int, clock: Callable[[], float] = ti
     return out
 
 
-def report(label: str, samples: List[float]) -> None:
-    print(f"{label:<52} median {statistics.median(samples) * 1e3:8.1f} ms   (min {min(samples) * 1e3:.1f}, n={len(samples)})")
+def report(label: str, samples: list[float]) -> None:
+    print(
+        f"{label:<52} median {statistics.median(samples) * 1e3:8.1f} ms   (min {min(samples) * 1e3:.1f}, "
+        f"n={len(samples)})"
+    )
 
 
 def main() -> int:
@@ -48,21 +51,32 @@ def main() -> int:
 
     overrides = [f"recipe={args.recipe}"]
     compose(overrides)  # warm imports and caches once, as a long-lived process would be
-    report(f"in-process compose + to_yaml ({args.recipe})", timed(lambda: OmegaConf.to_yaml(compose(overrides)), args.repeat))
-    report("  same, CPU time of this process (load-independent)",
-           timed(lambda: OmegaConf.to_yaml(compose(overrides)), args.repeat, clock=time.process_time))
+    report(
+        f"in-process compose + to_yaml ({args.recipe})",
+        timed(lambda: OmegaConf.to_yaml(compose(overrides)), args.repeat),
+    )
+    report(
+        "  same, CPU time of this process (load-independent)",
+        timed(lambda: OmegaConf.to_yaml(compose(overrides)), args.repeat, clock=time.process_time),
+    )
     report("in-process compose + to_run_config", timed(lambda: to_run_config(compose(overrides)), args.repeat))
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     show = [sys.executable, "-m", "kilocard.cli", "show", *overrides]
-    report("console `kilocard show` (subprocess wall)", timed(lambda: subprocess.run(show, env=env, check=True, capture_output=True), args.repeat))
+    report(
+        "console `kilocard show` (subprocess wall)",
+        timed(lambda: subprocess.run(show, env=env, check=True, capture_output=True), args.repeat),
+    )
 
     with tempfile.TemporaryDirectory() as cache:
         env_cache = {**env, "KILOCARD_CACHE_DIR": cache}
         table = [sys.executable, "-m", "kilocard.cli", "recipes"]
         cold = timed(lambda: subprocess.run(table, env=env_cache, check=True, capture_output=True), 1)
         report("console `kilocard recipes`, empty cache", cold)
-        report("console `kilocard recipes`, warm cache", timed(lambda: subprocess.run(table, env=env_cache, check=True, capture_output=True), args.repeat))
+        report(
+            "console `kilocard recipes`, warm cache",
+            timed(lambda: subprocess.run(table, env=env_cache, check=True, capture_output=True), args.repeat),
+        )
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import List
 
 from kilocard.config.compose import compose, to_run_config
 from kilocard.perf.planner import plan
@@ -19,7 +18,7 @@ from kilocard.perf.planner import plan
 DEFAULT = ["recipe=llama31_405b", "cluster.nodes=2048", "trainer.global_batch_size=2048"]
 
 
-def main(argv: List[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("overrides", nargs="*", default=DEFAULT)
@@ -34,9 +33,14 @@ def main(argv: List[str] | None = None) -> int:
         times.append(time.perf_counter() - t0)
     assert result is not None
     print(f"overrides: {' '.join(args.overrides)}")
-    print(f"compose: {compose_s:.2f} s; plan: {result.candidates} candidates, {result.validated} validated, "
-          f"{len(result.top)} layouts")
-    print(f"plan median {statistics.median(times):.2f} s over {args.repeat} runs (min {min(times):.2f}, max {max(times):.2f})")
+    print(
+        f"compose: {compose_s:.2f} s; plan: {result.candidates} candidates, {result.validated} validated, "
+        f"{len(result.top)} layouts"
+    )
+    print(
+        f"plan median {statistics.median(times):.2f} s over {args.repeat} runs (min {min(times):.2f}, max "
+        f"{max(times):.2f})"
+    )
     print(f"plan + compose median {statistics.median(times) + compose_s:.2f} s (target < 10 s)")
     return 0
 

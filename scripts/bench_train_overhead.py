@@ -37,10 +37,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any
 
-Stamp = List[float]
+Stamp = list[float]
 
 
 def _stamp() -> Stamp:
@@ -48,13 +49,16 @@ def _stamp() -> Stamp:
     return [time.perf_counter(), time.process_time()]
 
 
-def _periods(stamps: List[Stamp]) -> Dict[str, List[float]]:
+def _periods(stamps: list[Stamp]) -> dict[str, list[float]]:
     """Wall and CPU time between consecutive stamps, the first period (warm-up after a switch) dropped."""
-    return {k: [b[i] - a[i] for a, b in zip(stamps[1:], stamps[2:])] for i, k in enumerate(("wall", "cpu"))}
+    return {
+        k: [b[i] - a[i] for a, b in zip(stamps[1:], stamps[2:], strict=False)] for i, k in enumerate(("wall", "cpu"))
+    }
 
 
 def build_ours(run_dir: Path) -> Any:
-    """kilocard's trainer on this rank, set up as ``kilocard.train.entry`` sets it up; returns (trainer, writer, stamps)."""
+    """kilocard's trainer on this rank, set up as ``kilocard.train.entry`` sets it up; returns (trainer, "
+    "writer, stamps)."""
     import torch.distributed as dist
 
     from kilocard.backends import select
@@ -73,13 +77,13 @@ def build_ours(run_dir: Path) -> Any:
     entry._deterministic(run_cfg.trainer.deterministic)
     dist.init_process_group(backend.dist_backend)
     trainer = entry.build_trainer(run_dir, run_cfg, sha, backend, stop, watchdog, timeout_minutes=10)
-    stamps: List[Stamp] = []
+    stamps: list[Stamp] = []
     writer = None
     if dist.get_rank() == 0:
         writer = MetricsWriter(run_dir, run_cfg.trainer.tensorboard, resume_step=0)
         write = writer.write
 
-        def stamped(record: Dict[str, Any]) -> None:
+        def stamped(record: dict[str, Any]) -> None:
             write(record)
             stamps.append(_stamp())
 
@@ -87,7 +91,7 @@ def build_ours(run_dir: Path) -> Any:
     return trainer, writer, stamps
 
 
-def build_bare(run_dir: Path) -> Callable[[int], List[Stamp]]:
+def build_bare(run_dir: Path) -> Callable[[int], list[Stamp]]:
     """The bare Megatron-Core model, DDP and optimizer (parallel state already up); returns ``block(steps)``."""
     import torch
     import torch.nn.functional as F
@@ -105,35 +109,78 @@ def build_bare(run_dir: Path) -> Callable[[int], List[Stamp]]:
     rc, _ = load_verified(run_dir)
     m, p, t, o = rc.model, rc.parallel, rc.trainer, rc.optim
     cfg = TransformerConfig(
-        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
-        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups, normalization=m.normalization,
-        layernorm_epsilon=m.layernorm_epsilon, init_method_std=m.init_method_std,
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=m.add_bias_linear,
-        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups,
+        normalization=m.normalization,
+        layernorm_epsilon=m.layernorm_epsilon,
+        init_method_std=m.init_method_std,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=m.add_bias_linear,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
         tensor_model_parallel_size=p.tensor_model_parallel_size,
-        pipeline_model_parallel_size=p.pipeline_model_parallel_size, sequence_parallel=p.sequence_parallel,
-        pipeline_dtype=torch.float32, use_cpu_initialization=True, gradient_accumulation_fusion=False,
-        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
-        persist_layer_norm=False, apply_rope_fusion=False, batch_p2p_sync=False, deterministic_mode=t.deterministic)
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        sequence_parallel=p.sequence_parallel,
+        pipeline_dtype=torch.float32,
+        use_cpu_initialization=True,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        batch_p2p_sync=False,
+        deterministic_mode=t.deterministic,
+    )
     mult = m.make_vocab_size_divisible_by * p.tensor_model_parallel_size
     vocab = (m.vocab_size + mult - 1) // mult * mult
-    model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization=m.normalization),
-                     vocab_size=vocab, max_sequence_length=m.max_position_embeddings,
-                     pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-                     share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
-                     position_embedding_type=m.position_embedding_type, rotary_base=m.rotary_base)
-    model = DistributedDataParallel(config=cfg, module=model, ddp_config=DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, use_distributed_optimizer=p.use_distributed_optimizer))
-    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=o.lr, weight_decay=o.weight_decay,
-                                                 adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
-                                                 clip_grad=o.clip_grad, use_distributed_optimizer=p.use_distributed_optimizer),
-                                 [model])
+    model = GPTModel(
+        config=cfg,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization=m.normalization),
+        vocab_size=vocab,
+        max_sequence_length=m.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
+        position_embedding_type=m.position_embedding_type,
+        rotary_base=m.rotary_base,
+    )
+    model = DistributedDataParallel(
+        config=cfg,
+        module=model,
+        ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=p.use_distributed_optimizer
+        ),
+    )
+    opt = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=o.lr,
+            weight_decay=o.weight_decay,
+            adam_beta1=o.adam_beta1,
+            adam_beta2=o.adam_beta2,
+            adam_eps=o.adam_eps,
+            clip_grad=o.clip_grad,
+            use_distributed_optimizer=p.use_distributed_optimizer,
+        ),
+        [model],
+    )
     cfg.no_sync_func, cfg.finalize_model_grads_func = model.no_sync, finalize_model_grads
     cfg.grad_scale_func = opt.scale_loss
     dp = ps.get_data_parallel_world_size()
     n_micro = t.global_batch_size // (t.micro_batch_size * dp)
-    it = build_train_iterator(rc, dp_rank=ps.get_data_parallel_rank(), dp_size=dp, consumed_samples=0,
-                              cache_dir=str(run_dir / "data_cache"), create_attention_mask=False)
+    it = build_train_iterator(
+        rc,
+        dp_rank=ps.get_data_parallel_rank(),
+        dp_size=dp,
+        consumed_samples=0,
+        cache_dir=str(run_dir / "data_cache"),
+        create_attention_mask=False,
+    )
 
     def fwd(data, mdl):
         batch = next(data)
@@ -148,13 +195,20 @@ def build_bare(run_dir: Path) -> Callable[[int], List[Stamp]]:
 
     fb = get_forward_backward_func()
 
-    def block(steps: int) -> List[Stamp]:
+    def block(steps: int) -> list[Stamp]:
         stamps = [_stamp()]
         for _ in range(steps):
             model.zero_grad_buffer()
             opt.zero_grad()
-            fb(forward_step_func=fwd, data_iterator=it, model=[model], num_microbatches=n_micro,
-               seq_length=m.seq_length, micro_batch_size=t.micro_batch_size, forward_only=False)
+            fb(
+                forward_step_func=fwd,
+                data_iterator=it,
+                model=[model],
+                num_microbatches=n_micro,
+                seq_length=m.seq_length,
+                micro_batch_size=t.micro_batch_size,
+                forward_only=False,
+            )
             opt.step()
             stamps.append(_stamp())
         return stamps
@@ -168,7 +222,7 @@ def rank_main(run_dir: Path, blocks: int, block_steps: int, out: Path) -> None:
 
     trainer, writer, ours_stamps = build_ours(run_dir)
     bare = build_bare(run_dir)
-    results: List[Dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
     settle = trainer._settle
 
     def settle_then_bare(f: Any, w: Any, next_start: Any) -> bool:
@@ -192,11 +246,12 @@ def rank_main(run_dir: Path, blocks: int, block_steps: int, out: Path) -> None:
     if dist.get_rank() == 0:
         out.write_text(json.dumps(results))
     from megatron.core import parallel_state as ps
+
     ps.destroy_model_parallel()
     dist.destroy_process_group()
 
 
-def summarize(results: List[Dict[str, Any]]) -> List[str]:
+def summarize(results: list[dict[str, Any]]) -> list[str]:
     """Lines: per clock, each side's median period, the ratio of medians and the median paired ratio."""
     lines = []
     blocks = sorted({r["block"] for r in results})
@@ -205,10 +260,12 @@ def summarize(results: List[Dict[str, Any]]) -> List[str]:
         per_block = {(r["block"], r["side"]): statistics.median(r[k]) for r in results}
         paired = [per_block[b, "ours"] / per_block[b, "bare"] for b in blocks]
         mo, mb = statistics.median(side["ours"]), statistics.median(side["bare"])
-        lines.append(f"{what}: kilocard trainer median {mo * 1e3:.2f} ms ({len(side['ours'])} steps), bare "
-                     f"Megatron-Core median {mb * 1e3:.2f} ms ({len(side['bare'])} steps), ratio of medians "
-                     f"{mo / mb:.3f}, median of {len(paired)} per-block-pair ratios {statistics.median(paired):.3f} "
-                     f"(range {min(paired):.3f}-{max(paired):.3f}; target <= 1.05)")
+        lines.append(
+            f"{what}: kilocard trainer median {mo * 1e3:.2f} ms ({len(side['ours'])} steps), bare "
+            f"Megatron-Core median {mb * 1e3:.2f} ms ({len(side['bare'])} steps), ratio of medians "
+            f"{mo / mb:.3f}, median of {len(paired)} per-block-pair ratios {statistics.median(paired):.3f} "
+            f"(range {min(paired):.3f}-{max(paired):.3f}; target <= 1.05)"
+        )
     return lines
 
 
@@ -229,20 +286,33 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="kilocard-bench-"))
     total = a.blocks * a.block_steps + 1  # + 1: the last ours block's record is read before the run's end
-    overrides = (a.overrides or ["recipe=tiny_gpt"]) + [f"trainer.train_iters={total}",
-                                                        f"cluster.gpus_per_node={a.nproc}"]
+    overrides = (a.overrides or ["recipe=tiny_gpt"]) + [
+        f"trainer.train_iters={total}",
+        f"cluster.gpus_per_node={a.nproc}",
+    ]
     run_dir = create_run_dir(compose(overrides), overrides, root=work)
     out = work / "periods.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(work), KILOCARD_BENCH_OUT=str(out))
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={a.nproc}",
-           f"--master-port={free_port()}", __file__, "--rank", str(run_dir),
-           f"--blocks={a.blocks}", f"--block-steps={a.block_steps}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={a.nproc}",
+        f"--master-port={free_port()}",
+        __file__,
+        "--rank",
+        str(run_dir),
+        f"--blocks={a.blocks}",
+        f"--block-steps={a.block_steps}",
+    ]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"benchmark ranks failed ({r.returncode}):\n{r.stderr[-3000:]}")
     results = json.loads(out.read_text())
-    print(f"layout: {' '.join(overrides)} on {a.nproc} CPU ranks; {a.blocks} block pairs of {a.block_steps} steps "
-          f"per side, alternating inside the same ranks; data: build_train_iterator on both sides")
+    print(
+        f"layout: {' '.join(overrides)} on {a.nproc} CPU ranks; {a.blocks} block pairs of {a.block_steps} steps "
+        f"per side, alternating inside the same ranks; data: build_train_iterator on both sides"
+    )
     for line in summarize(results):
         print(line)
     return 0

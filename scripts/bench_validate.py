@@ -25,8 +25,10 @@ def main(argv) -> int:
     params = count_parameters(rc.model)
     report = validate(rc)  # warm-up (imports)
     lay = report.layout
-    print(f"{recipe}: {params.total / 1e12:.2f}T params ({params.active / 1e9:.0f}B active), world {lay.world_size} "
-          f"= {lay.nodes} x {lay.gpus_per_node}; {len(report.errors)} error(s), {len(report.issues)} issue(s)")
+    print(
+        f"{recipe}: {params.total / 1e12:.2f}T params ({params.active / 1e9:.0f}B active), world {lay.world_size} "
+        f"= {lay.nodes} x {lay.gpus_per_node}; {len(report.errors)} error(s), {len(report.issues)} issue(s)"
+    )
     validate_s, total_s = [], []
     for _ in range(RUNS):
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ import argparse
 import math
 import random
 import sys
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 from kilocard.perf.baselines import compare_row, error_stats, load_rows
 from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, flat, with_values
@@ -35,7 +35,9 @@ FREE: Sequence[Sequence[str]] = (
     ("network.tp_overlap",),
     ("network.p2p_latency_s",),
 )
-def loss(values: Dict[str, float], rows) -> float:
+
+
+def loss(values: dict[str, float], rows) -> float:
     params = with_values(FITTED, values)
     errs = [compare_row(r, {}, params).rel_error for r in rows]
     errs = [e for e in errs if e is not None]
@@ -47,7 +49,7 @@ def clamp(name: str, v: float) -> float:
     return min(hi, max(lo, v))
 
 
-def coordinate_search(values: Dict[str, float], rows, rounds: int = 60) -> Dict[str, float]:
+def coordinate_search(values: dict[str, float], rows, rounds: int = 60) -> dict[str, float]:
     """Scale each free group up/down by ``step``; keep improvements; halve the step when none."""
     best = loss(values, rows)
     step = 0.2
@@ -68,7 +70,7 @@ def coordinate_search(values: Dict[str, float], rows, rounds: int = 60) -> Dict[
     return values
 
 
-def fit(rows, starts: int = 6, seed: int = 0) -> Dict[str, float]:
+def fit(rows, starts: int = 6, seed: int = 0) -> dict[str, float]:
     """Best of ``starts`` coordinate searches: from FITTED, then from seeded perturbations of it
     (each tied group scaled by one log-uniform factor in [0.7, 1.4])."""
     base = {k: clamp(k, v) for k, v in flat(FITTED).items() if any(k in g for g in FREE)}
@@ -90,7 +92,7 @@ def fit(rows, starts: int = 6, seed: int = 0) -> Dict[str, float]:
     return best_values
 
 
-def main(argv: List[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--file", default=None)
     ap.add_argument("--starts", type=int, default=6, help="coordinate searches from perturbed starts")
@@ -102,8 +104,10 @@ def main(argv: List[str] | None = None) -> int:
         print(f"{name} = {v:.4g}")
     comps = [compare_row(r, {}, params) for r in rows]
     for c in comps:
-        print(f"{c.id:28s} published {c.published_tflops_per_gpu:7.1f}  predicted {c.predicted_tflops_per_gpu:7.1f}  "
-              f"{c.rel_error:+.1%}")
+        print(
+            f"{c.id:28s} published {c.published_tflops_per_gpu:7.1f}  predicted {c.predicted_tflops_per_gpu:7.1f}  "
+            f"{c.rel_error:+.1%}"
+        )
     stats = error_stats(comps)
     print(f"mean |error| {stats['mean_abs_rel_error']:.2%}  max |error| {stats['max_abs_rel_error']:.2%}")
     return 0

@@ -22,15 +22,20 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional
 
-GPU_NAMES = {"H200": "h200-sxm-141gb", "H100 PCIe": "h100-pcie-80gb", "H100": "h100-sxm5-80gb",
-             "A100-SXM4-40GB": "a100-sxm4-40gb", "A100": "a100-sxm4-80gb", "B200": "b200-sxm-180gb",
-             "GB200": "gb200-nvl72"}
+GPU_NAMES = {
+    "H200": "h200-sxm-141gb",
+    "H100 PCIe": "h100-pcie-80gb",
+    "H100": "h100-sxm5-80gb",
+    "A100-SXM4-40GB": "a100-sxm4-40gb",
+    "A100": "a100-sxm4-80gb",
+    "B200": "b200-sxm-180gb",
+    "GB200": "gb200-nvl72",
+}
 """Substring of ``torch.cuda.get_device_name()`` -> kilocard.topology GPU table key (first match wins)."""
 
 
-def gpu_key() -> Optional[str]:
+def gpu_key() -> str | None:
     """The topology key of GPU 0, or ``None`` when there is no CUDA device or it is not in the table."""
     import torch
 
@@ -43,23 +48,36 @@ def gpu_key() -> Optional[str]:
     return None
 
 
-def overrides(args: argparse.Namespace, precision: str, gpu: Optional[str]) -> List[str]:
+def overrides(args: argparse.Namespace, precision: str, gpu: str | None) -> list[str]:
     """The run's overrides for one precision."""
     if args.cpu_smoke:
         return ["recipe=tiny_gpt", f"trainer.train_iters={args.steps}", "trainer.tensorboard=false"]
-    out = ["recipe=llama3_8b", f"model.num_layers={args.layers}", f"model.seq_length={args.seq}",
-           f"model.max_position_embeddings={args.seq}", "trainer.micro_batch_size=1",
-           f"trainer.global_batch_size={args.gbs}", f"trainer.train_iters={args.steps}", "trainer.tensorboard=false",
-           "trainer.deterministic=false", "cluster.nodes=1", "cluster.gpus_per_node=1",
-           "parallel.tensor_model_parallel_size=1", "parallel.pipeline_model_parallel_size=1",
-           "parallel.context_parallel_size=1", "parallel.use_distributed_optimizer=true",
-           "checkpoint.save_interval=0", "data=mock", "precision=bf16" if precision == "bf16" else "precision=fp8"]
+    out = [
+        "recipe=llama3_8b",
+        f"model.num_layers={args.layers}",
+        f"model.seq_length={args.seq}",
+        f"model.max_position_embeddings={args.seq}",
+        "trainer.micro_batch_size=1",
+        f"trainer.global_batch_size={args.gbs}",
+        f"trainer.train_iters={args.steps}",
+        "trainer.tensorboard=false",
+        "trainer.deterministic=false",
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=1",
+        "parallel.tensor_model_parallel_size=1",
+        "parallel.pipeline_model_parallel_size=1",
+        "parallel.context_parallel_size=1",
+        "parallel.use_distributed_optimizer=true",
+        "checkpoint.save_interval=0",
+        "data=mock",
+        "precision=bf16" if precision == "bf16" else "precision=fp8",
+    ]
     if gpu:
         out.append(f"cluster.gpu={gpu}")
     return out
 
 
-def why_not(precision: str, cpu_smoke: bool) -> Optional[str]:
+def why_not(precision: str, cpu_smoke: bool) -> str | None:
     """Why ``precision`` cannot be attempted here, or ``None``."""
     if cpu_smoke or precision == "bf16":
         return None
@@ -74,7 +92,7 @@ def why_not(precision: str, cpu_smoke: bool) -> Optional[str]:
     return None
 
 
-def run_one(args: argparse.Namespace, precision: str, gpu: Optional[str], work: Path) -> Dict[str, object]:
+def run_one(args: argparse.Namespace, precision: str, gpu: str | None, work: Path) -> dict[str, object]:
     """Train one configuration; return its figures or the reason it failed."""
     from kilocard.config.compose import compose
     from kilocard.launch.rundir import create_run_dir
@@ -88,21 +106,42 @@ def run_one(args: argparse.Namespace, precision: str, gpu: Optional[str], work: 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if args.cpu_smoke:
         env["KILOCARD_BACKEND"] = "cpu"
-    proc = subprocess.run([sys.executable, "-m", "kilocard.train", str(run_dir)], capture_output=True, text=True,
-                          env=env, timeout=args.timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kilocard.train", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=args.timeout,
+    )
     recs = read_metrics(run_dir)
     if proc.returncode != 0 or not recs:
         last = [l for l in (proc.stderr + proc.stdout).splitlines() if l.strip()][-1:] or ["(no output)"]
-        return {"precision": precision, "ran": False, "exit_code": proc.returncode, "reason": last[0],
-                "run_dir": str(run_dir)}
+        return {
+            "precision": precision,
+            "ran": False,
+            "exit_code": proc.returncode,
+            "reason": last[0],
+            "run_dir": str(run_dir),
+        }
     steady = recs[2:] or recs
     med = lambda k: statistics.median(r[k] for r in steady)  # noqa: E731
     mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
-    return {"precision": precision, "ran": True, "steps": len(recs), "median_step_time_s": med("step_time_s"),
-            "tflops_per_gpu": med("tflops_per_gpu"), "mfu": statistics.median(mfus) if mfus else None,
-            "mfu_peak": recs[-1].get("mfu_peak"), "flops_convention": "megatron_current",
-            "peak_mem_bytes": max(r["peak_mem_bytes"] for r in recs), "tokens_per_s_per_gpu": med("tokens_per_s_per_gpu"),
-            "loss_first": recs[0]["loss"], "loss_last": recs[-1]["loss"], "overrides": ov, "run_dir": str(run_dir)}
+    return {
+        "precision": precision,
+        "ran": True,
+        "steps": len(recs),
+        "median_step_time_s": med("step_time_s"),
+        "tflops_per_gpu": med("tflops_per_gpu"),
+        "mfu": statistics.median(mfus) if mfus else None,
+        "mfu_peak": recs[-1].get("mfu_peak"),
+        "flops_convention": "megatron_current",
+        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in recs),
+        "tokens_per_s_per_gpu": med("tokens_per_s_per_gpu"),
+        "loss_first": recs[0]["loss"],
+        "loss_last": recs[-1]["loss"],
+        "overrides": ov,
+        "run_dir": str(run_dir),
+    }
 
 
 def main() -> int:
@@ -126,9 +165,11 @@ def main() -> int:
     for r in results:
         if r["ran"]:
             mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-            print(f"{r['precision']:5s} {r['tflops_per_gpu']:8.2f} TFLOP/s/GPU  MFU {mfu} of {r['mfu_peak']}  "
-                  f"peak mem {r['peak_mem_bytes'] / 2**30:.2f} GiB  step {r['median_step_time_s']:.3f} s  "
-                  f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
+            print(
+                f"{r['precision']:5s} {r['tflops_per_gpu']:8.2f} TFLOP/s/GPU  MFU {mfu} of {r['mfu_peak']}  "
+                f"peak mem {r['peak_mem_bytes'] / 2**30:.2f} GiB  step {r['median_step_time_s']:.3f} s  "
+                f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}"
+            )
         else:
             print(f"{r['precision']:5s} NOT RUN: {r['reason']}")
     print(f"results: {args.out}")

@@ -10,7 +10,7 @@ def all_recipes():
     from kilocard.recipes import compose_recipes
 
     names = list(recipe_catalog())
-    return dict(zip(names, compose_recipes(names)))
+    return dict(zip(names, compose_recipes(names), strict=False))
 
 
 # --- a real Slurm cluster on this machine (scripts/slurm-up.sh / slurm-down.sh) -------------------
@@ -33,8 +33,9 @@ def run_slurm_script(name, env_extra, timeout=300):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "scripts" / name
-    proc = subprocess.run(["bash", str(script)], env={**os.environ, **env_extra}, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        ["bash", str(script)], env={**os.environ, **env_extra}, capture_output=True, text=True, timeout=timeout
+    )
     if proc.returncode != 0:
         pytest.fail(f"{name} failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -50,8 +51,11 @@ def local_slurm():
     if reason:
         pytest.skip(reason)
     env = {"KILOCARD_SLURM_NODES": "6"}
-    ping = subprocess.run(["timeout", "10", "scontrol", "ping"], capture_output=True, text=True) if \
-        __import__("shutil").which("scontrol") else None
+    ping = (
+        subprocess.run(["timeout", "10", "scontrol", "ping"], capture_output=True, text=True)
+        if __import__("shutil").which("scontrol")
+        else None
+    )
     was_up = ping is not None and "is UP" in ping.stdout
     run_slurm_script("slurm-up.sh", env)
     yield {"partition": "local", "nodes": 6}
@@ -80,8 +84,9 @@ class KilocardRun:
         import sys
 
         cmd = [sys.executable, "-m", "kilocard.cli", "run", *args]
-        return subprocess.Popen(cmd, cwd=self.workdir, env=self.env(**env), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            cmd, cwd=self.workdir, env=self.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
 
     def __call__(self, *args, timeout=300, **env):
         """Run ``kilocard run ARGS`` to the end; return (exit code, output, run dir or None)."""
@@ -93,7 +98,7 @@ class KilocardRun:
         """The run directory printed on the ``run dir:`` line, or None."""
         for line in out.splitlines():
             if line.startswith("run dir: "):
-                p = self.workdir / line[len("run dir: "):].strip()
+                p = self.workdir / line[len("run dir: ") :].strip()
                 return p
         return None
 

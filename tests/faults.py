@@ -1,4 +1,4 @@
-"""Helpers of the fault-injection tests (tests/test_faults_*.py): find a rank, watch a run, read its files."""
+"""Helpers of the fault-injection tests (tests/*/test_faults_*.py): find a rank, watch a run, read its files."""
 
 from __future__ import annotations
 
@@ -6,31 +6,37 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
 
 import psutil
 
 ITERS, EVERY = 24, 4
 """Steps of the run every fault test interrupts, and steps between its committed saves."""
-TINY = ["--nproc", "2", "recipe=tiny_gpt", f"trainer.train_iters={ITERS}", f"checkpoint.save_interval={EVERY}",
-        "trainer.tensorboard=false"]
+TINY = [
+    "--nproc",
+    "2",
+    "recipe=tiny_gpt",
+    f"trainer.train_iters={ITERS}",
+    f"checkpoint.save_interval={EVERY}",
+    "trainer.tensorboard=false",
+]
 """Two gloo CPU ranks (DP2), ITERS steps, a committed step every EVERY: long enough (a few seconds) for
 a fault to land mid-run even when the launcher's progress lines come only every 0.5 s."""
 
 
-def records(run_dir: Path) -> List[dict]:
+def records(run_dir: Path) -> list[dict]:
     """metrics.jsonl as a list of dicts."""
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def losses(run_dir: Path) -> List[Tuple[int, float]]:
+def losses(run_dir: Path) -> list[tuple[int, float]]:
     """(step, loss) of every record."""
     return [(r["step"], r["loss"]) for r in records(run_dir)]
 
 
-def tracker(run_dir: Path) -> Optional[int]:
+def tracker(run_dir: Path) -> int | None:
     """The newest committed step, or None."""
     t = run_dir / "checkpoints" / "latest_committed.txt"
     return int(t.read_text()) if t.exists() else None
@@ -42,8 +48,11 @@ def rank_process(launcher_pid: int, rank: int, timeout: float = 120) -> psutil.P
     while time.monotonic() < deadline:
         for child in psutil.Process(launcher_pid).children(recursive=True):
             try:
-                if "kilocard.train" in " ".join(child.cmdline()) and child.environ().get("RANK") == str(rank) \
-                        and "torch.distributed.run" not in " ".join(child.cmdline()):
+                if (
+                    "kilocard.train" in " ".join(child.cmdline())
+                    and child.environ().get("RANK") == str(rank)
+                    and "torch.distributed.run" not in " ".join(child.cmdline())
+                ):
                     return child
             except psutil.NoSuchProcess:
                 continue
@@ -51,20 +60,25 @@ def rank_process(launcher_pid: int, rank: int, timeout: float = 120) -> psutil.P
     raise AssertionError(f"rank {rank} process not found")
 
 
-def run_dir_of(line: str, workdir: Path) -> Optional[Path]:
+def run_dir_of(line: str, workdir: Path) -> Path | None:
     """The run directory of a ``run dir: ...`` line."""
-    return workdir / line[len("run dir: "):].strip() if line.startswith("run dir: ") else None
+    return workdir / line[len("run dir: ") :].strip() if line.startswith("run dir: ") else None
 
 
-def step_of(line: str) -> Optional[int]:
+def step_of(line: str) -> int | None:
     """N of a ``step N/M | ...`` progress line."""
     if line.startswith("step ") and "/" in line:
         return int(line.split()[1].split("/")[0])
     return None
 
 
-def run_until(kilocard_run, args: List[str], act: Callable[[subprocess.Popen, Path, int], bool],
-              timeout: float = 300, after_step: int = 0) -> Tuple[int, str, Path, float]:
+def run_until(
+    kilocard_run,
+    args: list[str],
+    act: Callable[[subprocess.Popen, Path, int], bool],
+    timeout: float = 300,
+    after_step: int = 0,
+) -> tuple[int, str, Path, float]:
     """Start ``kilocard run ARGS``; call ``act(proc, run_dir, step)`` on every progress line of a step
     after ``after_step`` (a resumed run first shows its last recorded step) until it returns True;
     then wait for the exit. Returns (code, output, run dir, seconds from the act to the exit)."""
@@ -89,7 +103,7 @@ def kill_rank(proc: subprocess.Popen, rank: int, sig: int = signal.SIGKILL) -> N
     rank_process(proc.pid, rank).send_signal(sig)
 
 
-def exit_codes(run_dir: Path) -> List[int]:
+def exit_codes(run_dir: Path) -> list[int]:
     """The per-rank exit codes the ranks recorded (sorted)."""
     return sorted(int(p.read_text()) for p in (run_dir / "logs" / "exit").glob("rank_*"))
 

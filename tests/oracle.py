@@ -14,9 +14,9 @@ from __future__ import annotations
 import ast
 import sys
 import types
-from functools import lru_cache
+from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
-from typing import Dict, FrozenSet, Iterable, Optional, Set
 
 ORACLE_DIR = Path(__file__).resolve().parent.parent / ".oracle"
 TRAINING_DIR = ORACLE_DIR / "megatron" / "training"
@@ -50,7 +50,7 @@ def _package_of(path: Path) -> str:
     return ".".join(parts if parts[-1] == "__init__" and parts.pop() is not None else parts[:-1])
 
 
-def _definitions(path: Path, wanted: Set[str] | None, ns: Dict[str, object], seen: Set[tuple]) -> None:
+def _definitions(path: Path, wanted: set[str] | None, ns: dict[str, object], seen: set[tuple]) -> None:
     """Execute ``wanted`` (or all) top-level definitions of ``path`` into ``ns``, imports resolved.
 
     Only the imports that bind a name the kept definitions use are resolved (recursively).
@@ -62,7 +62,11 @@ def _definitions(path: Path, wanted: Set[str] | None, ns: Dict[str, object], see
     keep = [n for n in defs if wanted is None or _bound_names(n) & wanted]
     used = {x.id for n in keep for x in ast.walk(n) if isinstance(x, ast.Name)}
     if wanted is not None:  # constants the kept definitions read
-        keep = [n for n in defs if n in keep or (not isinstance(n, (ast.FunctionDef, ast.ClassDef)) and _bound_names(n) & used)]
+        keep = [
+            n
+            for n in defs
+            if n in keep or (not isinstance(n, (ast.FunctionDef, ast.ClassDef)) and _bound_names(n) & used)
+        ]
         used |= {x.id for n in keep for x in ast.walk(n) if isinstance(x, ast.Name)}
     for node in imports:
         bound = {(a.asname or a.name).split(".")[0] for a in node.names}
@@ -77,20 +81,23 @@ def _definitions(path: Path, wanted: Set[str] | None, ns: Dict[str, object], see
             ns.setdefault("__oracle_skipped__", {}).update({n: repr(e) for n in _bound_names(node)})
 
 
-def _bound_names(node: ast.AST) -> Set[str]:
+def _bound_names(node: ast.AST) -> set[str]:
     if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
         return {node.name}
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     return {t.id for t in targets if isinstance(t, ast.Name)}
 
 
-def _resolve_import(node: ast.AST, package: str, ns: Dict[str, object], seen: Set[tuple]) -> None:
+def _resolve_import(node: ast.AST, package: str, ns: dict[str, object], seen: set[tuple]) -> None:
     if isinstance(node, ast.Import):
         for alias in node.names:
             top = alias.name.split(".")[0]
             if top in sys.stdlib_module_names:
-                ns[alias.asname or top] = __import__(alias.name) if alias.asname is None else \
-                    sys.modules.get(alias.name) or __import__(alias.name, fromlist=["_"])
+                ns[alias.asname or top] = (
+                    __import__(alias.name)
+                    if alias.asname is None
+                    else sys.modules.get(alias.name) or __import__(alias.name, fromlist=["_"])
+                )
         return
     assert isinstance(node, ast.ImportFrom)
     mod = "." * node.level + (node.module or "")
@@ -109,7 +116,7 @@ def _resolve_import(node: ast.AST, package: str, ns: Dict[str, object], seen: Se
         if key in seen:
             continue
         seen.add(key)
-        sub: Dict[str, object] = {"__name__": f"oracle.{alias.name}"}
+        sub: dict[str, object] = {"__name__": f"oracle.{alias.name}"}
         try:
             _definitions(src, {alias.name}, sub, seen)
         except Exception:  # not loadable without megatron-core 0.19: the name stays absent
@@ -118,8 +125,8 @@ def _resolve_import(node: ast.AST, package: str, ns: Dict[str, object], seen: Se
             ns[alias.asname or alias.name] = sub[alias.name]
 
 
-@lru_cache(maxsize=None)
-def _load(name: str, only: Optional[FrozenSet[str]]) -> types.ModuleType:
+@cache
+def _load(name: str, only: frozenset[str] | None) -> types.ModuleType:
     path = TRAINING_DIR / f"{name.replace('.', '/')}.py"
     if not path.is_file():
         raise FileNotFoundError(f"oracle has no megatron/training/{name}.py under {ORACLE_DIR}")
@@ -129,7 +136,7 @@ def _load(name: str, only: Optional[FrozenSet[str]]) -> types.ModuleType:
     return mod
 
 
-def load_megatron_training_module(name: str, only: Optional[Iterable[str]] = None) -> types.ModuleType:
+def load_megatron_training_module(name: str, only: Iterable[str] | None = None) -> types.ModuleType:
     """``megatron.training.<name>`` of megatron-core 0.19.2; skip the test if the oracle is absent.
 
     ``only`` names the functions to load (what they use comes along); without it every top-level
@@ -139,6 +146,8 @@ def load_megatron_training_module(name: str, only: Optional[Iterable[str]] = Non
     if not oracle_available():
         import pytest
 
-        pytest.skip(f"the megatron-core {ORACLE_VERSION} oracle is not installed in {ORACLE_DIR} "
-                    "(run scripts/install_oracle.sh)")
+        pytest.skip(
+            f"the megatron-core {ORACLE_VERSION} oracle is not installed in {ORACLE_DIR} "
+            "(run scripts/install_oracle.sh)"
+        )
     return _load(name, frozenset(only) if only else None)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Dict, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from kilocard.config.compose import ComposeError
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
-#: The CLI surface, frozen by tests/test_cli_surface.py: add a verb there on purpose, not by accident.
+#: The CLI surface, frozen by tests/commands/test_cli_surface.py: add a verb there on purpose, not by accident.
 VERBS = ("recipes", "show", "validate", "run", "preprocess", "sbatch", "baselines", "plan")
 
 
@@ -92,7 +92,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             node = cfg if args.package is None else OmegaConf.select(cfg, args.package, default=absent)
             if node is absent:
                 raise ComposeError(
-                    f"{args.package}: no such node for --package (expected a group or field path, e.g. model or model.hidden_size)",
+                    f"{args.package}: no such node for --package (expected a group or field path, e.g. model or "
+                    "model.hidden_size)",
                     field=args.package,
                 )
             if OmegaConf.is_config(node):
@@ -142,10 +143,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return plan_command(args.overrides, top=args.top, plot=args.plot, fmt=args.format)
 
 
-COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {v: globals()[f"cmd_{v}"] for v in VERBS}
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {v: globals()[f"cmd_{v}"] for v in VERBS}
 
 
-def parse_args(argv: List[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the command line; flags and Hydra overrides may come in any order.
 
     argparse stops collecting the ``overrides`` positional at the first flag; overrides after a
@@ -161,7 +162,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kilocard`` console script."""
     args = parse_args(list(argv) if argv is not None else sys.argv[1:])
     try:
@@ -182,4 +183,4 @@ if __name__ == "__main__":
     _entry()
 
 
-__all__: List[str] = ["main", "VERBS", "EXIT_OK", "EXIT_INVALID", "EXIT_USAGE"]
+__all__: list[str] = ["main", "VERBS", "EXIT_OK", "EXIT_INVALID", "EXIT_USAGE"]

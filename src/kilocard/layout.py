@@ -8,7 +8,6 @@ gpus_per_node`` (the config is the source of truth, never the environment).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
 
 from kilocard.config.schema import RunConfig
 from kilocard.topology import GroupPlacement, place_group
@@ -30,7 +29,7 @@ class Layout:
     """Tensor-parallel size."""
     pp: int
     """Pipeline-parallel size."""
-    vp: Optional[int]
+    vp: int | None
     """Virtual stages per pipeline rank (``None``: not interleaved)."""
     cp: int
     """Context-parallel size."""
@@ -38,15 +37,15 @@ class Layout:
     """Expert-parallel size."""
     etp: int
     """Expert tensor-parallel size (TP when unset)."""
-    dp: Optional[int]
+    dp: int | None
     """Data-parallel size world / (tp*pp*cp); ``None`` when not a whole number."""
-    expert_dp: Optional[int]
+    expert_dp: int | None
     """Expert data-parallel size world / (etp*ep*pp); ``None`` when not a whole number."""
-    num_microbatches: Optional[int]
+    num_microbatches: int | None
     """Micro-batches per step per DP rank: global / (micro * dp); ``None`` when not whole."""
-    stage_layers: Optional[List[int]] = None
+    stage_layers: list[int] | None = None
     """Transformer layers on each pipeline stage; ``None`` when the split is invalid."""
-    groups: Dict[str, GroupPlacement] = field(default_factory=dict)
+    groups: dict[str, GroupPlacement] = field(default_factory=dict)
     """Placement of each group kind (empty when DP is not whole)."""
 
     @property
@@ -62,16 +61,16 @@ class Layout:
         return out
 
 
-def _pos(x: Optional[int], default: int = 1) -> int:
+def _pos(x: int | None, default: int = 1) -> int:
     """``x`` when it is a positive int, else ``default`` (bad sizes are reported by rules)."""
     return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else default
 
 
-def _exact_div(a: int, b: int) -> Optional[int]:
+def _exact_div(a: int, b: int) -> int | None:
     return a // b if b > 0 and a % b == 0 else None
 
 
-def stage_layers(cfg: RunConfig) -> Optional[List[int]]:
+def stage_layers(cfg: RunConfig) -> list[int] | None:
     """Layers per pipeline stage, as Megatron-Core's ``get_num_layers_to_build`` splits them."""
     p, m = cfg.parallel, cfg.model
     pp, layers = _pos(p.pipeline_model_parallel_size), m.num_layers
@@ -112,11 +111,15 @@ def compute_layout(cfg: RunConfig) -> Layout:
     if mb == 0:
         mb = None
     domain = _pos(c.nvlink_domain_size)
-    groups: Dict[str, GroupPlacement] = {}
+    groups: dict[str, GroupPlacement] = {}
     if dp:
         for name, size, stride in (
-            ("tp", tp, 1), ("cp", cp, tp), ("tp_cp", tp * cp, 1), ("dp", dp, tp * cp),
-            ("dp_cp", dp * cp, tp), ("pp", pp, tp * cp * dp),
+            ("tp", tp, 1),
+            ("cp", cp, tp),
+            ("tp_cp", tp * cp, 1),
+            ("dp", dp, tp * cp),
+            ("dp_cp", dp * cp, tp),
+            ("pp", pp, tp * cp * dp),
         ):
             groups[name] = place_group(name, size, stride, world, gpn, domain)
     if edp:
@@ -125,7 +128,19 @@ def compute_layout(cfg: RunConfig) -> Layout:
     vp = p.virtual_pipeline_model_parallel_size
     vp = vp if isinstance(vp, int) and vp >= 1 else None
     return Layout(
-        world_size=world, nodes=nodes, gpus_per_node=gpn, nvlink_domain_size=domain,
-        tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, dp=dp, expert_dp=edp, num_microbatches=mb,
-        stage_layers=stage_layers(cfg) if pp <= 4096 else None, groups=groups,
+        world_size=world,
+        nodes=nodes,
+        gpus_per_node=gpn,
+        nvlink_domain_size=domain,
+        tp=tp,
+        pp=pp,
+        vp=vp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        dp=dp,
+        expert_dp=edp,
+        num_microbatches=mb,
+        stage_layers=stage_layers(cfg) if pp <= 4096 else None,
+        groups=groups,
     )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import compute_layout
@@ -52,13 +51,13 @@ class LaunchPlan:
     """Context-parallel size."""
     ep: int
     """Expert-parallel size."""
-    dp: Optional[int]
+    dp: int | None
     """Data-parallel size (``None`` when world size is not a multiple of tp*pp*cp)."""
-    master_port: Optional[int]
+    master_port: int | None
     """Fixed rendezvous port (launcher.master_port); ``None``: derived from the Slurm job id."""
-    env: Dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     """Environment every rank gets (values are plain strings; quoting is the renderer's job)."""
-    secret_env: List[str] = field(default_factory=list)
+    secret_env: list[str] = field(default_factory=list)
     """Names of variables passed through from the submitting environment; values never stored."""
 
     @property
@@ -71,10 +70,10 @@ class LaunchPlan:
         return json.dumps({**asdict(self), "on_gpu": self.on_gpu}, indent=1, sort_keys=True) + "\n"
 
 
-def layout_env(cfg: RunConfig, on_gpu: bool, cpus_per_task: int) -> Dict[str, str]:
+def layout_env(cfg: RunConfig, on_gpu: bool, cpus_per_task: int) -> dict[str, str]:
     """Environment the layout and hardware call for (before cluster/launcher settings)."""
     p = cfg.parallel
-    env: Dict[str, str] = {"OMP_NUM_THREADS": str(cpus_per_task)}
+    env: dict[str, str] = {"OMP_NUM_THREADS": str(cpus_per_task)}
     if not on_gpu:
         return env
     spec = gpu_spec(cfg.cluster.gpu)

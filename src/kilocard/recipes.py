@@ -13,9 +13,9 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
 
 from kilocard.config.compose import ComposeError, compose_each, recipe_catalog, to_run_config
 from kilocard.config.schema import RunConfig
@@ -43,7 +43,7 @@ class RecipeRow:
     """Cluster profile."""
     precision: str
     """fp32, bf16, fp16, or fp8 (<format>)."""
-    baseline: Optional[str]
+    baseline: str | None
     """Published baseline row it reproduces."""
 
 
@@ -73,7 +73,7 @@ def recipe_row(name: str, rc: RunConfig) -> RecipeRow:
     )
 
 
-def compose_recipes(names: Sequence[str]) -> List[RunConfig]:
+def compose_recipes(names: Sequence[str]) -> list[RunConfig]:
     """Compose each named recipe (no overrides); a broken recipe is named in the error."""
     try:
         return [to_run_config(cfg) for cfg in compose_each([[f"recipe={n}"] for n in names])]
@@ -112,7 +112,7 @@ def cache_dir() -> Path:
     return Path(base) / "kilocard"
 
 
-def _read_cache(path: Path) -> Optional[List[RecipeRow]]:
+def _read_cache(path: Path) -> list[RecipeRow] | None:
     try:
         rows = [RecipeRow(**r) for r in json.loads(path.read_text())]
     except (OSError, ValueError, TypeError):
@@ -120,7 +120,7 @@ def _read_cache(path: Path) -> Optional[List[RecipeRow]]:
     return rows if [r.name for r in rows] == list(recipe_catalog()) else None
 
 
-def _write_cache(path: Path, rows: List[RecipeRow]) -> None:
+def _write_cache(path: Path, rows: list[RecipeRow]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -133,7 +133,7 @@ def _write_cache(path: Path, rows: List[RecipeRow]) -> None:
         print(f"kilocard recipes: note: cannot cache the catalog in {path.parent} ({e.strerror})", file=sys.stderr)
 
 
-def catalog_rows(use_cache: bool = True, composed: Optional[Dict[str, RunConfig]] = None) -> List[RecipeRow]:
+def catalog_rows(use_cache: bool = True, composed: dict[str, RunConfig] | None = None) -> list[RecipeRow]:
     """Compose every recipe and summarise it (from the cache when nothing changed).
 
     ``composed`` passes recipes the caller already composed (``{name: RunConfig}``, every recipe),
@@ -146,7 +146,7 @@ def catalog_rows(use_cache: bool = True, composed: Optional[Dict[str, RunConfig]
             return cached
     names = list(recipe_catalog())
     configs = [composed[n] for n in names] if composed is not None else compose_recipes(names)
-    rows = [recipe_row(n, rc) for n, rc in zip(names, configs)]
+    rows = [recipe_row(n, rc) for n, rc in zip(names, configs, strict=False)]
     if use_cache:
         _write_cache(path, rows)
     return rows
@@ -168,15 +168,33 @@ def print_recipe_table(fmt: str = "text") -> int:
         return 0
     header = ("recipe", "family", "model", "params", "active", "GPUs", "cluster", "precision", "baseline")
     table = [header] + [
-        (r.name, r.family, r.model, human(r.params), human(r.active_params), str(r.gpus), r.cluster, r.precision, r.baseline or "-")
+        (
+            r.name,
+            r.family,
+            r.model,
+            human(r.params),
+            human(r.active_params),
+            str(r.gpus),
+            r.cluster,
+            r.precision,
+            r.baseline or "-",
+        )
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for i, row in enumerate(table):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
     return 0
 
 
-__all__ = ["RecipeRow", "catalog_rows", "compose_recipes", "print_recipe_table", "precision_label", "human", "cache_dir"]
+__all__ = [
+    "RecipeRow",
+    "catalog_rows",
+    "compose_recipes",
+    "print_recipe_table",
+    "precision_label",
+    "human",
+    "cache_dir",
+]

@@ -18,8 +18,8 @@ set ``{offset + stride * i}``, with ``stride`` the product of the faster dimensi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -36,7 +36,7 @@ class GpuSpec:
     """Key in the table (``h100-sxm5-80gb``)."""
     vendor: str
     """``nvidia``, ``amd`` or ``cpu``."""
-    peak_flops: Dict[str, float]
+    peak_flops: dict[str, float]
     """Dense peak FLOP/s by dtype (``fp32``, ``tf32``, ``bf16``, ``fp16``, ``fp8``, ``fp4``)."""
     hbm_bytes: int
     """Device memory in bytes."""
@@ -46,7 +46,7 @@ class GpuSpec:
     """NVLink (or Infinity Fabric) bandwidth per GPU, one direction, bytes/s."""
     nvlink_domain_size: int
     """GPUs that share one NVLink/NVSwitch domain in the usual system (DGX: 8, NVL72: 72)."""
-    compute_capability: Tuple[int, int] = (0, 0)
+    compute_capability: tuple[int, int] = (0, 0)
     """CUDA compute capability (8.0 Ampere, 9.0 Hopper, 10.0 Blackwell); (0, 0) when not CUDA."""
     note: str = ""
     """Where the figures come from."""
@@ -77,38 +77,139 @@ def _nv(name, bf16, fp8, fp4, fp32, tf32, mem_mib, hbm_bw, nvlink_bidir, domain,
     return GpuSpec(name, "nvidia", peaks, mem_mib * MiB, hbm_bw, nvlink_bidir / 2, domain, cc, note)
 
 
-GPU_TABLE: Dict[str, GpuSpec] = {
+GPU_TABLE: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        _nv("a100-sxm4-40gb", 312e12, None, None, 19.5e12, 156e12, 40960, 1.555e12, 600e9, 8, (8, 0),
-            "NVIDIA A100 datasheet (dense)"),
-        _nv("a100-sxm4-80gb", 312e12, None, None, 19.5e12, 156e12, 81920, 2.039e12, 600e9, 8, (8, 0),
-            "NVIDIA A100 datasheet (dense)"),
-        _nv("h100-sxm5-80gb", 989e12, 1979e12, None, 67e12, 494.5e12, 81559, 3.35e12, 900e9, 8, (9, 0),
-            "NVIDIA H100 SXM5 datasheet (dense)"),
-        _nv("h100-pcie-80gb", 756e12, 1513e12, None, 51e12, 378e12, 81559, 2.0e12, 600e9, 2, (9, 0),
-            "NVIDIA H100 PCIe datasheet (dense); NVLink bridge pairs"),
-        _nv("h200-sxm-141gb", 989e12, 1979e12, None, 67e12, 494.5e12, 143771, 4.8e12, 900e9, 8, (9, 0),
-            "NVIDIA H200 SXM datasheet (dense): H100 compute, 141 GB HBM3e"),
-        _nv("b200-sxm-180gb", 2.25e15, 4.5e15, 9e15, 75e12, 1.1e15, 183359, 8.0e12, 1.8e12, 8, (10, 0),
-            "NVIDIA HGX B200 datasheet, per GPU (dense)"),
-        _nv("gb200-nvl72", 2.5e15, 5e15, 10e15, 80e12, 1.25e15, 189471, 8.0e12, 1.8e12, 72, (10, 0),
-            "NVIDIA GB200 NVL72 datasheet, per GPU (dense)"),
-        GpuSpec("mi300x", "amd", {"fp32": 163.4e12, "tf32": 653.7e12, "bf16": 1307e12, "fp16": 1307e12,
-                                  "fp8": 2615e12},
-                192 * GiB, 5.3e12, 448e9, 8, (0, 0), "AMD Instinct MI300X datasheet (dense)"),
-        GpuSpec("cpu", "cpu", {"fp32": 50e9, "bf16": 50e9, "fp16": 50e9}, 8 * GiB, 20e9, 5e9, 1, (0, 0),
-                "nominal figures for one CPU rank (gloo), not a measurement"),
+        _nv(
+            "a100-sxm4-40gb",
+            312e12,
+            None,
+            None,
+            19.5e12,
+            156e12,
+            40960,
+            1.555e12,
+            600e9,
+            8,
+            (8, 0),
+            "NVIDIA A100 datasheet (dense)",
+        ),
+        _nv(
+            "a100-sxm4-80gb",
+            312e12,
+            None,
+            None,
+            19.5e12,
+            156e12,
+            81920,
+            2.039e12,
+            600e9,
+            8,
+            (8, 0),
+            "NVIDIA A100 datasheet (dense)",
+        ),
+        _nv(
+            "h100-sxm5-80gb",
+            989e12,
+            1979e12,
+            None,
+            67e12,
+            494.5e12,
+            81559,
+            3.35e12,
+            900e9,
+            8,
+            (9, 0),
+            "NVIDIA H100 SXM5 datasheet (dense)",
+        ),
+        _nv(
+            "h100-pcie-80gb",
+            756e12,
+            1513e12,
+            None,
+            51e12,
+            378e12,
+            81559,
+            2.0e12,
+            600e9,
+            2,
+            (9, 0),
+            "NVIDIA H100 PCIe datasheet (dense); NVLink bridge pairs",
+        ),
+        _nv(
+            "h200-sxm-141gb",
+            989e12,
+            1979e12,
+            None,
+            67e12,
+            494.5e12,
+            143771,
+            4.8e12,
+            900e9,
+            8,
+            (9, 0),
+            "NVIDIA H200 SXM datasheet (dense): H100 compute, 141 GB HBM3e",
+        ),
+        _nv(
+            "b200-sxm-180gb",
+            2.25e15,
+            4.5e15,
+            9e15,
+            75e12,
+            1.1e15,
+            183359,
+            8.0e12,
+            1.8e12,
+            8,
+            (10, 0),
+            "NVIDIA HGX B200 datasheet, per GPU (dense)",
+        ),
+        _nv(
+            "gb200-nvl72",
+            2.5e15,
+            5e15,
+            10e15,
+            80e12,
+            1.25e15,
+            189471,
+            8.0e12,
+            1.8e12,
+            72,
+            (10, 0),
+            "NVIDIA GB200 NVL72 datasheet, per GPU (dense)",
+        ),
+        GpuSpec(
+            "mi300x",
+            "amd",
+            {"fp32": 163.4e12, "tf32": 653.7e12, "bf16": 1307e12, "fp16": 1307e12, "fp8": 2615e12},
+            192 * GiB,
+            5.3e12,
+            448e9,
+            8,
+            (0, 0),
+            "AMD Instinct MI300X datasheet (dense)",
+        ),
+        GpuSpec(
+            "cpu",
+            "cpu",
+            {"fp32": 50e9, "bf16": 50e9, "fp16": 50e9},
+            8 * GiB,
+            20e9,
+            5e9,
+            1,
+            (0, 0),
+            "nominal figures for one CPU rank (gloo), not a measurement",
+        ),
     )
 }
 
 
-def gpu_spec(name: str) -> Optional[GpuSpec]:
+def gpu_spec(name: str) -> GpuSpec | None:
     """The table entry for ``name``, or ``None`` when the table has no such GPU."""
     return GPU_TABLE.get(name)
 
 
-def compute_dtype(bf16: bool, fp16: bool, fp8: Optional[str], fp4: Optional[str]) -> str:
+def compute_dtype(bf16: bool, fp16: bool, fp8: str | None, fp4: str | None) -> str:
     """The dtype the GEMMs run in for these precision flags (the peak an MFU divides by)."""
     if fp4:
         return "fp4"
@@ -171,9 +272,9 @@ def place_group(name: str, size: int, stride: int, world: int, gpus_per_node: in
     )
 
 
-def rank_coordinates(rank: int, sizes: Sequence[Tuple[str, int]]) -> Dict[str, int]:
+def rank_coordinates(rank: int, sizes: Sequence[tuple[str, int]]) -> dict[str, int]:
     """Coordinates of ``rank`` for dimensions ``sizes`` given fastest first (Megatron-Core order)."""
-    out: Dict[str, int] = {}
+    out: dict[str, int] = {}
     for name, n in sizes:
         out[name] = rank % n
         rank //= n

@@ -41,19 +41,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Callable, Iterable
 from importlib import metadata
-from typing import Callable, Dict, FrozenSet, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
 
 PROVEN_VERSIONS = ("0.16.1",)
-"""megatron-core releases every section below was proven against (tests/test_shim_*.py)."""
+"""megatron-core releases every section below was proven against (tests/backends/test_shim_*.py)."""
 
 SKIP_ENV = "KILOCARD_CPU_SHIM_SKIP"
 """Comma-separated section numbers to leave out (experiments and the tests that prove a section)."""
 
-_applied: Optional[FrozenSet[int]] = None
+_applied: frozenset[int] | None = None
 
 
 class ShimVersionError(RuntimeError):
@@ -79,23 +79,45 @@ def _patch_rng_tracker() -> None:
 
 
 def _is_cuda(d: object) -> bool:
-    return (isinstance(d, int) and not isinstance(d, bool)) or (isinstance(d, str) and d.startswith("cuda")) \
+    return (
+        (isinstance(d, int) and not isinstance(d, bool))
+        or (isinstance(d, str) and d.startswith("cuda"))
         or (isinstance(d, torch.device) and d.type == "cuda")
+    )
 
 
-def _to_cpu_device(f: Callable, pos: Optional[int] = None) -> Callable:
+def _to_cpu_device(f: Callable, pos: int | None = None) -> Callable:
     @functools.wraps(f)
     def wrapper(*a, **k):
         if "device" in k and _is_cuda(k["device"]):
             k["device"] = "cpu"
         if pos is not None and len(a) > pos and _is_cuda(a[pos]):
-            a = a[:pos] + ("cpu",) + a[pos + 1:]
+            a = a[:pos] + ("cpu",) + a[pos + 1 :]
         return f(*a, **k)
+
     return wrapper
 
 
-_FACTORIES = ("empty", "zeros", "ones", "full", "arange", "tensor", "as_tensor", "rand", "randn", "randint",
-              "randperm", "empty_like", "zeros_like", "ones_like", "full_like", "linspace", "eye", "empty_strided")
+_FACTORIES = (
+    "empty",
+    "zeros",
+    "ones",
+    "full",
+    "arange",
+    "tensor",
+    "as_tensor",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "empty_like",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "linspace",
+    "eye",
+    "empty_strided",
+)
 
 
 def _patch_devices() -> None:
@@ -109,18 +131,34 @@ def _patch_devices() -> None:
 
 
 class _NullEvent:
-    def __init__(self, *a, **k): pass
-    def record(self, *a, **k): pass
-    def wait(self, *a, **k): pass
-    def synchronize(self): pass
-    def query(self): return True
-    def elapsed_time(self, other): return 0.0
+    def __init__(self, *a, **k):
+        pass
+
+    def record(self, *a, **k):
+        pass
+
+    def wait(self, *a, **k):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, other):
+        return 0.0
 
 
 class _NullStream(_NullEvent):
-    def wait_stream(self, *a): pass
-    def wait_event(self, *a): pass
-    def record_event(self, e=None): return e or _NullEvent()
+    def wait_stream(self, *a):
+        pass
+
+    def wait_event(self, *a):
+        pass
+
+    def record_event(self, e=None):
+        return e or _NullEvent()
 
 
 def _patch_cuda_runtime() -> None:
@@ -134,14 +172,17 @@ def _patch_cuda_runtime() -> None:
 
 def _patch_te_general_gemm() -> None:
     import megatron.core.transformer.moe.moe_utils as moe_utils
+
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
 
 
 def _patch_alltoall_splits() -> None:
     import megatron.core.transformer.moe.token_dispatcher as td
-    td.maybe_move_tensor_to_cpu = lambda t, as_numpy=False, record_stream=False: \
+
+    td.maybe_move_tensor_to_cpu = lambda t, as_numpy=False, record_stream=False: (
         t.numpy() if as_numpy and torch.is_tensor(t) else t
+    )
 
 
 def _patch_tensor_type() -> None:
@@ -173,7 +214,7 @@ def _patch_sequence_parallel_norm() -> None:
 def _patch_uneven_collectives() -> None:
     all_gather, reduce_scatter = dist.all_gather, dist.reduce_scatter
 
-    def uneven(ts: List[torch.Tensor]) -> bool:
+    def uneven(ts: list[torch.Tensor]) -> bool:
         return len({tuple(t.shape) for t in ts}) > 1
 
     def all_gather_v(tensor_list, tensor, group=None, async_op=False):
@@ -183,7 +224,7 @@ def _patch_uneven_collectives() -> None:
         pad[: tensor.shape[0]] = tensor
         bufs = [torch.empty_like(pad) for _ in tensor_list]
         all_gather(bufs, pad, group=group)
-        for out, b in zip(tensor_list, bufs):
+        for out, b in zip(tensor_list, bufs, strict=False):
             out.copy_(b[: out.shape[0]])
 
     def reduce_scatter_v(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
@@ -192,13 +233,14 @@ def _patch_uneven_collectives() -> None:
         full = torch.cat([t.contiguous() for t in input_list])
         dist.all_reduce(full, op=op, group=group)
         start = sum(t.shape[0] for t in input_list[: dist.get_rank(group)])
-        output.copy_(full[start: start + output.shape[0]])
+        output.copy_(full[start : start + output.shape[0]])
 
     dist.all_gather, dist.reduce_scatter = all_gather_v, reduce_scatter_v
 
 
 def _patch_distopt_adam_step() -> None:
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as DO
+
     orig_set_states = DO._set_main_param_and_optimizer_states
 
     def set_states(self, model_param, tensors):
@@ -225,11 +267,12 @@ def _patch_sync_save_results_queue() -> None:
     import queue
 
     import megatron.core.dist_checkpointing.strategies.filesystem_async as fa
-    results: "queue.Queue" = queue.Queue()
+
+    results: queue.Queue = queue.Queue()
     fa._get_write_results_queue = lambda: results
 
 
-SECTIONS: Dict[int, Callable[[], None]] = {
+SECTIONS: dict[int, Callable[[], None]] = {
     1: _patch_rng_tracker,
     2: _patch_devices,
     3: _patch_cuda_runtime,
@@ -249,18 +292,18 @@ def megatron_core_version() -> str:
     return metadata.version("megatron-core")
 
 
-def check_version(version: Optional[str] = None) -> None:
+def check_version(version: str | None = None) -> None:
     """Raise ``ShimVersionError`` unless ``version`` (default: installed) is in ``PROVEN_VERSIONS``."""
     version = version or megatron_core_version()
     if version not in PROVEN_VERSIONS:
         raise ShimVersionError(
             f"megatron-core {version}: the CPU shim was proven only against {', '.join(PROVEN_VERSIONS)}; "
             f"install megatron-core=={PROVEN_VERSIONS[-1]} for CPU ranks, or prove the shim against {version} "
-            f"(tests/test_shim_*.py) and add it to PROVEN_VERSIONS"
+            f"(tests/backends/test_shim_*.py) and add it to PROVEN_VERSIONS"
         )
 
 
-def skipped_from_env() -> FrozenSet[int]:
+def skipped_from_env() -> frozenset[int]:
     """Sections named in ``KILOCARD_CPU_SHIM_SKIP``."""
     raw = os.environ.get(SKIP_ENV, "")
     try:
@@ -269,7 +312,7 @@ def skipped_from_env() -> FrozenSet[int]:
         raise ValueError(f"{SKIP_ENV}={raw!r}: expected comma-separated section numbers, e.g. 2,5") from None
 
 
-def apply(skip: Optional[Iterable[int]] = None) -> FrozenSet[int]:
+def apply(skip: Iterable[int] | None = None) -> frozenset[int]:
     """Install every section not in ``skip`` (default: from the environment); idempotent.
 
     Returns the set of installed section numbers.

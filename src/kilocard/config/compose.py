@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -39,9 +39,9 @@ def register_schema() -> None:
 
 
 @lru_cache(maxsize=1)
-def recipe_catalog() -> Dict[str, Path]:
+def recipe_catalog() -> dict[str, Path]:
     """Map recipe name to its YAML file, for every ``recipes/<family>/<name>.yaml``."""
-    catalog: Dict[str, Path] = {}
+    catalog: dict[str, Path] = {}
     for path in sorted(data_dir("recipes").glob("*/*.yaml")):
         if path.stem in catalog:
             raise ComposeError(f"recipe name {path.stem!r} is defined twice: {catalog[path.stem]} and {path}")
@@ -49,7 +49,7 @@ def recipe_catalog() -> Dict[str, Path]:
     return catalog
 
 
-def _group_options(group: str) -> List[str]:
+def _group_options(group: str) -> list[str]:
     """The options of a config group (``recipe``: every recipe name)."""
     if group == "recipe":
         return list(recipe_catalog())
@@ -65,7 +65,10 @@ def _grammar_error(parser: OverridesParser, overrides: Sequence[str]) -> Compose
             reason = str(e).strip().splitlines()[0]
             key = o.split("=", 1)[0]
             return problem(
-                key, f"cannot parse override ({reason})", o, "key=value, +key=value, ~key, group=option or a=1,2 with --multirun"
+                key,
+                f"cannot parse override ({reason})",
+                o,
+                "key=value, +key=value, ~key, group=option or a=1,2 with --multirun",
             )
     return ComposeError(f"cannot parse overrides {' '.join(overrides)!r}")
 
@@ -80,7 +83,9 @@ def _located(err: ComposeError, overrides: Sequence[str]) -> ComposeError:
     recipe = next((o.split("=", 1)[1].strip() for o in overrides if o.startswith("recipe=")), None)
     if err.field is None or err.field in given or recipe not in recipe_catalog():
         return err
-    return ComposeError(f"{err} [set by recipe {recipe_catalog()[recipe]} or a config it selects]", err.field, err.value)
+    return ComposeError(
+        f"{err} [set by recipe {recipe_catalog()[recipe]} or a config it selects]", err.field, err.value
+    )
 
 
 def _translate_recipe(override: str) -> str:
@@ -92,18 +97,20 @@ def _translate_recipe(override: str) -> str:
     catalog = recipe_catalog()
     if name not in catalog:
         hint = suggest(name, list(catalog))
-        raise problem("recipe", "unknown recipe", name, "a name that `kilocard recipes` lists" + (f"; {hint}" if hint else ""))
+        raise problem(
+            "recipe", "unknown recipe", name, "a name that `kilocard recipes` lists" + (f"; {hint}" if hint else "")
+        )
     return f"{RECIPE_GROUP}={catalog[name].parent.name}/{name}"
 
 
-def expand_sweeps(overrides: Sequence[str], multirun: bool) -> List[List[str]]:
+def expand_sweeps(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
     """Expand Hydra sweep overrides (``a=1,2``) into the cartesian product of override lists."""
     parser = OverridesParser.create()
     try:
         parsed = parser.parse_overrides(list(overrides))
     except HydraException:
         raise _grammar_error(parser, overrides) from None
-    axes: List[List[str]] = []
+    axes: list[list[str]] = []
     for o in parsed:
         key = o.get_key_element()
         if o.is_sweep_override():
@@ -125,12 +132,12 @@ def compose(overrides: Sequence[str] = (), return_hydra_config: bool = False) ->
     return compose_each([overrides], return_hydra_config)[0]
 
 
-def compose_each(override_lists: Sequence[Sequence[str]], return_hydra_config: bool = False) -> List[DictConfig]:
+def compose_each(override_lists: Sequence[Sequence[str]], return_hydra_config: bool = False) -> list[DictConfig]:
     """Compose several configs under one Hydra initialisation (the catalog and sweeps use it)."""
     register_schema()
     search_root = data_dir("recipes").parent.as_uri()
     GlobalHydra.instance().clear()
-    out: List[DictConfig] = []
+    out: list[DictConfig] = []
     try:
         with initialize_config_dir(config_dir=str(data_dir("conf")), version_base="1.3", job_name="kilocard"):
             for overrides in override_lists:
@@ -151,7 +158,7 @@ def compose_each(override_lists: Sequence[Sequence[str]], return_hydra_config: b
     return out
 
 
-def _leaf_paths(node: object, prefix: str = "") -> List[str]:
+def _leaf_paths(node: object, prefix: str = "") -> list[str]:
     if isinstance(node, dict):
         return [p for k, v in node.items() for p in _leaf_paths(v, f"{prefix}{k}.")]
     return [prefix[:-1]]
@@ -169,10 +176,10 @@ def _reject_unknown_keys(cfg: DictConfig, overrides: Sequence[str]) -> None:
         raise unknown_field(path, override_value(path, overrides))
 
 
-def compose_many(overrides: Sequence[str], multirun: bool = False) -> List[Tuple[List[str], DictConfig]]:
+def compose_many(overrides: Sequence[str], multirun: bool = False) -> list[tuple[list[str], DictConfig]]:
     """Compose one config per sweep point: ``[(overrides, cfg), ...]``."""
     combos = expand_sweeps(overrides, multirun)
-    return list(zip(combos, compose_each(combos)))
+    return list(zip(combos, compose_each(combos), strict=False))
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

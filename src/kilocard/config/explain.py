@@ -11,9 +11,10 @@ from __future__ import annotations
 import difflib
 import re
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import fields, is_dataclass
 from functools import lru_cache
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 from kilocard.config.schema import RunConfig
 
@@ -21,13 +22,13 @@ from kilocard.config.schema import RunConfig
 class ComposeError(Exception):
     """A config that cannot be composed: ``field``, ``value`` and a one-line ``message``."""
 
-    def __init__(self, message: str, field: Optional[str] = None, value: object = None):
+    def __init__(self, message: str, field: str | None = None, value: object = None):
         super().__init__(message)
         self.field = field
         self.value = value
 
 
-def problem(field: str, what: str, value: Optional[str] = None, expected: Optional[str] = None) -> ComposeError:
+def problem(field: str, what: str, value: str | None = None, expected: str | None = None) -> ComposeError:
     """Build the standard one-line error: ``field: what (got value; expected ...)``."""
     details = [f"got {value!r}"] if value is not None else []
     if expected:
@@ -37,9 +38,9 @@ def problem(field: str, what: str, value: Optional[str] = None, expected: Option
 
 
 @lru_cache(maxsize=1)
-def _schema_types() -> Dict[str, Any]:
+def _schema_types() -> dict[str, Any]:
     """Every dotted leaf path of the schema mapped to its resolved type annotation."""
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
 
     def walk(cls: type, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
@@ -54,7 +55,7 @@ def _schema_types() -> Dict[str, Any]:
     return out
 
 
-def schema_paths() -> List[str]:
+def schema_paths() -> list[str]:
     """Every dotted field path of the schema (``trainer.global_batch_size``, ...)."""
     return list(_schema_types())
 
@@ -73,14 +74,14 @@ def describe_type(tp: Any) -> str:
         return "a number, e.g. 3e-4"
     if tp is str:
         return "text"
-    if origin in (list, List):
+    if origin in (list, list):
         return "a list, e.g. [a,b]"
-    if origin in (dict, Dict):
+    if origin in (dict, dict):
         return "a map of names to text, e.g. {NCCL_DEBUG: INFO}"
     return "any value"
 
 
-def expected_for(path: str) -> Optional[str]:
+def expected_for(path: str) -> str | None:
     """The expectation for the schema field at ``path``; ``None`` when it is not a schema leaf."""
     tp = _schema_types().get(path)
     return describe_type(tp) if tp is not None else None
@@ -92,7 +93,7 @@ def suggest(word: str, choices: Sequence[str]) -> str:
     return f"did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-def override_value(key: str, overrides: Sequence[str]) -> Optional[str]:
+def override_value(key: str, overrides: Sequence[str]) -> str | None:
     """The value the user gave ``key`` in ``overrides`` (``None`` when the key is not overridden)."""
     for o in overrides:
         k, sep, v = o.partition("=")
@@ -101,7 +102,7 @@ def override_value(key: str, overrides: Sequence[str]) -> Optional[str]:
     return None
 
 
-def unknown_field(path: str, value: Optional[str]) -> ComposeError:
+def unknown_field(path: str, value: str | None) -> ComposeError:
     """A key that is not in the schema: name the group's fields closest to it."""
     known = schema_paths()
     parent, _, leaf = path.rpartition(".")
@@ -117,14 +118,14 @@ def unknown_field(path: str, value: Optional[str]) -> ComposeError:
     return problem(path, "unknown field", value, expected)
 
 
-def free_map_parent(path: str) -> Optional[str]:
+def free_map_parent(path: str) -> str | None:
     """The free-form map (``cluster.env``...) that ``path`` is an entry of, if any."""
     parent = path.rpartition(".")[0]
     tp = _schema_types().get(parent)
-    return parent if typing.get_origin(tp) in (dict, Dict) else None
+    return parent if typing.get_origin(tp) in (dict, dict) else None
 
 
-def _type_problem(key: str, text: str, value: Optional[str]) -> Optional[ComposeError]:
+def _type_problem(key: str, text: str, value: str | None) -> ComposeError | None:
     expected = expected_for(key) or "a value of the field's type"
     if "is not Optional" in text:
         return problem(key, "cannot be null", value or "null", expected)
@@ -139,7 +140,7 @@ def _type_problem(key: str, text: str, value: Optional[str]) -> Optional[Compose
     return None
 
 
-def _delete_problem(key: str, text: str) -> Optional[ComposeError]:
+def _delete_problem(key: str, text: str) -> ComposeError | None:
     if "does not support deletion" in text:
         return problem(
             f"~{key}",
@@ -153,7 +154,7 @@ def _delete_problem(key: str, text: str) -> Optional[ComposeError]:
     return None
 
 
-def _missing_option(text: str, group_options: Callable[[str], List[str]]) -> Optional[ComposeError]:
+def _missing_option(text: str, group_options: Callable[[str], list[str]]) -> ComposeError | None:
     m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
     if not m:
         return None
@@ -165,9 +166,7 @@ def _missing_option(text: str, group_options: Callable[[str], List[str]]) -> Opt
     return problem(group, "no such option", option, f"one of {', '.join(opts)}" + (f"; {hint}" if hint else ""))
 
 
-def explain(
-    exc: BaseException, overrides: Sequence[str], group_options: Callable[[str], List[str]]
-) -> ComposeError:
+def explain(exc: BaseException, overrides: Sequence[str], group_options: Callable[[str], list[str]]) -> ComposeError:
     """Turn a Hydra/OmegaConf composition error into one line naming field, value, expectation."""
     cause = exc.__cause__ or exc.__context__
     text = f"{exc}\n{cause}" if cause is not None else str(exc)
@@ -187,13 +186,15 @@ def explain(
         value = override_value(key, overrides)
         parent = free_map_parent(key)
         if parent is not None:
-            return problem(key, f"{key.rpartition('.')[2]!r} is not in {parent} yet", value, f"+{key}={value} to add it")
+            return problem(
+                key, f"{key.rpartition('.')[2]!r} is not in {parent} yet", value, f"+{key}={value} to add it"
+            )
         return unknown_field(key, value)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return ComposeError(f"{key + ': ' if key else ''}{first}", field=key)
 
 
-def _override_key_in(text: str, overrides: Sequence[str]) -> Optional[str]:
+def _override_key_in(text: str, overrides: Sequence[str]) -> str | None:
     for o in overrides:
         k = o.split("=", 1)[0].lstrip("+~")
         if k and k in text:

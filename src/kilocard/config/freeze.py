@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -23,7 +22,7 @@ class FrozenConfigError(Exception):
     """The frozen config of a run directory is missing, altered or unreadable."""
 
 
-def frozen_yaml(cfg: DictConfig) -> Tuple[str, str]:
+def frozen_yaml(cfg: DictConfig) -> tuple[str, str]:
     """Resolved YAML of ``cfg`` (without the ``hydra`` node) and the sha256 of its bytes."""
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
@@ -40,7 +39,7 @@ def write_frozen(cfg: DictConfig, run_dir: Path) -> str:
     return digest
 
 
-def load_verified(run_dir: Path) -> Tuple[RunConfig, str]:
+def load_verified(run_dir: Path) -> tuple[RunConfig, str]:
     """Load the run's config after checking its sha256; raise ``FrozenConfigError`` naming the file."""
     cfg_path, hash_path = run_dir / CONFIG_FILE, run_dir / HASH_FILE
     for p in (cfg_path, hash_path):

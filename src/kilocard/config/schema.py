@@ -2,7 +2,7 @@
 
 Field names are Megatron-Core's own (``TransformerConfig``, ``ModelParallelConfig``,
 ``OptimizerConfig``, ``DistributedDataParallelConfig``, ``GPTModel``) wherever Megatron-Core has
-the knob; ``tests/test_config_megatron_names.py`` proves it against the pinned wheel, and
+the knob; ``tests/config/test_config_megatron_names.py`` proves it against the pinned wheel, and
 ``KILOCARD_OWN_FIELDS`` lists the fields that are kilocard's own, each with its reason.
 
 Every field carries a docstring (the string literal under it); a test keeps it that way.
@@ -13,7 +13,7 @@ The tree is composed by Hydra in struct mode and then converted to these datacla
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 
 @dataclass(kw_only=True)
@@ -26,13 +26,13 @@ class ModelConfig:
     """Number of transformer layers."""
     hidden_size: int = 64
     """Transformer hidden size (model width)."""
-    ffn_hidden_size: Optional[int] = None
+    ffn_hidden_size: int | None = None
     """Hidden size of the dense MLP; ``None`` means 4 * hidden_size (Megatron-Core's default)."""
     num_attention_heads: int = 4
     """Number of attention (query) heads."""
-    num_query_groups: Optional[int] = None
+    num_query_groups: int | None = None
     """Key/value head groups for grouped-query attention; ``None`` means multi-head attention."""
-    kv_channels: Optional[int] = None
+    kv_channels: int | None = None
     """Projection size per attention head; ``None`` means hidden_size / num_attention_heads."""
     seq_length: int = 32
     """Training sequence length in tokens."""
@@ -72,13 +72,13 @@ class ModelConfig:
     charges their memory traffic)."""
     init_method_std: float = 0.02
     """Standard deviation of the weight initialisation."""
-    num_moe_experts: Optional[int] = None
+    num_moe_experts: int | None = None
     """Routed experts per MoE layer; ``None`` means a dense model."""
     moe_router_topk: int = 2
     """Experts each token is routed to."""
-    moe_ffn_hidden_size: Optional[int] = None
+    moe_ffn_hidden_size: int | None = None
     """Hidden size of each routed expert's MLP; ``None`` means ffn_hidden_size."""
-    moe_shared_expert_intermediate_size: Optional[int] = None
+    moe_shared_expert_intermediate_size: int | None = None
     """Total hidden size of the shared experts (DeepSeek style); ``None`` means no shared expert."""
     moe_layer_freq: Any = 1
     """MoE layer pattern: an int (every k-th layer is MoE) or a list of 0/1 per layer."""
@@ -94,7 +94,7 @@ class ModelConfig:
     """Grouped GEMM for the experts (GPU only; needs Transformer Engine or grouped_gemm)."""
     multi_latent_attention: bool = False
     """Multi-latent attention (DeepSeek-V2/V3); enables the ``q_lora_rank``.. fields below."""
-    q_lora_rank: Optional[int] = None
+    q_lora_rank: int | None = None
     """MLA: rank of the query down-projection; ``None`` means no query compression."""
     kv_lora_rank: int = 512
     """MLA: rank of the key/value down-projection."""
@@ -104,7 +104,7 @@ class ModelConfig:
     """MLA: per-head dimension of the rotary part of queries and keys."""
     v_head_dim: int = 128
     """MLA: per-head dimension of the values."""
-    mtp_num_layers: Optional[int] = None
+    mtp_num_layers: int | None = None
     """Multi-token-prediction layers (DeepSeek-V3); ``None`` means none."""
 
 
@@ -116,13 +116,13 @@ class ParallelConfig:
     """Tensor-parallel (TP) degree: GPUs that split each layer's GEMMs."""
     pipeline_model_parallel_size: int = 1
     """Pipeline-parallel (PP) degree: stages of consecutive layers."""
-    virtual_pipeline_model_parallel_size: Optional[int] = None
+    virtual_pipeline_model_parallel_size: int | None = None
     """Virtual stages per pipeline rank (interleaved 1F1B); ``None`` means not interleaved."""
     context_parallel_size: int = 1
     """Context-parallel (CP) degree: GPUs that split the sequence inside attention."""
     expert_model_parallel_size: int = 1
     """Expert-parallel (EP) degree: GPUs that split the experts of an MoE layer."""
-    expert_tensor_parallel_size: Optional[int] = None
+    expert_tensor_parallel_size: int | None = None
     """Tensor-parallel degree inside experts (ETP); ``None`` means equal to TP."""
     sequence_parallel: bool = False
     """Shard layer-norm/dropout activations along the sequence over TP ranks (needs TP > 1)."""
@@ -136,9 +136,9 @@ class ParallelConfig:
     """Overlap TP communication with GEMMs (Transformer Engine userbuffers; GPU only)."""
     overlap_p2p_comm: bool = False
     """Overlap pipeline point-to-point sends with compute (interleaved schedule)."""
-    num_layers_in_first_pipeline_stage: Optional[int] = None
+    num_layers_in_first_pipeline_stage: int | None = None
     """Layers on the first pipeline stage when the split is uneven; ``None`` means even."""
-    num_layers_in_last_pipeline_stage: Optional[int] = None
+    num_layers_in_last_pipeline_stage: int | None = None
     """Layers on the last pipeline stage when the split is uneven; ``None`` means even."""
     account_for_embedding_in_pipeline_split: bool = False
     """Count the embedding as a layer when splitting layers over pipeline stages."""
@@ -146,11 +146,11 @@ class ParallelConfig:
     """Count the loss/output layer as a layer when splitting layers over pipeline stages."""
     cp_comm_type: str = "p2p"
     """Context-parallel exchange: ``p2p`` (ring), ``all_gather``, ``a2a`` or ``a2a+p2p``."""
-    recompute_granularity: Optional[str] = None
+    recompute_granularity: str | None = None
     """Activation recompute: ``None``, ``selective`` (attention core) or ``full``."""
-    recompute_method: Optional[str] = None
+    recompute_method: str | None = None
     """With full recompute: ``uniform`` or ``block``."""
-    recompute_num_layers: Optional[int] = None
+    recompute_num_layers: int | None = None
     """With full recompute: layers per recompute unit (uniform) or recomputed layers (block)."""
     tp_within_node: bool = True
     """kilocard: require TP (and TP*CP when ``cp_within_nvlink``) inside one NVLink domain."""
@@ -166,7 +166,7 @@ class PrecisionConfig:
     """Train in bfloat16 mixed precision."""
     fp16: bool = False
     """Train in float16 mixed precision with loss scaling."""
-    fp8: Optional[str] = None
+    fp8: str | None = None
     """FP8 GEMMs through Transformer Engine: ``e4m3`` or ``hybrid``; ``None`` means off."""
     fp8_recipe: str = "delayed"
     """FP8 scaling recipe: ``delayed``, ``tensorwise``, ``mxfp8`` or ``blockwise``."""
@@ -178,7 +178,7 @@ class PrecisionConfig:
     """Amax from the history: ``max`` or ``most_recent``."""
     fp8_param: bool = False
     """Keep parameters in FP8 and gather them in FP8 (needs the distributed optimizer)."""
-    fp4: Optional[str] = None
+    fp4: str | None = None
     """FP4 GEMMs (Blackwell): ``nvfp4``; ``None`` means off. Incompatible with fp8."""
     grad_reduce_in_fp32: bool = False
     """Reduce gradients across data-parallel ranks in fp32."""
@@ -208,7 +208,7 @@ class OptimConfig:
     """Clip the global gradient norm to this value; 0 disables clipping."""
     lr_warmup_iters: int = 2
     """Linear warm-up steps (``OptimizerParamScheduler``)."""
-    lr_decay_iters: Optional[int] = None
+    lr_decay_iters: int | None = None
     """Steps over which the LR decays; ``None`` means trainer.train_iters."""
     lr_decay_style: str = "cosine"
     """``constant``, ``linear``, ``cosine`` or ``WSD``."""
@@ -220,7 +220,7 @@ class DataConfig:
 
     type: str = "mock"
     """``mock`` (Megatron-Core's MockGPTDataset) or ``indexed`` (``.bin/.idx`` via GPTDataset)."""
-    data_path: List[str] = field(default_factory=list)
+    data_path: list[str] = field(default_factory=list)
     """Indexed dataset prefixes (without .bin/.idx), optionally weighted: ``[0.3, a, 0.7, b]``."""
     split: str = "969,30,1"
     """Train/valid/test split weights."""
@@ -228,7 +228,7 @@ class DataConfig:
     """Tokenizer: ``kilocard-bytes`` (offline byte-level) or a local tokenizer path."""
     random_seed: int = 1234
     """Seed for dataset shuffling."""
-    path_to_cache: Optional[str] = None
+    path_to_cache: str | None = None
     """Where dataset index caches go; ``None`` means ``<run_dir>/data_cache``."""
     num_workers: int = 0
     """DataLoader worker processes per rank."""
@@ -238,9 +238,9 @@ class DataConfig:
 class CheckpointConfig:
     """Distributed checkpoints (``megatron.core.dist_checkpointing``)."""
 
-    save: Optional[str] = None
+    save: str | None = None
     """Checkpoint directory; ``None`` means ``<run_dir>/checkpoints``."""
-    load: Optional[str] = None
+    load: str | None = None
     """Directory to resume from; ``None`` means the save directory."""
     save_interval: int = 0
     """Save every N steps; 0 saves only at the end and on a signal."""
@@ -254,10 +254,10 @@ class CheckpointConfig:
     """Spread the writing of replicated tensors over data-parallel ranks."""
     fallback_to_previous: bool = False
     """When the newest committed step fails its integrity check, resume from the one before."""
-    ckpt_step: Optional[int] = None
+    ckpt_step: int | None = None
     """Start from this committed step of ``checkpoint.load`` instead of its newest (Megatron-LM ``--ckpt-step``);
     ignored once the run has committed steps of its own."""
-    expected_save_time_s: Optional[float] = None
+    expected_save_time_s: float | None = None
     """Expected save time; ``None`` means estimated from checkpoint size and filesystem bandwidth."""
 
 
@@ -301,29 +301,29 @@ class ClusterConfig:
     """NVLink bandwidth per GPU, one direction, GB/s."""
     inter_node_bandwidth_gbs: float = 1.0
     """Network bandwidth per GPU, one direction, GB/s."""
-    hbm_bytes: Optional[int] = None
+    hbm_bytes: int | None = None
     """Memory per accelerator; ``None`` means the GPU table's value."""
     cpus_per_node: int = 2
     """CPU cores per node (sets ``--cpus-per-task``)."""
     mem_per_node: str = "0"
     """Slurm ``--mem`` per node (``0`` means all of it)."""
-    partition: Optional[str] = None
+    partition: str | None = None
     """Slurm partition."""
-    account: Optional[str] = None
+    account: str | None = None
     """Slurm account."""
-    qos: Optional[str] = None
+    qos: str | None = None
     """Slurm QOS."""
-    container_image: Optional[str] = None
+    container_image: str | None = None
     """Container image for pyxis/enroot; ``None`` means bare metal (``venv``)."""
-    container_mounts: List[str] = field(default_factory=list)
+    container_mounts: list[str] = field(default_factory=list)
     """pyxis mounts, ``src:dst`` each."""
-    venv: Optional[str] = None
+    venv: str | None = None
     """Bare metal: virtual environment to activate on every node."""
     shared_fs: str = "runs"
     """Root for run directories on a filesystem every node sees."""
     fs_write_bandwidth_gbs: float = 1.0
     """Aggregate checkpoint write bandwidth of the shared filesystem, GB/s."""
-    env: Dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     """Extra environment for every rank (NCCL and site settings)."""
 
 
@@ -337,7 +337,7 @@ class LauncherConfig:
     """Local ranks for ``kilocard run`` (torchrun ``--nproc-per-node``)."""
     job_name: str = "kilocard"
     """Slurm job name and run-directory prefix."""
-    run_name: Optional[str] = None
+    run_name: str | None = None
     """Run directory name; ``None`` means ``<job_name>-<timestamp>``."""
     time: str = "04:00:00"
     """Slurm wall-clock limit."""
@@ -347,17 +347,17 @@ class LauncherConfig:
     """Requeue the job after a USR1 save or a node failure."""
     exclusive: bool = True
     """Allocate whole nodes."""
-    dependency: Optional[str] = None
+    dependency: str | None = None
     """Slurm dependency expression (``afterany:123``)."""
     max_restarts: int = 0
     """torchrun ``--max-restarts`` for local runs."""
-    master_port: Optional[int] = None
+    master_port: int | None = None
     """Rendezvous port; ``None`` means derived from the Slurm job id (or a free local port)."""
-    extra_sbatch: List[str] = field(default_factory=list)
+    extra_sbatch: list[str] = field(default_factory=list)
     """Additional ``#SBATCH`` lines, each validated (``--constraint=h100``)."""
-    env: Dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the job; values are quoted, never executed."""
-    secret_env: List[str] = field(default_factory=list)
+    secret_env: list[str] = field(default_factory=list)
     """Names of variables (``WANDB_API_KEY``) passed from the submitting shell with ``--export``; never written."""
     max_requeues: int = 20
     """Self-requeues of one Slurm job after RETRY/FAULT exits before it gives up (``SLURM_RESTART_COUNT``)."""
@@ -373,15 +373,15 @@ class RecipeInfo:
     """Recipe family (the folder under ``recipes/``)."""
     description: str = ""
     """One line on what the recipe is."""
-    baseline_id: Optional[str] = None
+    baseline_id: str | None = None
     """Row id in the published baselines this recipe reproduces."""
-    baseline_source: Optional[str] = None
+    baseline_source: str | None = None
     """Where that figure was published."""
-    baseline_tflops_per_gpu: Optional[float] = None
+    baseline_tflops_per_gpu: float | None = None
     """Published TFLOP/s per GPU."""
-    baseline_mfu: Optional[float] = None
+    baseline_mfu: float | None = None
     """Published model FLOPs utilisation."""
-    baseline_flops_convention: Optional[str] = None
+    baseline_flops_convention: str | None = None
     """FLOPs convention of the published figure (``megatron_sc21``, ``megatron_current``, ...)."""
 
 
@@ -411,11 +411,11 @@ class RunConfig:
     """Launch method."""
 
 
-#: Config groups, in composition order; frozen by tests/test_cli_surface.py.
+#: Config groups, in composition order; frozen by tests/commands/test_cli_surface.py.
 CONFIG_GROUPS = ("model", "parallel", "precision", "optim", "data", "checkpoint", "trainer", "cluster", "launcher")
 
 #: Fields of model/parallel/precision that are not Megatron-Core config fields, with the reason.
-KILOCARD_OWN_FIELDS: Dict[str, str] = {
+KILOCARD_OWN_FIELDS: dict[str, str] = {
     "model.name": "a label for tables and run names",
     "model.seq_length": "Megatron-LM --seq-length; reaches Megatron-Core as the dataset sequence_length",
     "model.vocab_size": "GPTModel(vocab_size=...) after padding by make_vocab_size_divisible_by",

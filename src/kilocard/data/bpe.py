@@ -20,8 +20,8 @@ import json
 import re
 import sys
 from collections import Counter, OrderedDict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence, Tuple
 
 import numpy
 
@@ -30,16 +30,16 @@ from kilocard.data.tokenizer import ByteTokenizer
 
 FORMAT = "kilocard-bpe"
 CHUNK = re.compile(r" ?\w+| ?[^\w\s]+|\s+")
-Pair = Tuple[int, int]
+Pair = tuple[int, int]
 
 
-def chunks(text: str) -> List[bytes]:
+def chunks(text: str) -> list[bytes]:
     """The pieces merges stay inside; ``b"".join(chunks(t)) == t.encode()``."""
     return [piece.encode("utf-8") for piece in CHUNK.findall(text)]
 
 
-def _merge_word(word: Tuple[int, ...], pair: Pair, new_id: int) -> Tuple[int, ...]:
-    out: List[int] = []
+def _merge_word(word: tuple[int, ...], pair: Pair, new_id: int) -> tuple[int, ...]:
+    out: list[int] = []
     i = 0
     while i < len(word):
         if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
@@ -51,14 +51,14 @@ def _merge_word(word: Tuple[int, ...], pair: Pair, new_id: int) -> Tuple[int, ..
     return tuple(out)
 
 
-def train_merges(texts: Iterable[str], num_merges: int) -> List[Pair]:
+def train_merges(texts: Iterable[str], num_merges: int) -> list[Pair]:
     """Greedy BPE: repeatedly merge the most frequent adjacent pair (ties: the smallest pair)."""
     words: Counter = Counter(tuple(c) for text in texts for c in chunks(text))
-    merges: List[Pair] = []
+    merges: list[Pair] = []
     for step in range(num_merges):
         pairs: Counter = Counter()
         for word, freq in words.items():
-            for pair in zip(word, word[1:]):
+            for pair in zip(word, word[1:], strict=False):
                 pairs[pair] += freq
         if not pairs:
             break
@@ -73,16 +73,21 @@ class BpeTokenizer(ByteTokenizer):
     """BPE over UTF-8 bytes, loaded from a ``kilocard-bpe`` JSON file."""
 
     def __init__(self, merges: Sequence[Pair], source: str = "") -> None:
-        self.merges: List[Pair] = [(int(a), int(b)) for a, b in merges]
-        self._rank: Dict[Pair, int] = {pair: i for i, pair in enumerate(self.merges)}
-        self._bytes: List[bytes] = [bytes([b]) for b in range(self.NUM_BYTES)] + [b"", b""]
+        self.merges: list[Pair] = [(int(a), int(b)) for a, b in merges]
+        self._rank: dict[Pair, int] = {pair: i for i, pair in enumerate(self.merges)}
+        self._bytes: list[bytes] = [bytes([b]) for b in range(self.NUM_BYTES)] + [b"", b""]
         for a, b in self.merges:
             self._bytes.append(self._bytes[a] + self._bytes[b])
-        self._cache: Dict[bytes, List[int]] = {}
+        self._cache: dict[bytes, list[int]] = {}
         super().__init__()
         digest = hashlib.sha256(json.dumps(self.merges).encode()).hexdigest()[:16]
         self.unique_identifiers = OrderedDict(
-            [("class", type(self).__name__), ("source", source), ("merges_sha256", digest), ("vocab_size", self.vocab_size)]
+            [
+                ("class", type(self).__name__),
+                ("source", source),
+                ("merges_sha256", digest),
+                ("vocab_size", self.vocab_size),
+            ]
         )
 
     @property
@@ -90,11 +95,11 @@ class BpeTokenizer(ByteTokenizer):
         """Bytes + EOD + padding + one id per merge."""
         return self.NUM_BYTES + 2 + len(self.merges)
 
-    def _encode_chunk(self, chunk: bytes) -> List[int]:
+    def _encode_chunk(self, chunk: bytes) -> list[int]:
         if chunk not in self._cache:
-            word: Tuple[int, ...] = tuple(chunk)
+            word: tuple[int, ...] = tuple(chunk)
             while len(word) > 1:
-                ranked = [(self._rank[p], p) for p in zip(word, word[1:]) if p in self._rank]
+                ranked = [(self._rank[p], p) for p in zip(word, word[1:], strict=False) if p in self._rank]
                 if not ranked:
                     break
                 rank, pair = min(ranked)
@@ -102,7 +107,7 @@ class BpeTokenizer(ByteTokenizer):
             self._cache[chunk] = list(word)
         return self._cache[chunk]
 
-    def tokenize(self, text: str) -> List[int]:
+    def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` (no EOD; the preprocessor appends it)."""
         return [i for chunk in chunks(text) for i in self._encode_chunk(chunk)]
 
@@ -112,7 +117,7 @@ class BpeTokenizer(ByteTokenizer):
         return b"".join(self._bytes[i] for i in flat if 0 <= i < self.vocab_size).decode("utf-8", errors="replace")
 
     @property
-    def vocab(self) -> Dict[str, int]:
+    def vocab(self) -> dict[str, int]:
         """Token text -> id: ``<0xNN>`` for bytes, the merged bytes (hex) for merges, and the specials."""
         table = super().vocab
         table.update({f"<{self._bytes[i].hex()}>": i for i in range(self.NUM_BYTES + 2, self.vocab_size)})
@@ -123,20 +128,26 @@ class BpeTokenizer(ByteTokenizer):
         path.write_text(json.dumps({"format": FORMAT, "version": 1, "merges": self.merges}) + "\n")
 
     @classmethod
-    def load(cls, path: Path) -> "BpeTokenizer":
+    def load(cls, path: Path) -> BpeTokenizer:
         """Read a ``kilocard-bpe`` JSON file; anything else is a ``DataError`` naming the file."""
         try:
             spec = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
-            raise DataError(f"data.tokenizer: cannot read {path} as JSON ({err}); fix: train one with python -m kilocard.data.bpe") from err
+            raise DataError(
+                f"data.tokenizer: cannot read {path} as JSON ({err}); fix: train one with python -m kilocard.data.bpe"
+            ) from err
         if not isinstance(spec, dict) or spec.get("format") != FORMAT or not isinstance(spec.get("merges"), list):
-            raise DataError(f"data.tokenizer: {path} is not a {FORMAT} file; fix: train one with python -m kilocard.data.bpe")
+            raise DataError(
+                f"data.tokenizer: {path} is not a {FORMAT} file; fix: train one with python -m kilocard.data.bpe"
+            )
         merges = spec["merges"]
         for i, pair in enumerate(merges):
             limit = cls.NUM_BYTES + 2 + i
             ok = isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, int) and 0 <= x < limit for x in pair)
             if not ok or cls.EOD_ID in pair or cls.PAD_ID in pair:
-                raise DataError(f"data.tokenizer: {path}: merge {i} {pair!r} is not a pair of earlier ids; fix: retrain the file")
+                raise DataError(
+                    f"data.tokenizer: {path}: merge {i} {pair!r} is not a pair of earlier ids; fix: retrain the file"
+                )
         return cls(merges, source=path.name)
 
 

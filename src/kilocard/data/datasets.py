@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import List, Optional, Tuple
 
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
@@ -39,7 +38,7 @@ def train_samples(run_cfg: RunConfig) -> int:
     return run_cfg.trainer.train_iters * run_cfg.trainer.global_batch_size
 
 
-def cache_path(run_cfg: RunConfig, cache_dir: Optional[str]) -> Optional[str]:
+def cache_path(run_cfg: RunConfig, cache_dir: str | None) -> str | None:
     """Index-cache folder: ``data.path_to_cache``, else ``cache_dir``, else Megatron's default (None).
 
     Mock data is never cached: every rank rebuilds its (deterministic) index in well under a second.
@@ -53,14 +52,16 @@ def cache_path(run_cfg: RunConfig, cache_dir: Optional[str]) -> Optional[str]:
 def gpt_dataset_config(
     run_cfg: RunConfig,
     tokenizer: MegatronTokenizerBase,
-    cache_dir: Optional[str] = None,
+    cache_dir: str | None = None,
     create_attention_mask: bool = True,
 ) -> GPTDatasetConfig:
     """Megatron-Core's ``GPTDatasetConfig`` for ``run_cfg``, restricted to the train split."""
     data = run_cfg.data
     if data.type not in DATA_TYPES:
-        raise DataError(f"data.type: {data.type!r} is not one of {', '.join(DATA_TYPES)}; fix: data=mock or data=tiny_corpus")
-    blend: Optional[Tuple[List[str], Optional[List[float]]]] = None
+        raise DataError(
+            f"data.type: {data.type!r} is not one of {', '.join(DATA_TYPES)}; fix: data=mock or data=tiny_corpus"
+        )
+    blend: tuple[list[str], list[float] | None] | None = None
     if data.type == "indexed":
         blend = parse_blend(data.data_path)
     try:
@@ -77,7 +78,9 @@ def gpt_dataset_config(
             path_to_cache=cache_path(run_cfg, cache_dir),
         )
     except (AssertionError, ValueError) as err:
-        raise DataError(f"data.split: {data.split!r} is not a valid split ({err}); fix: e.g. data.split='969,30,1'") from err
+        raise DataError(
+            f"data.split: {data.split!r} is not a valid split ({err}); fix: e.g. data.split='969,30,1'"
+        ) from err
     if config.split_matrix[0] is None:
         raise DataError(f"data.split: {data.split!r} gives the train split no share; fix: a positive first weight")
     # Only the train split is built here: the valid/test book-ends are dropped.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader
@@ -12,7 +12,7 @@ from kilocard.data.errors import DataError
 from kilocard.data.sampler import PretrainingSampler
 from kilocard.data.tokenizer import get_tokenizer
 
-MicroBatch = Dict[str, Optional[torch.Tensor]]
+MicroBatch = dict[str, torch.Tensor | None]
 
 
 class TrainIterator:
@@ -61,7 +61,7 @@ def build_train_iterator(
     dp_rank: int,
     dp_size: int,
     consumed_samples: int = 0,
-    cache_dir: Optional[str] = None,
+    cache_dir: str | None = None,
     create_attention_mask: bool = True,
 ) -> TrainIterator:
     """This rank's micro-batches of the train split, starting at global sample ``consumed_samples``."""

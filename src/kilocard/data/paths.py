@@ -7,8 +7,8 @@ package in a wheel). Absolute prefixes are used as they are.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
 
 from kilocard.data.errors import DataError
 from kilocard.paths import data_dir
@@ -23,12 +23,12 @@ def shipped_root() -> Path:
     return data_dir("conf").parent
 
 
-def _candidates(name: str) -> List[Path]:
+def _candidates(name: str) -> list[Path]:
     path = Path(name).expanduser()
     return [path] if path.is_absolute() else [Path.cwd() / path, shipped_root() / path]
 
 
-def find_file(name: str) -> Optional[Path]:
+def find_file(name: str) -> Path | None:
     """The file ``name`` (cwd first, then the shipped root), or None when neither has it."""
     return next((c.resolve() for c in _candidates(name) if c.is_file()), None)
 
@@ -47,7 +47,7 @@ def resolve_data_prefix(prefix: str) -> str:
     )
 
 
-def parse_blend(data_path: Sequence[Union[str, float, int]]) -> Tuple[List[str], Optional[List[float]]]:
+def parse_blend(data_path: Sequence[str | float | int]) -> tuple[list[str], list[float] | None]:
     """Megatron's ``blend`` from ``data.data_path``: ``[p]``, ``[p1, p2]`` or ``[w1, p1, w2, p2]``."""
     items = [str(x) for x in data_path]
     if not items:
@@ -60,7 +60,7 @@ def parse_blend(data_path: Sequence[Union[str, float, int]]) -> Tuple[List[str],
     if len(items) % 2:
         raise DataError(f"data.data_path: {items} has an odd number of entries; fix: weighted form [w1, p1, w2, p2]")
     weights, prefixes = items[0::2], items[1::2]
-    for w, p in zip(weights, prefixes):
+    for w, p in zip(weights, prefixes, strict=False):
         if not _is_number(w) or _is_number(p) or float(w) < 0:
             raise DataError(f"data.data_path: pair ({w!r}, {p!r}) is not (weight >= 0, prefix); fix: [w1, p1, w2, p2]")
     return [resolve_data_prefix(p) for p in prefixes], [float(w) for w in weights]

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Tuple
 
 from kilocard.data.errors import DataError
 from kilocard.data.tokenizer import get_tokenizer
@@ -35,10 +35,12 @@ class PreprocessResult:
     """Token ids written, EODs included."""
 
 
-def read_documents(path: Path) -> Iterator[Tuple[int, str]]:
+def read_documents(path: Path) -> Iterator[tuple[int, str]]:
     """``(line_number, text)`` for every non-blank line; ``DataError`` names the file and line."""
     if not path.is_file():
-        raise DataError(f"--input: {path} does not exist or is not a file; fix: pass a JSONL file, one {{\"text\": ...}} per line")
+        raise DataError(
+            f'--input: {path} does not exist or is not a file; fix: pass a JSONL file, one {{"text": ...}} per line'
+        )
     with path.open("r", encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -50,12 +52,16 @@ def _text_of(line: str, path: Path, number: int) -> str:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
-        raise DataError(f"{path}:{number}: not valid JSON ({err.msg}); fix: one JSON object per line, e.g. {{\"text\": \"...\"}}") from err
+        raise DataError(
+            f'{path}:{number}: not valid JSON ({err.msg}); fix: one JSON object per line, e.g. {{"text": "..."}}'
+        ) from err
     if not isinstance(record, dict) or "text" not in record:
-        raise DataError(f"{path}:{number}: no \"text\" key; fix: every line needs {{\"text\": \"...\"}}")
+        raise DataError(f'{path}:{number}: no "text" key; fix: every line needs {{"text": "..."}}')
     if not isinstance(record["text"], str):
         kind = type(record["text"]).__name__
-        raise DataError(f"{path}:{number}: \"text\" is a {kind}, not a string; fix: put the document text in a JSON string")
+        raise DataError(
+            f'{path}:{number}: "text" is a {kind}, not a string; fix: put the document text in a JSON string'
+        )
     return record["text"]
 
 
@@ -71,18 +77,20 @@ def preprocess_jsonl(input_path: str, output_prefix: str, tokenizer: str = "kilo
     try:
         final[0].parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise DataError(f"--output-prefix: cannot create {final[0].parent} ({err.strerror}); fix: a writable folder") from err
+        raise DataError(
+            f"--output-prefix: cannot create {final[0].parent} ({err.strerror}); fix: a writable folder"
+        ) from err
     builder = IndexedDatasetBuilder(str(tmp[0]), dtype=DType.optimal_dtype(tok.vocab_size))
     documents = tokens = 0
     try:
         for _, text in read_documents(Path(input_path)):
-            ids: List[int] = tok.tokenize(text) + [tok.eod]
+            ids: list[int] = tok.tokenize(text) + [tok.eod]
             builder.add_document(numpy.asarray(ids), [len(ids)])
             documents, tokens = documents + 1, tokens + len(ids)
         if documents == 0:
-            raise DataError(f"{input_path}: no documents (every line is blank); fix: one {{\"text\": ...}} per line")
+            raise DataError(f'{input_path}: no documents (every line is blank); fix: one {{"text": ...}} per line')
         builder.finalize(str(tmp[1]))
-        for src, dst in zip(tmp, final):
+        for src, dst in zip(tmp, final, strict=False):
             os.replace(src, dst)
     finally:
         builder.data_file.close()

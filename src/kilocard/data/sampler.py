@@ -8,8 +8,8 @@ exactly what the uninterrupted run would have read next.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, List
 
 from kilocard.data.errors import DataError
 
@@ -48,7 +48,7 @@ class PretrainingSampler:
     def __len__(self) -> int:
         return (self.total_samples - self.consumed_samples) // self.samples_per_micro_step
 
-    def __iter__(self) -> Iterator[List[int]]:
+    def __iter__(self) -> Iterator[list[int]]:
         start = self.consumed_samples + self.dp_rank * self.micro_batch_size
         for step in range(len(self)):
             first = start + step * self.samples_per_micro_step

@@ -10,10 +10,9 @@ of ``MegatronTokenizerBase`` (``tokenize``, ``detokenize``, ``vocab``, ``inv_voc
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Dict, Iterable, List
-
 import warnings
+from collections import OrderedDict
+from collections.abc import Iterable
 
 import numpy
 
@@ -37,11 +36,11 @@ class ByteTokenizer(MegatronTokenizerBase):
 
     def __init__(self) -> None:
         super().__init__(path="", config={"library": "kilocard", "class_name": type(self).__name__})
-        self.unique_identifiers: Dict[str, object] = OrderedDict(
+        self.unique_identifiers: dict[str, object] = OrderedDict(
             [("class", type(self).__name__), ("name", BYTES_TOKENIZER), ("vocab_size", self.vocab_size)]
         )
 
-    def tokenize(self, text: str) -> List[int]:
+    def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text``: its UTF-8 bytes (no EOD; the preprocessor appends it)."""
         return list(text.encode("utf-8"))
 
@@ -51,14 +50,14 @@ class ByteTokenizer(MegatronTokenizerBase):
         return data.decode("utf-8", errors="replace")
 
     @property
-    def vocab(self) -> Dict[str, int]:
+    def vocab(self) -> dict[str, int]:
         """Token text -> id: ``<0xNN>`` for bytes, ``<eod>`` and ``<pad>`` for the specials."""
         table = {f"<0x{b:02X}>": b for b in range(self.NUM_BYTES)}
         table.update({"<eod>": self.EOD_ID, "<pad>": self.PAD_ID})
         return table
 
     @property
-    def inv_vocab(self) -> Dict[int, str]:
+    def inv_vocab(self) -> dict[int, str]:
         """Id -> token text (the inverse of ``vocab``)."""
         return {i: t for t, i in self.vocab.items()}
 
@@ -99,7 +98,9 @@ def get_tokenizer(name: str) -> MegatronTokenizerBase:
     path = find_file(name)
     if path is None:
         known = ", ".join(sorted(TOKENIZERS))
-        raise DataError(f"data.tokenizer: unknown tokenizer {name!r}; fix: use {known} or the path of a kilocard-bpe JSON file")
+        raise DataError(
+            f"data.tokenizer: unknown tokenizer {name!r}; fix: use {known} or the path of a kilocard-bpe JSON file"
+        )
     from kilocard.data.bpe import BpeTokenizer
 
     return BpeTokenizer.load(path)

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import math
-from typing import List
 
 from kilocard.config.schema import RunConfig
 from kilocard.launch import shell
@@ -41,49 +40,71 @@ def expected_save_time_s(cfg: RunConfig) -> float:
     return checkpoint_bytes(cfg) / (max(cfg.cluster.fs_write_bandwidth_gbs, 1e-9) * 1e9)
 
 
-def signal_lead_issues(cfg: RunConfig) -> List[Issue]:
+def signal_lead_issues(cfg: RunConfig) -> list[Issue]:
     """``SIGNAL_LEAD_SAVE`` / ``SIGNAL_LEAD_TIME``."""
     from kilocard.launch.render import time_to_seconds  # render imports plan; keep this module light
 
     lead = cfg.launcher.signal_lead_s
     save = expected_save_time_s(cfg)
     need = math.ceil(SAVE_FACTOR * save + STEP_MARGIN_S)
-    out: List[Issue] = []
+    out: list[Issue] = []
     if lead < need:
-        source = ("checkpoint.expected_save_time_s" if cfg.checkpoint.expected_save_time_s is not None else
-                  f"{checkpoint_bytes(cfg) / 1e9:.1f} GB / cluster.fs_write_bandwidth_gbs={cfg.cluster.fs_write_bandwidth_gbs}")
-        out.append(error("SIGNAL_LEAD_SAVE", "launcher.signal_lead_s", lead,
-                         f"USR1 comes {lead} s before the time limit, but a save takes ~{save:.0f} s ({source}); "
-                         f"needed {SAVE_FACTOR} x {save:.0f} + {STEP_MARGIN_S:.0f} s = {need} s",
-                         f"launcher.signal_lead_s={need} (or set checkpoint.expected_save_time_s to a measured value)"))
+        source = (
+            "checkpoint.expected_save_time_s"
+            if cfg.checkpoint.expected_save_time_s is not None
+            else f"{checkpoint_bytes(cfg) / 1e9:.1f} GB"
+            f" / cluster.fs_write_bandwidth_gbs={cfg.cluster.fs_write_bandwidth_gbs}"
+        )
+        out.append(
+            error(
+                "SIGNAL_LEAD_SAVE",
+                "launcher.signal_lead_s",
+                lead,
+                f"USR1 comes {lead} s before the time limit, but a save takes ~{save:.0f} s ({source}); "
+                f"needed {SAVE_FACTOR} x {save:.0f} + {STEP_MARGIN_S:.0f} s = {need} s",
+                f"launcher.signal_lead_s={need} (or set checkpoint.expected_save_time_s to a measured value)",
+            )
+        )
     try:
         limit = time_to_seconds("launcher.time", cfg.launcher.time)
     except shell.ShellValueError as e:
         return out + [error("SBATCH_VALUE", e.field, e.value, str(e), "launcher.time=04:00:00")]
     if lead >= limit:
-        out.append(error("SIGNAL_LEAD_TIME", "launcher.signal_lead_s", lead,
-                         f"USR1 lead {lead} s is not shorter than launcher.time={cfg.launcher.time} ({limit} s)",
-                         f"launcher.signal_lead_s={max(1, limit // 2)} or a longer launcher.time"))
+        out.append(
+            error(
+                "SIGNAL_LEAD_TIME",
+                "launcher.signal_lead_s",
+                lead,
+                f"USR1 lead {lead} s is not shorter than launcher.time={cfg.launcher.time} ({limit} s)",
+                f"launcher.signal_lead_s={max(1, limit // 2)} or a longer launcher.time",
+            )
+        )
     return out
 
 
-def secret_issues(cfg: RunConfig) -> List[Issue]:
+def secret_issues(cfg: RunConfig) -> list[Issue]:
     """``SECRET_VALUE``: entries of launcher.secret_env must be variable names."""
     out = []
     for i, name in enumerate(cfg.launcher.secret_env):
         if not shell.ENV_NAME.fullmatch(str(name)):
-            out.append(error("SECRET_VALUE", f"launcher.secret_env[{i}]", "<hidden>",
-                             "launcher.secret_env holds variable NAMES (the value is read from the submitting shell)",
-                             "launcher.secret_env=[WANDB_API_KEY] and `export WANDB_API_KEY=...` before submitting"))
+            out.append(
+                error(
+                    "SECRET_VALUE",
+                    f"launcher.secret_env[{i}]",
+                    "<hidden>",
+                    "launcher.secret_env holds variable NAMES (the value is read from the submitting shell)",
+                    "launcher.secret_env=[WANDB_API_KEY] and `export WANDB_API_KEY=...` before submitting",
+                )
+            )
     return out
 
 
-def rule_signal_lead(cfg: RunConfig, lay: Layout) -> List[Issue]:
+def rule_signal_lead(cfg: RunConfig, lay: Layout) -> list[Issue]:
     """Validator-rule form of ``signal_lead_issues`` (Slurm launches only)."""
     return signal_lead_issues(cfg) if cfg.launcher.kind == "slurm" else []
 
 
-def rule_secret_env(cfg: RunConfig, lay: Layout) -> List[Issue]:
+def rule_secret_env(cfg: RunConfig, lay: Layout) -> list[Issue]:
     """Validator-rule form of ``secret_issues``."""
     return secret_issues(cfg)
 
@@ -92,6 +113,6 @@ def rule_secret_env(cfg: RunConfig, lay: Layout) -> List[Issue]:
 RULES = (rule_signal_lead, rule_secret_env)
 
 
-def launcher_issues(cfg: RunConfig) -> List[Issue]:
+def launcher_issues(cfg: RunConfig) -> list[Issue]:
     """Every Slurm-launcher rule, in order (``kilocard sbatch`` runs them after ``validate``)."""
     return signal_lead_issues(cfg) + secret_issues(cfg)

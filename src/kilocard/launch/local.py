@@ -14,8 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
 
 from kilocard import exitcodes
 from kilocard.train.dist_env import free_port
@@ -29,7 +29,7 @@ GRACE_S = 120.0
 """Extra seconds the launcher waits beyond trainer.hang_timeout_s before it kills silent ranks."""
 
 
-def _validate(run_cfg) -> Optional[str]:
+def _validate(run_cfg) -> str | None:
     """Errors of ``kilocard.validate.validate`` as text, or ``None`` when valid (or no validator)."""
     try:
         from kilocard.validate import validate
@@ -41,7 +41,7 @@ def _validate(run_cfg) -> Optional[str]:
     return "\n".join(f"  {i.field}: {i.message} (fix: {i.hint})" for i in report.errors)
 
 
-def _new_run(overrides: Sequence[str], nproc: Optional[int]) -> Optional[Path]:
+def _new_run(overrides: Sequence[str], nproc: int | None) -> Path | None:
     from kilocard.config.compose import compose, to_run_config
     from kilocard.launch.rundir import RunDirError, create_run_dir
 
@@ -63,7 +63,7 @@ def _new_run(overrides: Sequence[str], nproc: Optional[int]) -> Optional[Path]:
         return None
 
 
-def _world_and_restarts(run_dir: Path) -> Optional[Tuple[int, int]]:
+def _world_and_restarts(run_dir: Path) -> tuple[int, int] | None:
     """World size and ``launcher.max_restarts`` from the run's frozen config."""
     from kilocard.config.freeze import FrozenConfigError, load_verified
 
@@ -75,7 +75,7 @@ def _world_and_restarts(run_dir: Path) -> Optional[Tuple[int, int]]:
     return rc.cluster.nodes * rc.cluster.gpus_per_node, rc.launcher.max_restarts
 
 
-def run_command(overrides: Sequence[str], nproc: Optional[int] = None, resume: Optional[str] = None) -> int:
+def run_command(overrides: Sequence[str], nproc: int | None = None, resume: str | None = None) -> int:
     """The ``kilocard run`` verb; returns an exit code of ``kilocard.exitcodes``."""
     if resume:
         if overrides:
@@ -96,21 +96,34 @@ def run_command(overrides: Sequence[str], nproc: Optional[int] = None, resume: O
         return exitcodes.BAD_CONFIG
     world, max_restarts = frozen
     if resume and nproc is not None and nproc != world:
-        print(f"kilocard run: error: --nproc {nproc} differs from the run's world size {world}; "
-              f"resume onto another layout with a new run and checkpoint.load=<dir>", file=sys.stderr)
+        print(
+            f"kilocard run: error: --nproc {nproc} differs from the run's world size {world}; "
+            f"resume onto another layout with a new run and checkpoint.load=<dir>",
+            file=sys.stderr,
+        )
         return exitcodes.BAD_CONFIG
     return launch(run_dir, world, max_restarts)
 
 
-def torchrun_command(run_dir: Path, nproc: int, port: int, max_restarts: int = 0) -> List[str]:
+def torchrun_command(run_dir: Path, nproc: int, port: int, max_restarts: int = 0) -> list[str]:
     """The torchrun command line for ``nproc`` local ranks of ``run_dir``.
 
     With ``max_restarts`` > 0 torchrun restarts every rank after a failure; each restart resumes
     from the last committed step (``python -m kilocard.train`` always does).
     """
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
-            "--master-addr=127.0.0.1", f"--master-port={port}", f"--max-restarts={max_restarts}",
-            "-m", "kilocard.train", str(run_dir)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--nnodes=1",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        "kilocard.train",
+        str(run_dir),
+    ]
 
 
 def rank_env(run_dir: Path) -> dict:
@@ -138,8 +151,13 @@ def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     log = run_dir / "logs" / "train.log"
     start_step = len(read_metrics(run_dir))
     with open(log, "ab") as out:
-        proc = subprocess.Popen(torchrun_command(run_dir, nproc, free_port(), max_restarts), stdout=out, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            torchrun_command(run_dir, nproc, free_port(), max_restarts),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         code = _watch(proc, run_dir, run_cfg.trainer.hang_timeout_s + GRACE_S)
     code = _rank_exit_code(run_dir / "logs" / "exit", proc.returncode if code is None else code)
     records = read_metrics(run_dir)
@@ -149,7 +167,7 @@ def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     return code
 
 
-def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float) -> Optional[int]:
+def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float) -> int | None:
     """Show a live line until the ranks exit; kill them and return FAULT if the metrics go silent."""
     tty = sys.stdout.isatty()
     seen, last_change = 0, time.monotonic()
@@ -204,8 +222,13 @@ def _rank_exit_code(exit_dir: Path, launcher_code: int) -> int:
 def _print_tail(log: Path, lines: int = 30) -> None:
     """The ranks' own error lines (once each), else the log's last lines (torchrun's report hides them)."""
     text = log.read_text(errors="replace").splitlines()
-    errors = list(dict.fromkeys(l for l in text if "kilocard.train: error" in l or "kilocard.train: crashed" in l
-                                or "kilocard.train: no progress" in l))
+    errors = list(
+        dict.fromkeys(
+            l
+            for l in text
+            if "kilocard.train: error" in l or "kilocard.train: crashed" in l or "kilocard.train: no progress" in l
+        )
+    )
     keep = errors or [l for l in text if "UserWarning" not in l and "warnings.warn" not in l][-lines:]
     print(f"--- from {log} ---", file=sys.stderr)
     print("\n".join(keep), file=sys.stderr)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Dict, List
 
 from kilocard.config.schema import RunConfig
 from kilocard.launch import shell
@@ -25,7 +24,7 @@ class RenderError(ValueError):
     """The template and the values given to it do not match (a bug, not bad input)."""
 
 
-def fill(template: str, values: Dict[str, str]) -> str:
+def fill(template: str, values: dict[str, str]) -> str:
     """Replace every ``{{ name }}`` in ``template``; every slot must have a value and vice versa."""
     slots = set(SLOT.findall(template))
     missing, unused = slots - set(values), set(values) - slots
@@ -49,7 +48,7 @@ def time_to_seconds(field: str, value: str) -> int:
     return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
-def sbatch_lines(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> List[str]:
+def sbatch_lines(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> list[str]:
     """The ``#SBATCH`` directives, each value checked against its safe character set."""
     c, lc = cfg.cluster, cfg.launcher
     logs = shell.sbatch_value("cluster.shared_fs", str(run_dir / LOG_DIR), "path")
@@ -65,8 +64,11 @@ def sbatch_lines(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> List[str]:
     if lc.exclusive:
         opts.append("--exclusive")
     opts += [f"--mem={shell.sbatch_value('cluster.mem_per_node', c.mem_per_node, 'memory')}", f"--time={lc.time}"]
-    for name, fld, value in (("partition", "cluster.partition", c.partition), ("account", "cluster.account", c.account),
-                             ("qos", "cluster.qos", c.qos)):
+    for name, fld, value in (
+        ("partition", "cluster.partition", c.partition),
+        ("account", "cluster.account", c.account),
+        ("qos", "cluster.qos", c.qos),
+    ):
         checked = shell.optional_sbatch(fld, value, "name")
         if checked:
             opts.append(f"--{name}={checked}")
@@ -80,7 +82,7 @@ def sbatch_lines(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> List[str]:
     return [f"#SBATCH {o}" for o in opts]
 
 
-def env_exports(plan: LaunchPlan, cfg: RunConfig) -> List[str]:
+def env_exports(plan: LaunchPlan, cfg: RunConfig) -> list[str]:
     """``export NAME='value'`` for every plan variable, names checked and values single-quoted."""
     lines = []
     for name, value in plan.env.items():
@@ -94,25 +96,39 @@ def secret_checks(plan: LaunchPlan) -> str:
     lines = []
     for name in plan.secret_env:
         shell.env_name("launcher.secret_env", name)
-        lines.append(f'[ -n "${{{name}+set}}" ] || {{ log "secret {name} not in the environment (export it before sbatch)"; exit 2; }}')
+        lines.append(
+            f'[ -n "${{{name}+set}}" ] || '
+            f'{{ log "secret {name} not in the environment (export it before sbatch)"; exit 2; }}'
+        )
     if not lines:
         return ""
-    return "# Secrets come from the submitting environment (sbatch --export); only their names are here.\n" + "\n".join(lines)
+    return "# Secrets come from the submitting environment (sbatch --export); only their names are here.\n" + "\n".join(
+        lines
+    )
 
 
 def runtime_setup(cfg: RunConfig) -> str:
     """Bare metal: activate ``cluster.venv`` on the batch node (srun passes the environment on)."""
     c = cfg.cluster
     if c.container_image or not c.venv:
-        return "# Python: " + ("inside the container image (pyxis)" if c.container_image else "`python` from the submitting environment's PATH")
+        return "# Python: " + (
+            "inside the container image (pyxis)"
+            if c.container_image
+            else "`python` from the submitting environment's PATH"
+        )
     venv = shell.quote("cluster.venv", c.venv)
     return f"# Bare metal: the cluster profile's virtual environment.\nsource {venv}/bin/activate || exit 1"
 
 
 def srun_args(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> str:
     """srun options: the process layout, plus pyxis container options when the profile names an image."""
-    args = [f"--nodes={plan.nodes}", f"--ntasks={plan.world_size}", f"--ntasks-per-node={plan.tasks_per_node}",
-            f"--cpus-per-task={plan.cpus_per_task}", "--kill-on-bad-exit=0"]
+    args = [
+        f"--nodes={plan.nodes}",
+        f"--ntasks={plan.world_size}",
+        f"--ntasks-per-node={plan.tasks_per_node}",
+        f"--cpus-per-task={plan.cpus_per_task}",
+        "--kill-on-bad-exit=0",
+    ]
     c = cfg.cluster
     if c.container_image:
         root = str(run_dir.parent)
@@ -122,9 +138,11 @@ def srun_args(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> str:
         for i, m in enumerate(mounts):
             if "," in m:
                 raise shell.ShellValueError(f"cluster.container_mounts[{i}]", m, "src:dst[:flags] without commas")
-        args += [f"--container-image={shell.quote('cluster.container_image', c.container_image)}",
-                 f"--container-mounts={shell.quote('cluster.container_mounts', ','.join(mounts))}",
-                 '--container-workdir="$RUN_DIR"']
+        args += [
+            f"--container-image={shell.quote('cluster.container_image', c.container_image)}",
+            f"--container-mounts={shell.quote('cluster.container_mounts', ','.join(mounts))}",
+            '--container-workdir="$RUN_DIR"',
+        ]
     return " ".join(args)
 
 
@@ -132,8 +150,10 @@ def master_port(plan: LaunchPlan) -> str:
     """MASTER_PORT: fixed (launcher.master_port) or derived from the job id and restart count."""
     if plan.master_port is not None:
         return f"export MASTER_PORT={int(plan.master_port)}"
-    return ("# derived from the job id (+ restart count: a requeued job gets a fresh port)\n"
-            "export MASTER_PORT=$(( 20000 + (SLURM_JOB_ID * 7 + ${SLURM_RESTART_COUNT:-0}) % 40000 ))")
+    return (
+        "# derived from the job id (+ restart count: a requeued job gets a fresh port)\n"
+        "export MASTER_PORT=$(( 20000 + (SLURM_JOB_ID * 7 + ${SLURM_RESTART_COUNT:-0}) % 40000 ))"
+    )
 
 
 def render_script(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, chain_length: int = 1) -> str:

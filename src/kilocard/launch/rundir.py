@@ -15,9 +15,9 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Dict, Optional, Sequence
 
 from omegaconf import DictConfig
 
@@ -31,9 +31,9 @@ class RunDirError(Exception):
     """A run directory cannot be created (exists, not writable, bad name)."""
 
 
-def library_versions() -> Dict[str, Optional[str]]:
+def library_versions() -> dict[str, str | None]:
     """Installed versions of the libraries that decide results (``None`` when absent)."""
-    out: Dict[str, Optional[str]] = {}
+    out: dict[str, str | None] = {}
     for name in LIBRARIES:
         try:
             out[name] = metadata.version(name)
@@ -42,20 +42,25 @@ def library_versions() -> Dict[str, Optional[str]]:
     return out
 
 
-def code_version() -> Dict[str, object]:
+def code_version() -> dict[str, object]:
     """Git commit and dirty flag of the kilocard source tree, when it is a checkout."""
     src = Path(__file__).resolve().parents[3]
     if not (src / ".git").exists():
         return {"git_commit": None, "dirty": None}
+
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True, timeout=10).stdout.strip()
-    return {"git_commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+    return {
+        "git_commit": git("rev-parse", "HEAD") or None,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
 
 
-def provenance(overrides: Sequence[str], config_sha256: str) -> Dict[str, object]:
+def provenance(overrides: Sequence[str], config_sha256: str) -> dict[str, object]:
     """Everything needed to say exactly what ran."""
     return {
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "argv": list(sys.argv),
         "overrides": list(overrides),
         "config_sha256": config_sha256,
@@ -68,18 +73,17 @@ def provenance(overrides: Sequence[str], config_sha256: str) -> Dict[str, object
 
 def default_name(job_name: str) -> str:
     """``<job_name>-<UTC timestamp>``."""
-    return f"{job_name}-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    return f"{job_name}-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
 def _check_name(name: str) -> None:
     if not name or name.startswith(".") or "/" in name or any(c.isspace() for c in name):
         raise RunDirError(
-            f"launcher.run_name: {name!r} is not a usable directory name "
-            f"(no '/', no whitespace, not starting with '.')"
+            f"launcher.run_name: {name!r} is not a usable directory name (no '/', no whitespace, not starting with '.')"
         )
 
 
-def create_run_dir(cfg: DictConfig, overrides: Sequence[str], root: Optional[Path] = None) -> Path:
+def create_run_dir(cfg: DictConfig, overrides: Sequence[str], root: Path | None = None) -> Path:
     """Create the run directory for ``cfg`` under ``root`` (default: ``cluster.shared_fs``).
 
     An explicit ``launcher.run_name`` that already exists is refused; an automatic name gets a

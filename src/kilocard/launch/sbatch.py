@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -41,7 +41,7 @@ ENV_REF = re.compile(r"\$\{(?:oc\.)?env:([A-Za-z_][A-Za-z0-9_]*)(?:,[^}]*)?\}")
 class Prepared:
     """One sweep point that passed validation and a dry render."""
 
-    overrides: List[str]
+    overrides: list[str]
     """The overrides of this sweep point."""
     cfg: DictConfig
     """Composed config (secret references already turned into names)."""
@@ -51,16 +51,16 @@ class Prepared:
     """Processes and environment."""
 
 
-def with_slurm_launcher(overrides: Sequence[str]) -> List[str]:
+def with_slurm_launcher(overrides: Sequence[str]) -> list[str]:
     """Prepend ``launcher=slurm`` unless the user picked a launcher option."""
     if any(o.split("=", 1)[0].lstrip("+~") == "launcher" for o in overrides):
         return list(overrides)
     return ["launcher=slurm", *overrides]
 
 
-def extract_secret_refs(cfg: DictConfig) -> List[str]:
+def extract_secret_refs(cfg: DictConfig) -> list[str]:
     """Move ``${oc.env:NAME}`` env values into ``launcher.secret_env``; refuse them anywhere else."""
-    moved: List[str] = []
+    moved: list[str] = []
     raw = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(raw, dict)
     for group in ("launcher", "cluster"):
@@ -70,8 +70,11 @@ def extract_secret_refs(cfg: DictConfig) -> List[str]:
             if m is None:
                 continue
             if m.group(1) != key:
-                raise ComposeError(f"{group}.env.{key}: a secret is passed through under its own name; use "
-                                   f"launcher.secret_env=[{m.group(1)}] and read {m.group(1)} in the job", field=f"{group}.env.{key}")
+                raise ComposeError(
+                    f"{group}.env.{key}: a secret is passed through under its own name; use "
+                    f"launcher.secret_env=[{m.group(1)}] and read {m.group(1)} in the job",
+                    field=f"{group}.env.{key}",
+                )
             with open_dict(cfg):
                 del cfg[group].env[key]
                 if key not in cfg.launcher.secret_env:
@@ -79,8 +82,10 @@ def extract_secret_refs(cfg: DictConfig) -> List[str]:
             moved.append(key)
     rest = OmegaConf.to_yaml(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
     if "env:" in rest and ENV_REF.search(rest):
-        raise ComposeError("an ${oc.env:...} reference outside launcher.env/cluster.env would write the variable's "
-                           "value into the run directory; pass secrets with launcher.secret_env=[NAME]")
+        raise ComposeError(
+            "an ${oc.env:...} reference outside launcher.env/cluster.env would write the variable's "
+            "value into the run directory; pass secrets with launcher.secret_env=[NAME]"
+        )
     return moved
 
 
@@ -91,7 +96,7 @@ def print_issues(label: str, issues: Sequence[Issue]) -> None:
         print(f"{label}{i.severity} {i.code} {i.field}={value!r}: {i.message} (fix: {i.hint})", file=sys.stderr)
 
 
-def prepare(overrides: Sequence[str], cfg: DictConfig, chain: int, multi: bool) -> Optional[Prepared]:
+def prepare(overrides: Sequence[str], cfg: DictConfig, chain: int, multi: bool) -> Prepared | None:
     """Validate one sweep point and render it in memory; ``None`` (after printing why) when it fails."""
     label = f"[{' '.join(overrides)}] " if multi else ""
     extract_secret_refs(cfg)
@@ -130,12 +135,20 @@ def sbatch_command(overrides: Sequence[str], multirun: bool = False, submit: boo
     prepared = [prepare(o, c, chain, multi=len(points) > 1) for o, c in points]
     if any(p is None for p in prepared):
         bad = sum(p is None for p in prepared)
-        print(f"kilocard sbatch: {bad} of {len(prepared)} config(s) invalid; nothing written, nothing submitted", file=sys.stderr)
+        print(
+            f"kilocard sbatch: {bad} of {len(prepared)} config(s) invalid; nothing written, nothing submitted",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
-    missing = sorted({n for p in prepared if p is not None for n in missing_secrets(p.plan.secret_env)}) if submit else []
+    missing = (
+        sorted({n for p in prepared if p is not None for n in missing_secrets(p.plan.secret_env)}) if submit else []
+    )
     if missing:
-        print(f"kilocard sbatch: error: launcher.secret_env: {', '.join(missing)} not set in this shell; export "
-              f"them before submitting; nothing written, nothing submitted", file=sys.stderr)
+        print(
+            f"kilocard sbatch: error: launcher.secret_env: {', '.join(missing)} not set in this shell; export "
+            f"them before submitting; nothing written, nothing submitted",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     status = EXIT_OK
     for p in prepared:
@@ -148,7 +161,10 @@ def sbatch_command(overrides: Sequence[str], multirun: bool = False, submit: boo
         argv = sbatch_argv(script, p.plan.secret_env, parsable=False)
         print(f"run dir: {script.parent}")
         print(f"script: {script}")
-        print(f"sbatch: {' '.join(shell.quote('script', a) for a in argv)}" + (f"  (x{chain}, chained afterany)" if chain > 1 else ""))
+        print(
+            f"sbatch: {' '.join(shell.quote('script', a) for a in argv)}"
+            + (f"  (x{chain}, chained afterany)" if chain > 1 else "")
+        )
         if submit:
             status = max(status, submit_run(p, script, chain))
     return status

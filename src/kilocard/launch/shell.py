@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Optional
 
 #: Environment variable names.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Kinds of ``#SBATCH`` values and the characters each may hold.
 SBATCH_PATTERNS = {
     "name": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*"), "letters, digits and . _ + - (e.g. llama3-70b)"),
-    "path": (re.compile(r"/?[A-Za-z0-9._+%@=,:-][A-Za-z0-9._+%@=,:/-]*"), "an absolute path of letters, digits and . _ + - % @ = , : /"),
+    "path": (
+        re.compile(r"/?[A-Za-z0-9._+%@=,:-][A-Za-z0-9._+%@=,:/-]*"),
+        "an absolute path of letters, digits and . _ + - % @ = , : /",
+    ),
     "time": (re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}"), "Slurm time: MINUTES, HH:MM:SS or D-HH:MM:SS (e.g. 04:00:00)"),
     "memory": (re.compile(r"\d+[KMGT]?"), "a size such as 0, 500G or 2000000M"),
-    "dependency": (re.compile(r"[A-Za-z_]+(:[0-9_+*]+)*([,?][A-Za-z_]+(:[0-9_+*]+)*)*"), "a Slurm dependency such as afterany:123 or singleton"),
+    "dependency": (
+        re.compile(r"[A-Za-z_]+(:[0-9_+*]+)*([,?][A-Za-z_]+(:[0-9_+*]+)*)*"),
+        "a Slurm dependency such as afterany:123 or singleton",
+    ),
 }
 #: An extra ``#SBATCH`` option: ``--flag`` or ``--flag=value`` with a safe value.
 EXTRA_SBATCH = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._+%@=,:/*-]+)?")
@@ -51,7 +56,9 @@ def quote(field: str, value: object) -> str:
 def env_name(field: str, name: str) -> str:
     """``name`` when it is a valid environment variable name, else ``ShellValueError``."""
     if not ENV_NAME.fullmatch(str(name)):
-        raise ShellValueError(field, name, "an environment variable name: letters, digits, _ (not starting with a digit)")
+        raise ShellValueError(
+            field, name, "an environment variable name: letters, digits, _ (not starting with a digit)"
+        )
     return str(name)
 
 
@@ -67,11 +74,13 @@ def sbatch_value(field: str, value: object, kind: str) -> str:
 def extra_sbatch(field: str, option: str) -> str:
     """An ``extra_sbatch`` entry: ``--flag`` or ``--flag=value`` with a value of safe characters."""
     if not EXTRA_SBATCH.fullmatch(str(option)):
-        raise ShellValueError(field, option, "--option or --option=value with letters, digits and . _ + % @ = , : / * -")
+        raise ShellValueError(
+            field, option, "--option or --option=value with letters, digits and . _ + % @ = , : / * -"
+        )
     return str(option)
 
 
-def optional_sbatch(field: str, value: Optional[object], kind: str) -> Optional[str]:
+def optional_sbatch(field: str, value: object | None, kind: str) -> str | None:
     """``sbatch_value`` for a value that may be unset (``None`` or empty gives ``None``)."""
     if value is None or str(value) == "":
         return None

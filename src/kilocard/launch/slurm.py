@@ -14,8 +14,8 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 from kilocard.launch import shell
 
@@ -29,7 +29,7 @@ class SlurmError(RuntimeError):
     """sbatch/scontrol failed or answered something unexpected."""
 
 
-def export_arg(secret_env: Sequence[str], chain_link: Optional[int] = None) -> str:
+def export_arg(secret_env: Sequence[str], chain_link: int | None = None) -> str:
     """``--export=ALL[,KILOCARD_CHAIN_LINK=k][,NAME...]``: names only, values come from the environment."""
     parts = ["ALL"]
     if chain_link is not None:
@@ -38,8 +38,14 @@ def export_arg(secret_env: Sequence[str], chain_link: Optional[int] = None) -> s
     return "--export=" + ",".join(parts)
 
 
-def sbatch_argv(script: Path, secret_env: Sequence[str] = (), chain_link: Optional[int] = None,
-                dependency: Optional[str] = None, parsable: bool = True, test_only: bool = False) -> List[str]:
+def sbatch_argv(
+    script: Path,
+    secret_env: Sequence[str] = (),
+    chain_link: int | None = None,
+    dependency: str | None = None,
+    parsable: bool = True,
+    test_only: bool = False,
+) -> list[str]:
     """The sbatch command line for one job (argument list; never run through a shell)."""
     argv = ["sbatch"]
     if parsable:
@@ -75,20 +81,21 @@ def run_client(argv: Sequence[str]) -> subprocess.CompletedProcess:
     return proc
 
 
-def missing_secrets(secret_env: Sequence[str]) -> List[str]:
+def missing_secrets(secret_env: Sequence[str]) -> list[str]:
     """Names in ``secret_env`` not set in this process's environment."""
     return [n for n in secret_env if n not in os.environ]
 
 
-def submit_chain(script: Path, chain: int, secret_env: Sequence[str] = (),
-                 dependency: Optional[str] = None) -> List[int]:
+def submit_chain(script: Path, chain: int, secret_env: Sequence[str] = (), dependency: str | None = None) -> list[int]:
     """Submit ``chain`` jobs of ``script`` that continue one another; return their ids in order."""
     if chain < 1:
         raise SlurmError(f"--chain: {chain} is not a job count; use 1 or more")
     missing = missing_secrets(secret_env)
     if missing:
-        raise SlurmError(f"launcher.secret_env: {', '.join(missing)} not set in this shell; export them before submitting")
-    ids: List[int] = []
+        raise SlurmError(
+            f"launcher.secret_env: {', '.join(missing)} not set in this shell; export them before submitting"
+        )
+    ids: list[int] = []
     for link in range(1, chain + 1):
         dep = dependency if link == 1 else f"afterany:{ids[-1]}"
         argv = sbatch_argv(script, secret_env, chain_link=link if chain > 1 else None, dependency=dep)
@@ -100,12 +107,14 @@ def record_jobs(run_dir: Path, ids: Sequence[int], chain: int, argv: Sequence[st
     """Append this submission to ``<run_dir>/jobs.json`` (written via a temp file + rename)."""
     path = run_dir / JOBS_FILE
     data = json.loads(path.read_text()) if path.exists() else {"submissions": []}
-    data["submissions"].append({
-        "job_ids": list(ids),
-        "chain": chain,
-        "submitted": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "sbatch": list(argv),
-    })
+    data["submissions"].append(
+        {
+            "job_ids": list(ids),
+            "chain": chain,
+            "submitted": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "sbatch": list(argv),
+        }
+    )
     data["job_ids"] = [j for s in data["submissions"] for j in s["job_ids"]]
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")

@@ -17,12 +17,17 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import yaml
 
 from kilocard.config.schema import (
-    ClusterConfig, ModelConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig,
+    ClusterConfig,
+    ModelConfig,
+    ParallelConfig,
+    PrecisionConfig,
+    RunConfig,
+    TrainerConfig,
 )
 from kilocard.paths import data_dir
 from kilocard.perf.efficiency import FITTED, PerfModelParams
@@ -30,7 +35,7 @@ from kilocard.perf.flops import CONVENTIONS
 from kilocard.perf.predict import predict, require_gpu
 
 #: Per-GPU network bandwidth (one direction) of the DGX system of each GPU: one NIC per GPU.
-DGX_NETWORK_GBS: Dict[str, float] = {
+DGX_NETWORK_GBS: dict[str, float] = {
     "a100-sxm4-40gb": 25.0,  # DGX A100: 8x HDR 200 Gb/s InfiniBand
     "a100-sxm4-80gb": 25.0,
     "h100-sxm5-80gb": 50.0,  # DGX H100: 8x NDR 400 Gb/s InfiniBand
@@ -50,11 +55,11 @@ class Row:
 
     id: str
     """Row id (``sc21-1.7b``)."""
-    raw: Dict[str, Any]
+    raw: dict[str, Any]
     """The row as written."""
     complete: bool
     """Every fact the model needs is published (no ``unverified``/missing value)."""
-    missing: List[str]
+    missing: list[str]
     """Dotted names of the facts that are unverified or missing."""
 
 
@@ -65,7 +70,7 @@ REQUIRED = {
 }
 
 
-def _missing(raw: Dict[str, Any]) -> List[str]:
+def _missing(raw: dict[str, Any]) -> list[str]:
     out = []
     for key in ("gpu", "gpus", "precision", "recompute", "flops_convention"):
         if raw.get(key) in (None, UNVERIFIED):
@@ -85,7 +90,7 @@ def _missing(raw: Dict[str, Any]) -> List[str]:
     return out
 
 
-def load_rows(path: Optional[str] = None) -> List[Row]:
+def load_rows(path: str | None = None) -> list[Row]:
     """Rows of a baselines file (default: the shipped ``baselines/published.yaml``)."""
     file = Path(path) if path else data_dir("baselines") / "published.yaml"
     try:
@@ -103,34 +108,48 @@ def load_rows(path: Optional[str] = None) -> List[Row]:
     return rows
 
 
-def row_cluster(raw: Dict[str, Any]) -> ClusterConfig:
+def row_cluster(raw: dict[str, Any]) -> ClusterConfig:
     """A DGX-style cluster of the row's GPU, big enough for its GPU count."""
     spec = require_gpu(raw["gpu"])
     per_node = min(8, int(raw["gpus"]))
     return ClusterConfig(
-        name=f"dgx-{spec.name}", gpu=spec.name, nodes=max(1, int(raw["gpus"]) // per_node), gpus_per_node=per_node,
+        name=f"dgx-{spec.name}",
+        gpu=spec.name,
+        nodes=max(1, int(raw["gpus"]) // per_node),
+        gpus_per_node=per_node,
         nvlink_domain_size=max(per_node, spec.nvlink_domain_size if spec.nvlink_domain_size > 8 else per_node),
         intra_node_bandwidth_gbs=spec.nvlink_bandwidth / 1e9,
         inter_node_bandwidth_gbs=DGX_NETWORK_GBS.get(spec.name, 25.0),
     )
 
 
-def row_model(raw: Dict[str, Any], era_2021: bool) -> ModelConfig:
+def row_model(raw: dict[str, Any], era_2021: bool) -> ModelConfig:
     """The row's architecture (GPT-style with learned positions and tied embeddings unless gated)."""
     m = raw["model"]
     gated = bool(m["gated_mlp"])
     experts = m.get("experts")
     return ModelConfig(
-        name=str(raw["id"]), num_layers=int(m["layers"]), hidden_size=int(m["hidden"]),
-        num_attention_heads=int(m["heads"]), num_query_groups=m.get("kv_heads"), ffn_hidden_size=int(m["ffn"]),
-        seq_length=int(m["seq"]), max_position_embeddings=int(m["seq"]), vocab_size=int(m["vocab"]),
-        gated_linear_unit=gated, activation="swiglu" if gated else "gelu",
-        normalization="RMSNorm" if gated else "LayerNorm", add_bias_linear=not gated,
+        name=str(raw["id"]),
+        num_layers=int(m["layers"]),
+        hidden_size=int(m["hidden"]),
+        num_attention_heads=int(m["heads"]),
+        num_query_groups=m.get("kv_heads"),
+        ffn_hidden_size=int(m["ffn"]),
+        seq_length=int(m["seq"]),
+        max_position_embeddings=int(m["seq"]),
+        vocab_size=int(m["vocab"]),
+        gated_linear_unit=gated,
+        activation="swiglu" if gated else "gelu",
+        normalization="RMSNorm" if gated else "LayerNorm",
+        add_bias_linear=not gated,
         position_embedding_type="rope" if gated else "learned_absolute",
         share_embeddings_and_output_weights=not gated,
-        num_moe_experts=int(experts) if experts else None, moe_router_topk=int(m.get("topk") or 2),
-        moe_ffn_hidden_size=m.get("moe_ffn"), moe_shared_expert_intermediate_size=m.get("shared_ffn"),
-        hidden_dropout=0.1 if era_2021 else 0.0, attention_dropout=0.1 if era_2021 else 0.0,
+        num_moe_experts=int(experts) if experts else None,
+        moe_router_topk=int(m.get("topk") or 2),
+        moe_ffn_hidden_size=m.get("moe_ffn"),
+        moe_shared_expert_intermediate_size=m.get("shared_ffn"),
+        hidden_dropout=0.1 if era_2021 else 0.0,
+        attention_dropout=0.1 if era_2021 else 0.0,
         attention_backend="local" if era_2021 else "auto",
     )
 
@@ -143,11 +162,17 @@ def row_run_config(row: Row) -> RunConfig:
     tp, vp = int(p["tp"]), p.get("vp")
     modern = not era_2021
     par = dict(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=int(p["pp"]),
-        virtual_pipeline_model_parallel_size=int(vp) if vp else None, context_parallel_size=int(p.get("cp") or 1),
-        expert_model_parallel_size=int(p.get("ep") or 1), sequence_parallel=modern and tp > 1,
-        use_distributed_optimizer=modern, overlap_grad_reduce=modern, overlap_param_gather=modern,
-        tp_comm_overlap=modern and tp > 1, overlap_p2p_comm=modern and bool(vp),
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=int(p["pp"]),
+        virtual_pipeline_model_parallel_size=int(vp) if vp else None,
+        context_parallel_size=int(p.get("cp") or 1),
+        expert_model_parallel_size=int(p.get("ep") or 1),
+        sequence_parallel=modern and tp > 1,
+        use_distributed_optimizer=modern,
+        overlap_grad_reduce=modern,
+        overlap_param_gather=modern,
+        tp_comm_overlap=modern and tp > 1,
+        overlap_p2p_comm=modern and bool(vp),
         recompute_granularity=None if raw["recompute"] == "none" else raw["recompute"],
         recompute_method="uniform" if raw["recompute"] == "full" else None,
         recompute_num_layers=1 if raw["recompute"] == "full" else None,
@@ -160,11 +185,16 @@ def row_run_config(row: Row) -> RunConfig:
     par.update(software)
     prec = raw["precision"]
     precision = PrecisionConfig(
-        bf16=prec in ("bf16", "fp8"), fp16=prec == "fp16", fp8="hybrid" if prec == "fp8" else None,
+        bf16=prec in ("bf16", "fp8"),
+        fp16=prec == "fp16",
+        fp8="hybrid" if prec == "fp8" else None,
         grad_reduce_in_fp32=modern or prec == "bf16",  # 2021 Megatron-LM reduced fp16 grads in fp16
     )
     return RunConfig(
-        model=model, parallel=ParallelConfig(**par), precision=precision, cluster=row_cluster(raw),
+        model=model,
+        parallel=ParallelConfig(**par),
+        precision=precision,
+        cluster=row_cluster(raw),
         trainer=TrainerConfig(micro_batch_size=int(b["mbs"]), global_batch_size=int(b["gbs"])),
     )
 
@@ -175,27 +205,27 @@ class Comparison:
 
     id: str
     """Row id."""
-    recipe: Optional[str]
+    recipe: str | None
     """Recipe whose ``baseline_id`` is this row (``None`` when none)."""
     convention: str
     """FLOPs convention of the row's figures."""
-    published_tflops_per_gpu: Optional[float]
+    published_tflops_per_gpu: float | None
     """As published (derived from MFU and the peak when only MFU was published)."""
-    predicted_tflops_per_gpu: Optional[float]
+    predicted_tflops_per_gpu: float | None
     """Predicted, same convention; ``None`` for incomplete rows."""
-    published_mfu: Optional[float]
+    published_mfu: float | None
     """As published (or published TFLOP/s over the peak)."""
-    predicted_mfu: Optional[float]
+    predicted_mfu: float | None
     """Predicted TFLOP/s over the peak."""
-    peak_tflops: Optional[float]
+    peak_tflops: float | None
     """The dense peak (row's GEMM dtype) the MFUs divide by."""
-    rel_error: Optional[float]
+    rel_error: float | None
     """(predicted - published) / published; ``None`` when excluded."""
     note: str
     """Why the row is excluded from the statistics (empty when included)."""
 
 
-def compare_row(row: Row, recipes: Dict[str, str], params: PerfModelParams = FITTED) -> Comparison:
+def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FITTED) -> Comparison:
     """Predict one row and compare it with the published figure."""
     result = row.raw.get("result") or {}
     pub_tf, pub_mfu = result.get("tflops_per_gpu"), result.get("mfu")
@@ -207,23 +237,30 @@ def compare_row(row: Row, recipes: Dict[str, str], params: PerfModelParams = FIT
         pub_tf = pub_tf if pub_tf is not None else (pub_mfu * peak if pub_mfu is not None else None)
         pub_mfu = pub_mfu if pub_mfu is not None else (pub_tf / peak if pub_tf is not None else None)
     conv = str(row.raw.get("flops_convention"))
-    base = dict(id=row.id, recipe=recipes.get(row.id), convention=conv, published_tflops_per_gpu=pub_tf,
-                published_mfu=pub_mfu, peak_tflops=peak)
+    base = dict(
+        id=row.id,
+        recipe=recipes.get(row.id),
+        convention=conv,
+        published_tflops_per_gpu=pub_tf,
+        published_mfu=pub_mfu,
+        peak_tflops=peak,
+    )
     if not row.complete or conv not in CONVENTIONS:
         note = "unverified/missing: " + ", ".join(row.missing or ["flops_convention"])
         return Comparison(**base, predicted_tflops_per_gpu=None, predicted_mfu=None, rel_error=None, note=note)
     cfg = row_run_config(row)
     pred = predict(cfg, conv, params, world=int(row.raw["gpus"]))
     rel = (pred.tflops_per_gpu - pub_tf) / pub_tf
-    return Comparison(**base, predicted_tflops_per_gpu=pred.tflops_per_gpu, predicted_mfu=pred.mfu,
-                      rel_error=rel, note="")
+    return Comparison(
+        **base, predicted_tflops_per_gpu=pred.tflops_per_gpu, predicted_mfu=pred.mfu, rel_error=rel, note=""
+    )
 
 
-def recipe_index() -> Dict[str, str]:
+def recipe_index() -> dict[str, str]:
     """Map baseline row id to the recipe that reproduces it (``recipe.baseline_id`` in its own file)."""
     from kilocard.config.compose import recipe_catalog
 
-    out: Dict[str, str] = {}
+    out: dict[str, str] = {}
     for name, path in recipe_catalog().items():
         try:
             doc = yaml.safe_load(path.read_text()) or {}
@@ -235,7 +272,7 @@ def recipe_index() -> Dict[str, str]:
     return out
 
 
-def error_stats(comparisons: List[Comparison]) -> Dict[str, float]:
+def error_stats(comparisons: list[Comparison]) -> dict[str, float]:
     """Mean and max absolute relative error over the rows included."""
     errs = [abs(c.rel_error) for c in comparisons if c.rel_error is not None]
     if not errs:
@@ -243,49 +280,67 @@ def error_stats(comparisons: List[Comparison]) -> Dict[str, float]:
     return {"mean_abs_rel_error": sum(errs) / len(errs), "max_abs_rel_error": max(errs), "rows_included": len(errs)}
 
 
-def compare_all(path: Optional[str] = None, params: PerfModelParams = FITTED,
-                recipes: Optional[Dict[str, str]] = None) -> List[Comparison]:
+def compare_all(
+    path: str | None = None, params: PerfModelParams = FITTED, recipes: dict[str, str] | None = None
+) -> list[Comparison]:
     """Compare every row of a baselines file."""
     index = recipe_index() if recipes is None else recipes
     return [compare_row(r, index, params) for r in load_rows(path)]
 
 
-def _fmt(v: Optional[float], spec: str) -> str:
+def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def render_text(comps: List[Comparison]) -> str:
+def render_text(comps: list[Comparison]) -> str:
     """The table ``kilocard baselines`` prints."""
     header = ("row", "recipe", "convention", "pub TF/s", "pred TF/s", "pub MFU", "pred MFU", "peak", "error")
     lines = [header] + [
-        (c.id, c.recipe or "-", c.convention, _fmt(c.published_tflops_per_gpu, ".0f"),
-         _fmt(c.predicted_tflops_per_gpu, ".0f"), _fmt(c.published_mfu, ".1%"), _fmt(c.predicted_mfu, ".1%"),
-         _fmt(c.peak_tflops, ".0f"), _fmt(c.rel_error, "+.1%") if c.rel_error is not None else "excluded")
+        (
+            c.id,
+            c.recipe or "-",
+            c.convention,
+            _fmt(c.published_tflops_per_gpu, ".0f"),
+            _fmt(c.predicted_tflops_per_gpu, ".0f"),
+            _fmt(c.published_mfu, ".1%"),
+            _fmt(c.predicted_mfu, ".1%"),
+            _fmt(c.peak_tflops, ".0f"),
+            _fmt(c.rel_error, "+.1%") if c.rel_error is not None else "excluded",
+        )
         for c in comps
     ]
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
-    out = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in lines]
+    out = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=False)).rstrip() for row in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
     stats = error_stats(comps)
     out.append("")
-    out.append(f"mean |error| {stats['mean_abs_rel_error']:.1%}, max |error| {stats['max_abs_rel_error']:.1%} "
-               f"over {stats['rows_included']} rows with full configurations (TFLOP/s per GPU, each row's own "
-               f"FLOPs convention; MFU = TFLOP/s over the dense peak of the row's GEMM dtype)")
+    out.append(
+        f"mean |error| {stats['mean_abs_rel_error']:.1%}, max |error| {stats['max_abs_rel_error']:.1%} "
+        f"over {stats['rows_included']} rows with full configurations (TFLOP/s per GPU, each row's own "
+        f"FLOPs convention; MFU = TFLOP/s over the dense peak of the row's GEMM dtype)"
+    )
     for c in comps:
         if c.note:
             out.append(f"excluded from the statistics: {c.id} ({c.note})")
     return "\n".join(out)
 
 
-def render_json(comps: List[Comparison]) -> str:
+def render_json(comps: list[Comparison]) -> str:
     """The ``--format json`` document."""
     stats = error_stats(comps)
     doc = {
         "rows": [
-            {"id": c.id, "recipe": c.recipe, "convention": c.convention,
-             "published_tflops_per_gpu": c.published_tflops_per_gpu,
-             "predicted_tflops_per_gpu": c.predicted_tflops_per_gpu, "published_mfu": c.published_mfu,
-             "predicted_mfu": c.predicted_mfu, "rel_error": c.rel_error, "excluded": c.note or None}
+            {
+                "id": c.id,
+                "recipe": c.recipe,
+                "convention": c.convention,
+                "published_tflops_per_gpu": c.published_tflops_per_gpu,
+                "predicted_tflops_per_gpu": c.predicted_tflops_per_gpu,
+                "published_mfu": c.published_mfu,
+                "predicted_mfu": c.predicted_mfu,
+                "rel_error": c.rel_error,
+                "excluded": c.note or None,
+            }
             for c in comps
         ],
         "mean_abs_rel_error": stats["mean_abs_rel_error"],
@@ -295,7 +350,7 @@ def render_json(comps: List[Comparison]) -> str:
     return json.dumps(doc, indent=1)
 
 
-def baselines_command(file: Optional[str] = None, fmt: str = "text") -> int:
+def baselines_command(file: str | None = None, fmt: str = "text") -> int:
     """``kilocard baselines``: print the comparison; 0 on success, 2 on an unreadable file."""
     try:
         comps = compare_all(file)

@@ -8,7 +8,6 @@ run: there is no per-run correction. ``docs/perf_model.md`` lists the values and
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Dict, Tuple
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class NetworkEfficiency:
 class PerfModelParams:
     """Every parameter of the step-time model."""
 
-    gpu: Dict[str, GpuEfficiency]
+    gpu: dict[str, GpuEfficiency]
     """Per GPU family (``ampere``, ``hopper``, ``blackwell``, ``cdna3``)."""
     network: NetworkEfficiency
     """Collectives and overlap."""
@@ -73,39 +72,60 @@ class PerfModelParams:
 FITTED = PerfModelParams(
     gpu={
         "ampere": GpuEfficiency(
-            gemm_efficiency=0.7685, fp8_gemm_ratio=1.0, gemm_knee=38.06,
-            flash_attention_efficiency=0.50, hbm_efficiency=0.90,
+            gemm_efficiency=0.7685,
+            fp8_gemm_ratio=1.0,
+            gemm_knee=38.06,
+            flash_attention_efficiency=0.50,
+            hbm_efficiency=0.90,
         ),
         "hopper": GpuEfficiency(
-            gemm_efficiency=0.6922, fp8_gemm_ratio=0.90, gemm_knee=38.06,
-            flash_attention_efficiency=0.2874, hbm_efficiency=0.90,
+            gemm_efficiency=0.6922,
+            fp8_gemm_ratio=0.90,
+            gemm_knee=38.06,
+            flash_attention_efficiency=0.2874,
+            hbm_efficiency=0.90,
         ),
     },
     network=NetworkEfficiency(
-        nvlink_efficiency=0.5866, network_efficiency=0.95, tp_overlap=0.4772, tp_bwd_overlap=0.5,
-        dp_overlap=0.9, p2p_overlap=0.8, layer_overhead_s=0.0, p2p_latency_s=0.001,
+        nvlink_efficiency=0.5866,
+        network_efficiency=0.95,
+        tp_overlap=0.4772,
+        tp_bwd_overlap=0.5,
+        dp_overlap=0.9,
+        p2p_overlap=0.8,
+        layer_overhead_s=0.0,
+        p2p_latency_s=0.001,
     ),
 )
 
 
 #: The range each fitted parameter may take: no kernel or link sustains its datasheet rate, a GEMM
 #: knee beyond 512 would make every real GEMM memory-bound, a pipeline send's fixed cost stays under 1 ms.
-PHYSICAL_RANGES: Dict[str, Tuple[float, float]] = {
-    "gemm_efficiency": (0.4, 0.95), "gemm_knee": (0.0, 512.0), "flash_attention_efficiency": (0.2, 0.8),
-    "hbm_efficiency": (0.5, 0.9), "nvlink_efficiency": (0.3, 0.9), "network_efficiency": (0.3, 0.95),
-    "tp_overlap": (0.0, 0.95), "p2p_latency_s": (0.0, 0.001), "fp8_gemm_ratio": (0.5, 1.0),
-    "tp_bwd_overlap": (0.0, 1.0), "dp_overlap": (0.0, 1.0), "p2p_overlap": (0.0, 1.0), "layer_overhead_s": (0.0, 1e-3),
+PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
+    "gemm_efficiency": (0.4, 0.95),
+    "gemm_knee": (0.0, 512.0),
+    "flash_attention_efficiency": (0.2, 0.8),
+    "hbm_efficiency": (0.5, 0.9),
+    "nvlink_efficiency": (0.3, 0.9),
+    "network_efficiency": (0.3, 0.95),
+    "tp_overlap": (0.0, 0.95),
+    "p2p_latency_s": (0.0, 0.001),
+    "fp8_gemm_ratio": (0.5, 1.0),
+    "tp_bwd_overlap": (0.0, 1.0),
+    "dp_overlap": (0.0, 1.0),
+    "p2p_overlap": (0.0, 1.0),
+    "layer_overhead_s": (0.0, 1e-3),
 }
 
 
-def flat(params: PerfModelParams) -> Dict[str, float]:
+def flat(params: PerfModelParams) -> dict[str, float]:
     """``{"hopper.gemm_efficiency": 0.75, "network.tp_overlap": 0.7, ...}``: every parameter by name."""
     out = {f"{fam}.{f.name}": getattr(eff, f.name) for fam, eff in params.gpu.items() for f in fields(eff)}
     out.update({f"network.{f.name}": getattr(params.network, f.name) for f in fields(params.network)})
     return out
 
 
-def with_values(params: PerfModelParams, values: Dict[str, float]) -> PerfModelParams:
+def with_values(params: PerfModelParams, values: dict[str, float]) -> PerfModelParams:
     """A copy of ``params`` with the named values (``flat`` names) replaced."""
     gpu = dict(params.gpu)
     network = params.network

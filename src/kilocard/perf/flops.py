@@ -26,9 +26,9 @@ convention)`` works on plain numbers (``ModelShape``) and is what the published 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import List, Optional, Sequence
 
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.perf.params import count_parameters, moe_layer_pattern, padded_vocab_size
@@ -63,16 +63,16 @@ class ModelShape:
     """Per layer, whether it is an MoE layer; empty for a dense model."""
     topk: int = 1
     """Experts each token is routed to (MoE)."""
-    moe_ffn: Optional[int] = None
+    moe_ffn: int | None = None
     """Routed expert MLP width; ``None`` means ``ffn``."""
     shared_ffn: int = 0
     """Total shared-expert MLP width (0: none)."""
-    mla: Optional[SimpleNamespace] = None
+    mla: SimpleNamespace | None = None
     """Multi-latent attention dims (q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim,
     v_head_dim); ``None`` for standard attention."""
     mtp_layers: int = 0
     """Multi-token-prediction layers."""
-    active_params_no_input_embedding: Optional[int] = None
+    active_params_no_input_embedding: int | None = None
     """Parameters a token passes through, input embedding excluded (``six_n``); ``None``: derived."""
 
     @property
@@ -86,8 +86,11 @@ def shape_from_model(m: ModelConfig, tp: int = 1) -> ModelShape:
     mla = None
     if m.multi_latent_attention:
         mla = SimpleNamespace(
-            q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_head_dim=m.qk_head_dim,
-            qk_pos_emb_head_dim=m.qk_pos_emb_head_dim, v_head_dim=m.v_head_dim,
+            q_lora_rank=m.q_lora_rank,
+            kv_lora_rank=m.kv_lora_rank,
+            qk_head_dim=m.qk_head_dim,
+            qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+            v_head_dim=m.v_head_dim,
         )
     count = count_parameters(m)
     emb_in = padded_vocab_size(m) * m.hidden_size
@@ -110,7 +113,8 @@ def shape_from_model(m: ModelConfig, tp: int = 1) -> ModelShape:
         shared_ffn=m.moe_shared_expert_intermediate_size or 0,
         mla=mla,
         mtp_layers=m.mtp_num_layers or 0,
-        active_params_no_input_embedding=count.active - emb_in
+        active_params_no_input_embedding=count.active
+        - emb_in
         + (0 if not m.share_embeddings_and_output_weights else padded_vocab_size(m) * m.hidden_size),
     )
 
@@ -204,7 +208,7 @@ def shape_active_params(s: ModelShape) -> int:
     mats = 3 if s.gated else 2
     moe_ffn = s.moe_ffn or s.ffn
     total = 0
-    for is_moe in (s.moe_layers or [False] * s.layers):
+    for is_moe in s.moe_layers or [False] * s.layers:
         mlp = mats * h * (moe_ffn * s.topk + s.shared_ffn) if is_moe else mats * h * s.ffn
         total += attn + mlp
     return total + s.vocab * h
@@ -278,7 +282,16 @@ def mfu(flops: float, step_time_s: float, num_gpus: int, peak_flops_per_gpu: flo
     return flops / (step_time_s * num_gpus * peak_flops_per_gpu)
 
 
-__all__: List[str] = [
-    "CONVENTIONS", "ModelShape", "shape_from_model", "shape_flops", "flops_per_iteration",
-    "megatron_args", "mfu", "sc21_flops", "legacy_flops", "current_flops", "six_n_flops",
+__all__: list[str] = [
+    "CONVENTIONS",
+    "ModelShape",
+    "shape_from_model",
+    "shape_flops",
+    "flops_per_iteration",
+    "megatron_args",
+    "mfu",
+    "sc21_flops",
+    "legacy_flops",
+    "current_flops",
+    "six_n_flops",
 ]

@@ -13,8 +13,8 @@ The default failure rate is Llama 3's (Meta, "The Llama 3 Herd of Models", 2024,
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 from kilocard.config.schema import RunConfig
 
@@ -60,16 +60,26 @@ def lost_fraction(interval_s: float, save_s: float, mtbf_s: float, restart_s: fl
     return save_s / interval_s + (interval_s + save_s) / (2 * mtbf_s) + restart_s / mtbf_s
 
 
-def goodput(num_gpus: int, save_time_s: float, failure_rate_per_gpu_s: float = DEFAULT_FAILURE_RATE_PER_GPU_S,
-            restart_s: float = 0.0) -> Goodput:
+def goodput(
+    num_gpus: int,
+    save_time_s: float,
+    failure_rate_per_gpu_s: float = DEFAULT_FAILURE_RATE_PER_GPU_S,
+    restart_s: float = 0.0,
+) -> Goodput:
     """Young/Daly interval and loss for ``num_gpus`` GPUs and a save costing ``save_time_s``."""
     if num_gpus < 1 or failure_rate_per_gpu_s <= 0 or save_time_s < 0:
-        raise ValueError(f"goodput: need num_gpus >= 1 ({num_gpus}), a positive failure rate "
-                         f"({failure_rate_per_gpu_s}) and a save time >= 0 ({save_time_s})")
+        raise ValueError(
+            f"goodput: need num_gpus >= 1 ({num_gpus}), a positive failure rate "
+            f"({failure_rate_per_gpu_s}) and a save time >= 0 ({save_time_s})"
+        )
     mtbf = 1.0 / (failure_rate_per_gpu_s * num_gpus)
     tau = math.sqrt(2.0 * max(save_time_s, 1e-9) * mtbf)
-    return Goodput(job_mtbf_s=mtbf, save_time_s=save_time_s, optimal_interval_s=tau,
-                   lost_fraction=lost_fraction(tau, save_time_s, mtbf, restart_s))
+    return Goodput(
+        job_mtbf_s=mtbf,
+        save_time_s=save_time_s,
+        optimal_interval_s=tau,
+        lost_fraction=lost_fraction(tau, save_time_s, mtbf, restart_s),
+    )
 
 
 def checkpoint_bytes(cfg: RunConfig) -> float:
@@ -109,26 +119,39 @@ def rule_checkpoint_interval(cfg: RunConfig, layout: object = None) -> Iterable:
     g = job_goodput(cfg)
     best_steps = max(1, round(g.optimal_interval_s / step))
     field = "checkpoint.save_interval"
-    hint = (f"set {field}={best_steps} (Young/Daly: sqrt(2 x save {g.save_time_s:.0f} s x job MTBF "
-            f"{g.job_mtbf_s / 3600:.1f} h) = {g.optimal_interval_s / 60:.1f} min at {step:.2f} s/step)")
+    hint = (
+        f"set {field}={best_steps} (Young/Daly: sqrt(2 x save {g.save_time_s:.0f} s x job MTBF "
+        f"{g.job_mtbf_s / 3600:.1f} h) = {g.optimal_interval_s / 60:.1f} min at {step:.2f} s/step)"
+    )
     interval = cfg.checkpoint.save_interval
     if interval <= 0:
         run_s = cfg.trainer.train_iters * step
         if run_s > INTERVAL_TOLERANCE * g.optimal_interval_s:
-            yield warning("CHECKPOINT_INTERVAL", field, interval,
-                          f"no periodic checkpoint in a {run_s / 3600:.1f} h run whose {cfg.cluster.nodes * cfg.cluster.gpus_per_node} "
-                          f"GPUs fail every {g.job_mtbf_s / 3600:.1f} h on average", hint)
+            yield warning(
+                "CHECKPOINT_INTERVAL",
+                field,
+                interval,
+                f"no periodic checkpoint in a {run_s / 3600:.1f} h run whose "
+                f"{cfg.cluster.nodes * cfg.cluster.gpus_per_node} "
+                f"GPUs fail every {g.job_mtbf_s / 3600:.1f} h on average",
+                hint,
+            )
         return
     tau = interval * step
     ratio = tau / g.optimal_interval_s
     if ratio > INTERVAL_TOLERANCE or ratio < 1 / INTERVAL_TOLERANCE:
         loss_cfg, loss_best = g.lost_at(tau), g.lost_fraction
-        yield warning("CHECKPOINT_INTERVAL", field, interval,
-                      f"saving every {interval} steps ({tau / 60:.1f} min) loses {loss_cfg:.1%} of the time to saves "
-                      f"and rework; the Young/Daly interval loses {loss_best:.1%}", hint)
+        yield warning(
+            "CHECKPOINT_INTERVAL",
+            field,
+            interval,
+            f"saving every {interval} steps ({tau / 60:.1f} min) loses {loss_cfg:.1%} of the time to saves "
+            f"and rework; the Young/Daly interval loses {loss_best:.1%}",
+            hint,
+        )
 
 
-def _step_time(cfg: RunConfig) -> Optional[float]:
+def _step_time(cfg: RunConfig) -> float | None:
     from kilocard.perf.predict import predict
     from kilocard.topology import gpu_spec
 

@@ -2,7 +2,7 @@
 
 Where Megatron-LM has a formula (``megatron/training/theoretical_memory_usage.py`` in the
 megatron-core 0.19.2 wheel) this module gives the same number on the same inputs, and
-``tests/test_memory_oracle.py`` proves it on many random configs against that very file:
+``tests/perf/test_memory_oracle.py`` proves it on many random configs against that very file:
 
 * weights + gradients + optimizer == ``compute_weight_and_optimizer_memory(args)`` for bf16/fp16
   params with fp32 gradients (``precision.grad_reduce_in_fp32``) and Adam: 2 + 4 + 12 bytes per
@@ -45,7 +45,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Optional, Tuple
 
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.layout import Layout, compute_layout
@@ -74,8 +73,13 @@ class MemoryEstimate:
 
     def to_json(self) -> dict:
         """``{weights, gradients, optimizer, activations, total}`` in bytes."""
-        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
-                "activations": self.activations, "total": self.total}
+        return {
+            "weights": self.weights,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "total": self.total,
+        }
 
 
 # --- the inputs of Megatron-LM's formula ----------------------------------------------------------
@@ -100,7 +104,7 @@ def _effective_ffn(m: ModelConfig) -> float:
     return (ffn * (len(pattern) - sum(pattern)) + moe * sum(pattern)) / len(pattern)
 
 
-def megatron_memory_args(cfg: RunConfig, layout: Optional[Layout] = None) -> SimpleNamespace:
+def megatron_memory_args(cfg: RunConfig, layout: Layout | None = None) -> SimpleNamespace:
     """The ``args`` Megatron-LM's memory formulas read, from ``cfg`` (kilocard's extensions noted).
 
     On a dense model with CP = 1 and an even pipeline split these are exactly Megatron-LM's
@@ -114,26 +118,42 @@ def megatron_memory_args(cfg: RunConfig, layout: Optional[Layout] = None) -> Sim
     ffn = m.ffn_hidden_size or 4 * m.hidden_size
     gqa = m.num_query_groups is not None and not m.multi_latent_attention
     return SimpleNamespace(
-        hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
         kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
-        group_query_attention=gqa, num_query_groups=m.num_query_groups if gqa else m.num_attention_heads,
-        num_experts=m.num_moe_experts or None, swiglu=bool(m.gated_linear_unit),
+        group_query_attention=gqa,
+        num_query_groups=m.num_query_groups if gqa else m.num_attention_heads,
+        num_experts=m.num_moe_experts or None,
+        swiglu=bool(m.gated_linear_unit),
         moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
         moe_layer_freq=m.moe_layer_freq if isinstance(m.moe_layer_freq, int) else list(m.moe_layer_freq),
-        num_layers=m.num_layers, moe_ffn_hidden_size=(m.moe_ffn_hidden_size or ffn) if m.num_moe_experts else None,
-        mtp_num_layers=m.mtp_num_layers, normalization=m.normalization,
-        multi_latent_attention=m.multi_latent_attention, q_lora_rank=m.q_lora_rank,
-        kv_lora_rank=m.kv_lora_rank, qk_head_dim=m.qk_head_dim, qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
-        v_head_dim=m.v_head_dim, padded_vocab_size=padded_vocab_size(m, lay.tp),
+        num_layers=m.num_layers,
+        moe_ffn_hidden_size=(m.moe_ffn_hidden_size or ffn) if m.num_moe_experts else None,
+        mtp_num_layers=m.mtp_num_layers,
+        normalization=m.normalization,
+        multi_latent_attention=m.multi_latent_attention,
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_head_dim=m.qk_head_dim,
+        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+        v_head_dim=m.v_head_dim,
+        padded_vocab_size=padded_vocab_size(m, lay.tp),
         untie_embeddings_and_output_weights=not m.share_embeddings_and_output_weights,
-        ffn_hidden_size=ffn, moe_latent_size=None, moe_router_topk=m.moe_router_topk,
-        add_bias_linear=m.add_bias_linear, moe_shared_expert_gate=False,
-        expert_tensor_parallel_size=lay.etp, expert_model_parallel_size=lay.ep,
-        pipeline_model_parallel_size=lay.pp, tensor_model_parallel_size=lay.tp,
-        world_size=lay.world_size, data_parallel_size=(lay.dp or 1) * lay.cp,
+        ffn_hidden_size=ffn,
+        moe_latent_size=None,
+        moe_router_topk=m.moe_router_topk,
+        add_bias_linear=m.add_bias_linear,
+        moe_shared_expert_gate=False,
+        expert_tensor_parallel_size=lay.etp,
+        expert_model_parallel_size=lay.ep,
+        pipeline_model_parallel_size=lay.pp,
+        tensor_model_parallel_size=lay.tp,
+        world_size=lay.world_size,
+        data_parallel_size=(lay.dp or 1) * lay.cp,
         use_distributed_optimizer=p.use_distributed_optimizer,
         virtual_pipeline_model_parallel_size=lay.vp,
-        sequence_parallel=p.sequence_parallel, recompute_granularity=p.recompute_granularity,
+        sequence_parallel=p.sequence_parallel,
+        recompute_granularity=p.recompute_granularity,
         micro_batch_size=cfg.trainer.micro_batch_size,
         seq_length=cfg.model.seq_length // max(1, lay.cp),
         activation_num_layers=_inflight_layers(lay) if first is not None else m.num_layers,
@@ -173,9 +193,17 @@ def _layer_terms(a: SimpleNamespace) -> dict:
     h = a.hidden_size
     if a.multi_latent_attention:
         qk = a.qk_head_dim + a.qk_pos_emb_head_dim
-        q = h * a.num_attention_heads * qk if a.q_lora_rank is None else a.q_lora_rank * (h + a.num_attention_heads * qk + norm)
-        attn = (q + a.kv_lora_rank * (h + a.num_attention_heads * (a.qk_head_dim + a.v_head_dim) + norm)
-                + h * a.qk_pos_emb_head_dim + (a.num_attention_heads * a.v_head_dim) * h)
+        q = (
+            h * a.num_attention_heads * qk
+            if a.q_lora_rank is None
+            else a.q_lora_rank * (h + a.num_attention_heads * qk + norm)
+        )
+        attn = (
+            q
+            + a.kv_lora_rank * (h + a.num_attention_heads * (a.qk_head_dim + a.v_head_dim) + norm)
+            + h * a.qk_pos_emb_head_dim
+            + (a.num_attention_heads * a.v_head_dim) * h
+        )
     else:
         ratio = a.kv_channels * a.num_attention_heads / h
         attn = 2 * h * h * ((1 + (a.num_query_groups / a.num_attention_heads)) * ratio)
@@ -204,7 +232,7 @@ def _bias_params_per_layer(m: ModelConfig) -> int:
     return out
 
 
-def stage_params(cfg: RunConfig, layout: Layout, a: Optional[SimpleNamespace] = None) -> StageParams:
+def stage_params(cfg: RunConfig, layout: Layout, a: SimpleNamespace | None = None) -> StageParams:
     """Parameters per GPU on the most loaded stage (Megatron's accounting, plus the extensions)."""
     a = a or megatron_memory_args(cfg, layout)
     t = _layer_terms(a)
@@ -219,7 +247,11 @@ def stage_params(cfg: RunConfig, layout: Layout, a: Optional[SimpleNamespace] = 
     tp_mtp = (t["attn"] + t["dense_mlp"]) * mtp_dense + (t["attn"] + t["shared"]) * mtp_moe
     rep_mtp = t["norms"] * mtp_dense + (t["norms"] + t["router"]) * mtp_moe
     exp_mtp = t["routed"] * mtp_moe
-    pp, tp, etp_ep = a.pipeline_model_parallel_size, a.tensor_model_parallel_size, a.expert_tensor_parallel_size * a.expert_model_parallel_size
+    pp, tp, etp_ep = (
+        a.pipeline_model_parallel_size,
+        a.tensor_model_parallel_size,
+        a.expert_tensor_parallel_size * a.expert_model_parallel_size,
+    )
     frac = _first_stage_fraction(cfg, layout)
     tp_on = ((tp_block * frac) + tp_mtp + t["embedding"]) / tp
     rep_on = (rep_block * frac) + rep_mtp
@@ -247,7 +279,7 @@ def _middle_stages(cfg: RunConfig, layout: Layout, t: dict, etp_ep: int) -> list
         return []
     pattern, out, start = moe_pattern(m), [], st[0]
     for n in st[1:-1]:
-        moe = sum(pattern[start:start + n])
+        moe = sum(pattern[start : start + n])
         start += n
         dense_layers = n - moe
         tp_part = (t["attn"] + t["dense_mlp"]) * dense_layers + (t["attn"] + t["shared"]) * moe
@@ -313,7 +345,7 @@ def bytes_per_param(cfg: RunConfig) -> BytesPerParam:
 # --- activations ----------------------------------------------------------------------------------
 
 
-def _pipeline_factor(a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
+def _pipeline_factor(a: SimpleNamespace, num_microbatches: int | None) -> float:
     pp, vp = a.pipeline_model_parallel_size, a.virtual_pipeline_model_parallel_size
     if vp is not None:
         return 1 + ((pp - 1) / (pp * vp))
@@ -322,7 +354,7 @@ def _pipeline_factor(a: SimpleNamespace, num_microbatches: Optional[int]) -> flo
     return 1.0
 
 
-def activations_sp_selective(a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
+def activations_sp_selective(a: SimpleNamespace, num_microbatches: int | None) -> float:
     """Megatron's ``compute_activation_memory`` (SP + selective recompute), bytes per GPU."""
     s, b, h, pp = a.seq_length, a.micro_batch_size, a.hidden_size, a.pipeline_model_parallel_size
     act = (s * b * h) * (18 + (4 * (a.activation_ffn_hidden_size / h)))
@@ -338,9 +370,15 @@ def activations_sp_selective(a: SimpleNamespace, num_microbatches: Optional[int]
     return act / a.tensor_model_parallel_size
 
 
-def activations_no_sp(a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
+def activations_no_sp(a: SimpleNamespace, num_microbatches: int | None) -> float:
     """Megatron's ``compute_activation_memory_without_sp``, bytes per GPU (5% overhead included)."""
-    s, b, h, pp, tp = a.seq_length, a.micro_batch_size, a.hidden_size, a.pipeline_model_parallel_size, a.tensor_model_parallel_size
+    s, b, h, pp, tp = (
+        a.seq_length,
+        a.micro_batch_size,
+        a.hidden_size,
+        a.pipeline_model_parallel_size,
+        a.tensor_model_parallel_size,
+    )
     ffn_scale = a.activation_ffn_hidden_size / a.ffn_hidden_size if a.ffn_hidden_size else 1.0
     per_layer = s * b * h * (10 + (24 / tp) * _mlp_share(ffn_scale, h, a.ffn_hidden_size))
     if getattr(a, "fp8_linear_inputs", False):  # QKV and fc1 inputs (2 of 10), proj and fc2 (5 of 24 / t)
@@ -365,7 +403,7 @@ def _mlp_share(ffn_scale: float, h: int, ffn: int) -> float:
     return (8 + 16 * ffn_scale * ffn / (4 * h)) / 24
 
 
-def activations_full_recompute(cfg: RunConfig, a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
+def activations_full_recompute(cfg: RunConfig, a: SimpleNamespace, num_microbatches: int | None) -> float:
     """Full recompute: stored layer inputs for every in-flight micro-batch + one unit's working set."""
     p = cfg.parallel
     s, b, h, tp = a.seq_length, a.micro_batch_size, a.hidden_size, a.tensor_model_parallel_size
@@ -402,7 +440,7 @@ def attention_scores_bytes(cfg: RunConfig, a: SimpleNamespace) -> float:
     return per_layer * a.activation_num_layers * _pipeline_factor(a, None)
 
 
-def activation_bytes(cfg: RunConfig, a: SimpleNamespace, num_microbatches: Optional[int]) -> float:
+def activation_bytes(cfg: RunConfig, a: SimpleNamespace, num_microbatches: int | None) -> float:
     """Activation bytes per GPU: Megatron's SP formula with sequence parallel, its no-SP one without.
 
     ``report_theoretical_memory`` uses the SP formula only with selective recompute; selective
@@ -423,7 +461,7 @@ def activation_bytes(cfg: RunConfig, a: SimpleNamespace, num_microbatches: Optio
 # --- the estimate ---------------------------------------------------------------------------------
 
 
-def optimizer_shards(cfg: RunConfig, lay: Layout) -> Tuple[int, int]:
+def optimizer_shards(cfg: RunConfig, lay: Layout) -> tuple[int, int]:
     """Ranks the optimizer state is sharded over: (dense params: DP*CP, experts: expert-DP); 1 without
     the distributed optimizer."""
     if not cfg.parallel.use_distributed_optimizer:
@@ -431,7 +469,7 @@ def optimizer_shards(cfg: RunConfig, lay: Layout) -> Tuple[int, int]:
     return (lay.dp or 1) * lay.cp, lay.expert_dp or 1
 
 
-def estimate_memory(cfg: RunConfig, layout: Optional[Layout] = None) -> MemoryEstimate:
+def estimate_memory(cfg: RunConfig, layout: Layout | None = None) -> MemoryEstimate:
     """Bytes per GPU on the most loaded pipeline stage of ``cfg`` (see the module docstring)."""
     lay = layout or compute_layout(cfg)
     a = megatron_memory_args(cfg, lay)
@@ -450,7 +488,7 @@ def estimate_memory(cfg: RunConfig, layout: Optional[Layout] = None) -> MemoryEs
     )
 
 
-def weight_and_optimizer_bytes(cfg: RunConfig, layout: Optional[Layout] = None) -> float:
+def weight_and_optimizer_bytes(cfg: RunConfig, layout: Layout | None = None) -> float:
     """Unrounded weights + gradients + optimizer bytes (what Megatron's formula returns)."""
     lay = layout or compute_layout(cfg)
     a = megatron_memory_args(cfg, lay)

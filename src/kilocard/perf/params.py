@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
 
 from kilocard.config.schema import ModelConfig
 
@@ -14,7 +13,7 @@ def padded_vocab_size(m: ModelConfig, tp: int = 1) -> int:
     return ((m.vocab_size + multiple - 1) // multiple) * multiple
 
 
-def moe_layer_pattern(m: ModelConfig) -> List[bool]:
+def moe_layer_pattern(m: ModelConfig) -> list[bool]:
     """For each layer, whether it is an MoE layer (Megatron-Core's ``moe_layer_freq`` rule)."""
     if not m.num_moe_experts:
         return [False] * m.num_layers

@@ -22,8 +22,8 @@ import dataclasses
 import itertools
 import json
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from kilocard.config.schema import RunConfig
 from kilocard.perf.flops import flops_per_iteration, shape_from_model
@@ -46,13 +46,13 @@ class Candidate:
     """Tensor-parallel size."""
     pp: int
     """Pipeline-parallel size."""
-    vp: Optional[int]
+    vp: int | None
     """Virtual stages per pipeline rank (``None``: not interleaved)."""
     cp: int
     """Context-parallel size."""
     ep: int
     """Expert-parallel size."""
-    etp: Optional[int]
+    etp: int | None
     """Expert tensor-parallel size (``None``: equal to TP)."""
     mbs: int
     """Micro-batch size."""
@@ -60,23 +60,25 @@ class Candidate:
     """``none``, ``selective`` or ``full``."""
     distributed_optimizer: bool
     """Shard the optimizer state over DP x CP."""
-    first_stage_layers: Optional[int] = None
+    first_stage_layers: int | None = None
     """Layers on the first pipeline stage when the split is uneven (``None``: even)."""
-    last_stage_layers: Optional[int] = None
+    last_stage_layers: int | None = None
     """Layers on the last pipeline stage when the split is uneven (``None``: even)."""
 
     @property
-    def layout_key(self) -> Tuple[int, int, int, int, int]:
+    def layout_key(self) -> tuple[int, int, int, int, int]:
         """(TP, PP, CP, EP, ETP): how the model is split; VP, MBS, recompute are schedule choices."""
         return (self.tp, self.pp, self.cp, self.ep, self.etp or self.tp)
 
-    def overrides(self) -> List[str]:
+    def overrides(self) -> list[str]:
         """Hydra overrides that select this candidate."""
         par = "parallel."
         out = [
-            f"{par}tensor_model_parallel_size={self.tp}", f"{par}pipeline_model_parallel_size={self.pp}",
+            f"{par}tensor_model_parallel_size={self.tp}",
+            f"{par}pipeline_model_parallel_size={self.pp}",
             f"{par}virtual_pipeline_model_parallel_size={'null' if self.vp is None else self.vp}",
-            f"{par}context_parallel_size={self.cp}", f"{par}expert_model_parallel_size={self.ep}",
+            f"{par}context_parallel_size={self.cp}",
+            f"{par}expert_model_parallel_size={self.ep}",
             f"{par}expert_tensor_parallel_size={'null' if self.etp is None else self.etp}",
             f"{par}sequence_parallel={'true' if self.tp > 1 else 'false'}",
             f"{par}recompute_granularity={'null' if self.recompute == 'none' else self.recompute}",
@@ -85,14 +87,18 @@ class Candidate:
             out += [f"{par}recompute_method=uniform", f"{par}recompute_num_layers=1"]
         else:
             out += [f"{par}recompute_method=null", f"{par}recompute_num_layers=null"]
-        out += [f"{par}num_layers_in_first_pipeline_stage={_null(self.first_stage_layers)}",
-                f"{par}num_layers_in_last_pipeline_stage={_null(self.last_stage_layers)}"]
-        out += [f"{par}use_distributed_optimizer={'true' if self.distributed_optimizer else 'false'}",
-                f"trainer.micro_batch_size={self.mbs}"]
+        out += [
+            f"{par}num_layers_in_first_pipeline_stage={_null(self.first_stage_layers)}",
+            f"{par}num_layers_in_last_pipeline_stage={_null(self.last_stage_layers)}",
+        ]
+        out += [
+            f"{par}use_distributed_optimizer={'true' if self.distributed_optimizer else 'false'}",
+            f"trainer.micro_batch_size={self.mbs}",
+        ]
         return out
 
 
-def _null(v: Optional[int]) -> str:
+def _null(v: int | None) -> str:
     return "null" if v is None else str(v)
 
 
@@ -100,13 +106,20 @@ def apply(cfg: RunConfig, c: Candidate) -> RunConfig:
     """``cfg`` with the candidate's parallel and micro-batch choices."""
     full = c.recompute == "full"
     par = dataclasses.replace(
-        cfg.parallel, tensor_model_parallel_size=c.tp, pipeline_model_parallel_size=c.pp,
-        virtual_pipeline_model_parallel_size=c.vp, context_parallel_size=c.cp, expert_model_parallel_size=c.ep,
-        expert_tensor_parallel_size=c.etp, sequence_parallel=c.tp > 1,
+        cfg.parallel,
+        tensor_model_parallel_size=c.tp,
+        pipeline_model_parallel_size=c.pp,
+        virtual_pipeline_model_parallel_size=c.vp,
+        context_parallel_size=c.cp,
+        expert_model_parallel_size=c.ep,
+        expert_tensor_parallel_size=c.etp,
+        sequence_parallel=c.tp > 1,
         recompute_granularity=None if c.recompute == "none" else c.recompute,
-        recompute_method="uniform" if full else None, recompute_num_layers=1 if full else None,
+        recompute_method="uniform" if full else None,
+        recompute_num_layers=1 if full else None,
         use_distributed_optimizer=c.distributed_optimizer,
-        num_layers_in_first_pipeline_stage=c.first_stage_layers, num_layers_in_last_pipeline_stage=c.last_stage_layers,
+        num_layers_in_first_pipeline_stage=c.first_stage_layers,
+        num_layers_in_last_pipeline_stage=c.last_stage_layers,
         overlap_p2p_comm=cfg.parallel.overlap_p2p_comm and c.vp is not None,
         tp_comm_overlap=cfg.parallel.tp_comm_overlap and c.tp > 1,
         overlap_param_gather=cfg.parallel.overlap_param_gather and c.distributed_optimizer,
@@ -118,19 +131,25 @@ def current_candidate(cfg: RunConfig) -> Candidate:
     """The candidate a config already is."""
     p = cfg.parallel
     return Candidate(
-        tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
-        vp=p.virtual_pipeline_model_parallel_size, cp=p.context_parallel_size, ep=p.expert_model_parallel_size,
-        etp=p.expert_tensor_parallel_size, mbs=cfg.trainer.micro_batch_size,
-        recompute=p.recompute_granularity or "none", distributed_optimizer=p.use_distributed_optimizer,
-        first_stage_layers=p.num_layers_in_first_pipeline_stage, last_stage_layers=p.num_layers_in_last_pipeline_stage,
+        tp=p.tensor_model_parallel_size,
+        pp=p.pipeline_model_parallel_size,
+        vp=p.virtual_pipeline_model_parallel_size,
+        cp=p.context_parallel_size,
+        ep=p.expert_model_parallel_size,
+        etp=p.expert_tensor_parallel_size,
+        mbs=cfg.trainer.micro_batch_size,
+        recompute=p.recompute_granularity or "none",
+        distributed_optimizer=p.use_distributed_optimizer,
+        first_stage_layers=p.num_layers_in_first_pipeline_stage,
+        last_stage_layers=p.num_layers_in_last_pipeline_stage,
     )
 
 
-def _divisors(n: int) -> List[int]:
+def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _pow2_upto(n: int) -> List[int]:
+def _pow2_upto(n: int) -> list[int]:
     out, v = [], 1
     while v <= n:
         out.append(v)
@@ -138,7 +157,7 @@ def _pow2_upto(n: int) -> List[int]:
     return out
 
 
-def stage_split(cfg: RunConfig, pp: int) -> Optional[Tuple[Optional[int], Optional[int]]]:
+def stage_split(cfg: RunConfig, pp: int) -> tuple[int | None, int | None] | None:
     """(first, last) stage layers for ``pp`` stages: the config's uneven split when it still divides,
     else an even split (embedding/loss accounting included); ``None`` when neither works."""
     m, p = cfg.model, cfg.parallel
@@ -152,7 +171,7 @@ def stage_split(cfg: RunConfig, pp: int) -> Optional[Tuple[Optional[int], Option
     return (None, None) if total % pp == 0 else None
 
 
-def stage_list(cfg: RunConfig, pp: int, first: Optional[int], last: Optional[int]) -> Optional[Tuple[float, ...]]:
+def stage_list(cfg: RunConfig, pp: int, first: int | None, last: int | None) -> tuple[float, ...] | None:
     """Layers per stage for a candidate's split (as ``kilocard.layout.stage_layers``); ``None`` when even."""
     m, p = cfg.model, cfg.parallel
     if first is not None or last is not None:
@@ -176,8 +195,11 @@ def enumerate_candidates(cfg: RunConfig, world: int) -> Iterator[Candidate]:
     m, p, gbs = cfg.model, cfg.parallel, cfg.trainer.global_batch_size
     groups = m.num_query_groups or m.num_attention_heads
     domain = max(1, cfg.cluster.nvlink_domain_size)
-    tps = [t for t in _pow2_upto(min(domain, m.num_attention_heads)) if m.num_attention_heads % t == 0 and groups % t == 0
-           and world % t == 0]
+    tps = [
+        t
+        for t in _pow2_upto(min(domain, m.num_attention_heads))
+        if m.num_attention_heads % t == 0 and groups % t == 0 and world % t == 0
+    ]
     split_layers = m.num_layers + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
     experts = m.num_moe_experts or 0
     cps = [c for c in _pow2_upto(64) if c == 1 or (m.seq_length % (2 * c) == 0 and m.seq_length // c >= MIN_CP_TOKENS)]
@@ -189,11 +211,11 @@ def enumerate_candidates(cfg: RunConfig, world: int) -> Iterator[Candidate]:
             if split is None:
                 continue
             dp = world // (tp * cp * pp)
-            vps: List[Optional[int]] = [None]
+            vps: list[int | None] = [None]
             if pp > 1 and split == (None, None):
                 vps += [v for v in _divisors(split_layers // pp) if 1 < v <= 16]
             eps = [e for e in _divisors(experts) if (dp * cp * tp) % e == 0] if experts else [1]
-            etps: List[Optional[int]] = [None, 1] if experts and tp > 1 else [None]
+            etps: list[int | None] = [None, 1] if experts and tp > 1 else [None]
             for mbs in MBS_CHOICES:
                 if gbs % (mbs * dp):
                     continue
@@ -219,9 +241,9 @@ class Ranked:
     """Predicted TFLOP/s per GPU (megatron_current)."""
     mfu: float
     """Predicted MFU against the dense peak of the run's GEMM dtype."""
-    memory: Dict[str, int]
+    memory: dict[str, int]
     """Bytes per GPU by component (weights, gradients, optimizer, activations, total)."""
-    breakdown: Dict[str, float] = field(default_factory=dict)
+    breakdown: dict[str, float] = field(default_factory=dict)
     """Predicted seconds per step by component."""
 
 
@@ -235,13 +257,13 @@ class Plan:
     """GPU model."""
     peak_flops: float
     """Dense peak FLOP/s per GPU the MFUs divide by."""
-    top: List[Ranked]
+    top: list[Ranked]
     """Best accepted candidate of each of the top layouts, fastest first."""
-    recipe_layout_rank: Optional[int]
+    recipe_layout_rank: int | None
     """1-based rank of the config's own layout among accepted layouts (``None``: not found)."""
-    recipe: Optional[Ranked]
+    recipe: Ranked | None
     """The config's own layout as configured, when accepted."""
-    recipe_issue: Optional[str]
+    recipe_issue: str | None
     """Why the config's own layout was not accepted (first error), if it was not."""
     candidates: int
     """Candidates after the divisibility filters."""
@@ -249,11 +271,11 @@ class Plan:
     """Validator calls made."""
     exhausted: bool
     """The validation budget ran out before the recipe's layout was placed."""
-    hbm_usable_bytes: Optional[int] = None
+    hbm_usable_bytes: int | None = None
     """Usable memory per GPU the validator checks against."""
     over_memory: int = 0
     """Candidates skipped because their memory estimate exceeds the usable HBM."""
-    min_memory_bytes: Optional[int] = None
+    min_memory_bytes: int | None = None
     """Smallest memory estimate among those skipped."""
 
 
@@ -261,22 +283,39 @@ def _predictor(cfg: RunConfig, hw: Hardware):
     """``step(candidate) -> seconds`` (shapes and FLOPs cached per TP) and the FLOPs per TP."""
     shapes, flops = {}, {}
     par = cfg.parallel
-    trivial = dataclasses.replace(par, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-                                  virtual_pipeline_model_parallel_size=None, context_parallel_size=1,
-                                  expert_model_parallel_size=1, expert_tensor_parallel_size=None)
+    trivial = dataclasses.replace(
+        par,
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        virtual_pipeline_model_parallel_size=None,
+        context_parallel_size=1,
+        expert_model_parallel_size=1,
+        expert_tensor_parallel_size=None,
+    )
     base = layout_of(dataclasses.replace(cfg, parallel=trivial))  # every field but the per-candidate ones
 
     def step(c: Candidate) -> float:
         if c.tp not in shapes:
             shapes[c.tp] = shape_from_model(cfg.model, c.tp)
-            flops[c.tp] = flops_per_iteration(dataclasses.replace(
-                cfg, parallel=dataclasses.replace(par, tensor_model_parallel_size=c.tp)), CONVENTION)
+            flops[c.tp] = flops_per_iteration(
+                dataclasses.replace(cfg, parallel=dataclasses.replace(par, tensor_model_parallel_size=c.tp)), CONVENTION
+            )
         lay = dataclasses.replace(
-            base, tp=c.tp, pp=c.pp, vp=c.vp or 1, cp=c.cp, ep=c.ep, etp=c.etp or c.tp, mbs=c.mbs,
-            dp=base.gpus // (c.tp * c.pp * c.cp), recompute=c.recompute, sequence_parallel=c.tp > 1,
+            base,
+            tp=c.tp,
+            pp=c.pp,
+            vp=c.vp or 1,
+            cp=c.cp,
+            ep=c.ep,
+            etp=c.etp or c.tp,
+            mbs=c.mbs,
+            dp=base.gpus // (c.tp * c.pp * c.cp),
+            recompute=c.recompute,
+            sequence_parallel=c.tp > 1,
             distributed_optimizer=c.distributed_optimizer,
             overlap_param_gather=par.overlap_param_gather and c.distributed_optimizer,
-            tp_comm_overlap=par.tp_comm_overlap and c.tp > 1, overlap_p2p_comm=par.overlap_p2p_comm and c.vp is not None,
+            tp_comm_overlap=par.tp_comm_overlap and c.tp > 1,
+            overlap_p2p_comm=par.overlap_p2p_comm and c.vp is not None,
             stage_layers=stage_list(cfg, c.pp, c.first_stage_layers, c.last_stage_layers),
         )
         return predict_step_time(shapes[c.tp], lay, hw).total_s
@@ -295,8 +334,10 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
     own = current_candidate(cfg)
     own_issue = None
     if world % (own.tp * own.pp * own.cp):
-        own_issue = (f"WORLD_NOT_DIVISIBLE: TP({own.tp}) * PP({own.pp}) * CP({own.cp}) = "
-                     f"{own.tp * own.pp * own.cp} does not divide the {world} GPUs")
+        own_issue = (
+            f"WORLD_NOT_DIVISIBLE: TP({own.tp}) * PP({own.pp}) * CP({own.cp}) = "
+            f"{own.tp * own.pp * own.cp} does not divide the {world} GPUs"
+        )
     elif own not in cands:
         cands.append(own)
     timed = sorted(((step(c), i, c) for i, c in enumerate(cands)), key=lambda x: (x[0], x[1]))
@@ -306,10 +347,21 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
     walk = _Walk(cfg, own, own_issue, usable, world, peak, hw, flops)
     exhausted = walk.run(timed, top, max_validations)
     rank = walk.order.index(own.layout_key) + 1 if own.layout_key in walk.accepted else None
-    return Plan(world=world, gpu=hw.gpu, peak_flops=peak, top=[walk.accepted[k] for k in walk.order[:top]],
-                recipe_layout_rank=rank, recipe=walk.own_ranked, recipe_issue=walk.own_issue,
-                candidates=len(cands), validated=walk.validated, exhausted=exhausted, hbm_usable_bytes=usable,
-                over_memory=walk.over_memory, min_memory_bytes=walk.min_memory)
+    return Plan(
+        world=world,
+        gpu=hw.gpu,
+        peak_flops=peak,
+        top=[walk.accepted[k] for k in walk.order[:top]],
+        recipe_layout_rank=rank,
+        recipe=walk.own_ranked,
+        recipe_issue=walk.own_issue,
+        candidates=len(cands),
+        validated=walk.validated,
+        exhausted=exhausted,
+        hbm_usable_bytes=usable,
+        over_memory=walk.over_memory,
+        min_memory_bytes=walk.min_memory,
+    )
 
 
 @dataclass
@@ -318,18 +370,18 @@ class _Walk:
 
     cfg: RunConfig
     own: Candidate
-    own_issue: Optional[str]
-    usable: Optional[int]
+    own_issue: str | None
+    usable: int | None
     world: int
     peak: float
     hw: Hardware
-    flops: Dict[int, float]
-    accepted: Dict[Tuple, Ranked] = field(default_factory=dict)
-    order: List[Tuple] = field(default_factory=list)
-    own_ranked: Optional[Ranked] = None
+    flops: dict[int, float]
+    accepted: dict[tuple, Ranked] = field(default_factory=dict)
+    order: list[tuple] = field(default_factory=list)
+    own_ranked: Ranked | None = None
     validated: int = 0
     over_memory: int = 0
-    min_memory: Optional[int] = None
+    min_memory: int | None = None
 
     def run(self, timed, top: int, max_validations: int) -> bool:
         """Walk until ``top`` layouts and the config's own are known; True when the budget ran out."""
@@ -366,23 +418,38 @@ class _Walk:
         return False
 
 
-def _rank(c: Candidate, t: float, flops: float, world: int, peak: float, memory: Dict[str, int],
-          run: RunConfig, hw: Hardware) -> Ranked:
+def _rank(
+    c: Candidate, t: float, flops: float, world: int, peak: float, memory: dict[str, int], run: RunConfig, hw: Hardware
+) -> Ranked:
     tflops = flops / t / world / 1e12
     breakdown = predict_step_time(shape_from_model(run.model, c.tp), layout_of(run), hw).breakdown
-    return Ranked(candidate=c, step_time_s=t, tflops_per_gpu=tflops, mfu=tflops * 1e12 / peak, memory=memory,
-                  breakdown=breakdown)
+    return Ranked(
+        candidate=c, step_time_s=t, tflops_per_gpu=tflops, mfu=tflops * 1e12 / peak, memory=memory, breakdown=breakdown
+    )
 
 
 # --- output ---------------------------------------------------------------------------------
 
 
-def _row(i: object, r: Ranked) -> Tuple[str, ...]:
+def _row(i: object, r: Ranked) -> tuple[str, ...]:
     c = r.candidate
     gib = r.memory.get("total", 0) / 2**30
-    return (str(i), str(c.tp), str(c.pp), str(c.vp or "-"), str(c.cp), str(c.ep), str(c.etp or c.tp), str(c.mbs),
-            c.recompute, "yes" if c.distributed_optimizer else "no", f"{r.step_time_s:.3g}",
-            _num(r.tflops_per_gpu), f"{r.mfu:.1%}", f"{gib:.3g}")
+    return (
+        str(i),
+        str(c.tp),
+        str(c.pp),
+        str(c.vp or "-"),
+        str(c.cp),
+        str(c.ep),
+        str(c.etp or c.tp),
+        str(c.mbs),
+        c.recompute,
+        "yes" if c.distributed_optimizer else "no",
+        f"{r.step_time_s:.3g}",
+        _num(r.tflops_per_gpu),
+        f"{r.mfu:.1%}",
+        f"{gib:.3g}",
+    )
 
 
 def _num(x: float) -> str:
@@ -392,15 +459,31 @@ def _num(x: float) -> str:
 
 def render_text(p: Plan) -> str:
     """The table ``kilocard plan`` prints, each entry followed by its override line."""
-    header = ("#", "TP", "PP", "VP", "CP", "EP", "ETP", "MBS", "recompute", "distopt", "step s", "TF/s/GPU",
-              "MFU", "mem GiB")
+    header = (
+        "#",
+        "TP",
+        "PP",
+        "VP",
+        "CP",
+        "EP",
+        "ETP",
+        "MBS",
+        "recompute",
+        "distopt",
+        "step s",
+        "TF/s/GPU",
+        "MFU",
+        "mem GiB",
+    )
     rows = [header] + [_row(i + 1, r) for i, r in enumerate(p.top)]
     widths = [max(len(r[j]) for r in rows) for j in range(len(header))]
-    out = [f"{p.world} x {p.gpu}: {p.candidates} candidates after divisibility filters, {p.validated} validated; "
-           f"MFU against {_num(p.peak_flops / 1e12)} TFLOP/s dense peak, FLOPs convention {CONVENTION}"]
-    out.append("  ".join(v.rjust(w) for v, w in zip(header, widths)))
+    out = [
+        f"{p.world} x {p.gpu}: {p.candidates} candidates after divisibility filters, {p.validated} validated; "
+        f"MFU against {_num(p.peak_flops / 1e12)} TFLOP/s dense peak, FLOPs convention {CONVENTION}"
+    ]
+    out.append("  ".join(v.rjust(w) for v, w in zip(header, widths, strict=False)))
     for i, r in enumerate(p.top):
-        out.append("  ".join(v.rjust(w) for v, w in zip(rows[i + 1], widths)))
+        out.append("  ".join(v.rjust(w) for v, w in zip(rows[i + 1], widths, strict=False)))
         out.append("    " + " ".join(r.candidate.overrides()))
     if not p.top:
         out.append(no_layout_line(p))
@@ -422,8 +505,11 @@ def no_layout_line(p: Plan) -> str:
     line = f"no layout the validator accepts among {p.candidates} candidates"
     if p.over_memory and p.min_memory_bytes and p.hbm_usable_bytes:
         gpus_needed = p.world * p.min_memory_bytes / p.hbm_usable_bytes
-        line += (f": {p.over_memory} exceed the usable {p.hbm_usable_bytes / 2**30:.1f} GiB per GPU (the smallest "
-                 f"needs {p.min_memory_bytes / 2**30:.1f} GiB); try more GPUs (at least ~{gpus_needed:.0f}, cluster.nodes=...)")
+        line += (
+            f": {p.over_memory} exceed the usable {p.hbm_usable_bytes / 2**30:.1f} GiB per GPU (the smallest "
+            f"needs {p.min_memory_bytes / 2**30:.1f} GiB); try more GPUs (at least ~{gpus_needed:.0f}, "
+            "cluster.nodes=...)"
+        )
     return line
 
 
@@ -437,24 +523,44 @@ def own_layout_line(p: Plan) -> str:
     best = p.top[0].tflops_per_gpu if p.top else 0.0
     own = p.recipe.tflops_per_gpu if p.recipe else 0.0
     gap = f", {1 - own / best:.1%} below the best" if best and own < best else ""
-    return (f"the config's own layout ranks #{p.recipe_layout_rank} of the accepted layouts "
-            f"({_num(own)} TFLOP/s per GPU as configured{gap})")
+    return (
+        f"the config's own layout ranks #{p.recipe_layout_rank} of the accepted layouts "
+        f"({_num(own)} TFLOP/s per GPU as configured{gap})"
+    )
 
 
 def render_json(p: Plan) -> str:
     """``--format json``."""
+
     def one(r: Ranked) -> dict:
-        return {**dataclasses.asdict(r.candidate), "overrides": r.candidate.overrides(), "step_time_s": r.step_time_s,
-                "tflops_per_gpu": r.tflops_per_gpu, "mfu": r.mfu, "memory_bytes": r.memory, "breakdown": r.breakdown}
-    return json.dumps({
-        "world": p.world, "gpu": p.gpu, "peak_flops": p.peak_flops, "convention": CONVENTION,
-        "candidates": p.candidates, "validated": p.validated, "top": [one(r) for r in p.top],
-        "recipe_layout_rank": p.recipe_layout_rank, "recipe": one(p.recipe) if p.recipe else None,
-        "recipe_issue": p.recipe_issue,
-    }, indent=1)
+        return {
+            **dataclasses.asdict(r.candidate),
+            "overrides": r.candidate.overrides(),
+            "step_time_s": r.step_time_s,
+            "tflops_per_gpu": r.tflops_per_gpu,
+            "mfu": r.mfu,
+            "memory_bytes": r.memory,
+            "breakdown": r.breakdown,
+        }
+
+    return json.dumps(
+        {
+            "world": p.world,
+            "gpu": p.gpu,
+            "peak_flops": p.peak_flops,
+            "convention": CONVENTION,
+            "candidates": p.candidates,
+            "validated": p.validated,
+            "top": [one(r) for r in p.top],
+            "recipe_layout_rank": p.recipe_layout_rank,
+            "recipe": one(p.recipe) if p.recipe else None,
+            "recipe_issue": p.recipe_issue,
+        },
+        indent=1,
+    )
 
 
-def plan_command(overrides: Sequence[str], top: int = 10, plot: Optional[str] = None, fmt: str = "text") -> int:
+def plan_command(overrides: Sequence[str], top: int = 10, plot: str | None = None, fmt: str = "text") -> int:
     """``kilocard plan``: 0 when at least one layout is accepted, 1 when none, 2 on bad input."""
     from kilocard.config.compose import compose, to_run_config
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 import matplotlib
 
@@ -48,13 +47,14 @@ def plot_plan(plan, path: str) -> None:
     colors = ["tab:orange" if o else "tab:blue" for o in own]
     ax1.bar(x, [100 * r.mfu for r in entries], color=colors)
     ax1.set_ylabel("predicted MFU (%)")
-    ax1.set_title(f"{plan.world} x {plan.gpu}: layouts by predicted throughput\n(orange: the config's own)",
-                  fontsize=10)
+    ax1.set_title(
+        f"{plan.world} x {plan.gpu}: layouts by predicted throughput\n(orange: the config's own)", fontsize=10
+    )
     bottom = [0.0] * len(entries)
     for part in MEMORY_PARTS:
         vals = [r.memory.get(part, 0) / 2**30 for r in entries]
         ax2.bar(x, vals, bottom=bottom, label=part)
-        bottom = [b + v for b, v in zip(bottom, vals)]
+        bottom = [b + v for b, v in zip(bottom, vals, strict=False)]
     if plan.hbm_usable_bytes:
         ax2.axhline(plan.hbm_usable_bytes / 2**30, color="black", linestyle="--", label="usable HBM")
     ax2.set_ylabel("memory per GPU (GiB)")
@@ -86,7 +86,7 @@ class Op:
     """Micro-batch."""
 
 
-def rank_order(rank: int, pp: int, vp: int, micro: int) -> List[Op]:
+def rank_order(rank: int, pp: int, vp: int, micro: int) -> list[Op]:
     """Megatron-Core's pass order on ``rank`` (``forward_backward_pipelining_*``)."""
     total = micro * vp
     if vp == 1:
@@ -121,13 +121,13 @@ def _dependency(op: Op, pp: int, vp: int):
     return ("B", 0, op.chunk + 1, op.micro) if op.chunk < vp - 1 else ("F", op.rank, op.chunk, op.micro)
 
 
-def simulate(pp: int, vp: int, micro: int, t_fwd: float, t_bwd: float) -> Dict[Op, Tuple[float, float]]:
+def simulate(pp: int, vp: int, micro: int, t_fwd: float, t_bwd: float) -> dict[Op, tuple[float, float]]:
     """Start and end time of every pass (``t_fwd``/``t_bwd``: one chunk, one micro-batch)."""
     orders = [rank_order(r, pp, vp, micro) for r in range(pp)]
     pos = [0] * pp
     free = [0.0] * pp
-    done: Dict[tuple, float] = {}
-    times: Dict[Op, Tuple[float, float]] = {}
+    done: dict[tuple, float] = {}
+    times: dict[Op, tuple[float, float]] = {}
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -170,16 +170,25 @@ def plot_schedule(candidate, cfg: RunConfig, path: str, max_micro: int = 0) -> f
         color = cmap((op.micro % 10) * 2 + (0 if op.kind == "F" else 1))
         ax.barh(op.rank, e - s, left=s, height=0.8, color=color, edgecolor="black", linewidth=0.3)
         if e - s > span / 120:
-            ax.text((s + e) / 2, op.rank, f"{op.kind}{op.micro}" + (f".{op.chunk}" if vp > 1 else ""),
-                    ha="center", va="center", fontsize=5)
+            ax.text(
+                (s + e) / 2,
+                op.rank,
+                f"{op.kind}{op.micro}" + (f".{op.chunk}" if vp > 1 else ""),
+                ha="center",
+                va="center",
+                fontsize=5,
+            )
     ax.set_yticks(range(pp))
     ax.set_yticklabels([f"stage {r}" for r in range(pp)], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("time (forward pass of one micro-batch through one stage = 1)")
     kind = f"interleaved 1F1B, VP={vp}" if vp > 1 else "1F1B"
     shown = "" if micro == micro_total else f" (first {micro} of {micro_total} micro-batches)"
-    ax.set_title(f"{kind}, PP={pp}, {micro} micro-batches{shown}\nidle (white) {bubble:.1%} of rank time; "
-                 f"(P-1)/(V*M) = {(pp - 1) / (vp * micro):.1%} of the ideal", fontsize=10)
+    ax.set_title(
+        f"{kind}, PP={pp}, {micro} micro-batches{shown}\nidle (white) {bubble:.1%} of rank time; "
+        f"(P-1)/(V*M) = {(pp - 1) / (vp * micro):.1%} of the ideal",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -7,7 +7,6 @@ The adapter between the typed config (RunConfig, GPU table) and the step-time mo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
 
 from kilocard.config.schema import ClusterConfig, RunConfig
 from kilocard.perf.efficiency import FITTED, PerfModelParams
@@ -32,14 +31,20 @@ class Prediction:
     """Dense peak FLOP/s per GPU the MFU divides by (the GEMM dtype's datasheet figure)."""
     peak_dtype: str
     """dtype of that peak (``bf16``, ``fp8`` ...)."""
-    breakdown: Dict[str, float] = field(default_factory=dict)
+    breakdown: dict[str, float] = field(default_factory=dict)
     """Seconds per step by component (see ``StepTime.breakdown``)."""
 
-    def to_json(self) -> Dict[str, object]:
+    def to_json(self) -> dict[str, object]:
         """A JSON-ready dict (what ``kilocard validate --format json`` carries as the prediction)."""
-        return {"step_time_s": self.step_time_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
-                "convention": self.convention, "peak_flops": self.peak_flops, "peak_dtype": self.peak_dtype,
-                "breakdown_s": dict(self.breakdown)}
+        return {
+            "step_time_s": self.step_time_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "convention": self.convention,
+            "peak_flops": self.peak_flops,
+            "peak_dtype": self.peak_dtype,
+            "breakdown_s": dict(self.breakdown),
+        }
 
 
 def gpu_family(spec: GpuSpec) -> str:
@@ -82,7 +87,7 @@ def precision_of(cfg: RunConfig) -> str:
     return compute_dtype(p.bf16, p.fp16, p.fp8, p.fp4)
 
 
-def layout_of(cfg: RunConfig, world: Optional[int] = None) -> Layout:
+def layout_of(cfg: RunConfig, world: int | None = None) -> Layout:
     """The model's Layout of a RunConfig on ``world`` GPUs (default: the cluster's nodes x GPUs)."""
     par, m = cfg.parallel, cfg.model
     gpus = world or cfg.cluster.nodes * cfg.cluster.gpus_per_node
@@ -118,7 +123,7 @@ def layout_of(cfg: RunConfig, world: Optional[int] = None) -> Layout:
     )
 
 
-def _stage_layers(cfg: RunConfig) -> Optional[Tuple[float, ...]]:
+def _stage_layers(cfg: RunConfig) -> tuple[float, ...] | None:
     """Layers per pipeline stage as Megatron-Core splits them; ``None`` when even or not a valid split."""
     from kilocard.layout import stage_layers
 
@@ -128,8 +133,9 @@ def _stage_layers(cfg: RunConfig) -> Optional[Tuple[float, ...]]:
     return tuple(float(n) for n in split)
 
 
-def predict(run_cfg: RunConfig, convention: str = "megatron_current", params: PerfModelParams = FITTED,
-            world: Optional[int] = None) -> Prediction:
+def predict(
+    run_cfg: RunConfig, convention: str = "megatron_current", params: PerfModelParams = FITTED, world: int | None = None
+) -> Prediction:
     """Predicted step time, TFLOP/s per GPU and MFU of ``run_cfg`` (FLOPs counted by ``convention``)."""
     hw = hardware_for(run_cfg.cluster)
     lay = layout_of(run_cfg, world)

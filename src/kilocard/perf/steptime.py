@@ -20,7 +20,6 @@ reduce-scatter / all-reduce and parameter all-gather over DP x CP, and the optim
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
 
 from kilocard.perf.efficiency import FITTED, GpuEfficiency, PerfModelParams
 from kilocard.perf.flops import ModelShape
@@ -34,7 +33,7 @@ class Hardware:
     """GPU table key (``h100-sxm5-80gb`` ...)."""
     family: str
     """GPU family the efficiencies belong to (``ampere``, ``hopper``, ``blackwell``, ``cdna3``)."""
-    peak_flops: Dict[str, float]
+    peak_flops: dict[str, float]
     """Dense peak FLOP/s by dtype (``bf16``, ``fp16``, ``fp8``, ``fp4``, ``fp32``)."""
     hbm_bandwidth: float
     """HBM bandwidth, bytes/s."""
@@ -94,7 +93,7 @@ class Layout:
     """Routed experts (0: dense)."""
     dropout: bool = False
     """Hidden/attention dropout on (extra mask traffic)."""
-    stage_layers: Optional[Tuple[float, ...]] = None
+    stage_layers: tuple[float, ...] | None = None
     """Layers on each pipeline stage when the split is uneven or accounts for embedding/loss;
     ``None`` means layers / PP each."""
 
@@ -115,7 +114,7 @@ class StepTime:
 
     total_s: float
     """Predicted step time."""
-    breakdown: Dict[str, float] = field(default_factory=dict)
+    breakdown: dict[str, float] = field(default_factory=dict)
     """Seconds per component: gemm, attention, elementwise, tp_comm, cp_comm, ep_comm, bubble,
     pp_p2p, dp_comm, optimizer, overhead."""
 
@@ -151,8 +150,9 @@ class _Layer:
     ep_comm: float
 
 
-def layer_forward(shape: ModelShape, lay: Layout, hw: Hardware, eff: GpuEfficiency, params: PerfModelParams,
-                  moe: bool) -> _Layer:
+def layer_forward(
+    shape: ModelShape, lay: Layout, hw: Hardware, eff: GpuEfficiency, params: PerfModelParams, moe: bool
+) -> _Layer:
     """Forward-pass times of one transformer layer for one micro-batch on one GPU."""
     t, h = lay.tp, shape.hidden
     tok = lay.mbs * shape.seq / lay.cp
@@ -185,9 +185,14 @@ def layer_forward(shape: ModelShape, lay: Layout, hw: Hardware, eff: GpuEfficien
     if lay.precision in ("fp8", "fp4"):
         per_token += 1.5 * (3 * h / (t if lay.sequence_parallel else 1) + ffn_elems + q / t)  # casts + amax
     elem = (tok * per_token * ACT_BYTES + score_bytes) / hbm
-    return _Layer(gemm, attn, elem, tp_comm_forward(tok, h, lay, hw, params),
-                  cp_comm_forward(tok, kv, lay, hw, params, attn),
-                  ep_comm_forward(tok, h, shape, lay, hw, params) if moe else 0.0)
+    return _Layer(
+        gemm,
+        attn,
+        elem,
+        tp_comm_forward(tok, h, lay, hw, params),
+        cp_comm_forward(tok, kv, lay, hw, params, attn),
+        ep_comm_forward(tok, h, shape, lay, hw, params) if moe else 0.0,
+    )
 
 
 def attention_forward(shape: ModelShape, lay: Layout, hw: Hardware, eff: GpuEfficiency, tok: float):
@@ -236,8 +241,9 @@ def ep_comm_forward(tok: float, h: int, shape: ModelShape, lay: Layout, hw: Hard
     return volume / _bw(lay.tp * lay.ep, hw, params)
 
 
-def stage_microbatch_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams,
-                          layers: float, parts: Dict[str, float]) -> float:
+def stage_microbatch_time(
+    shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams, layers: float, parts: dict[str, float]
+) -> float:
     """Forward + backward (+ recompute) time of one micro-batch through ``layers`` layers of a stage;
     adds each component's seconds to ``parts``."""
     eff = params.for_family(hw.family)
@@ -275,14 +281,15 @@ def logits_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelP
     return t + 3 * tok * shape.vocab / lay.tp * 4 / (hw.hbm_bandwidth * eff.hbm_efficiency)
 
 
-def predict_step_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams = FITTED,
-                      params_per_gpu: Optional[float] = None) -> StepTime:
+def predict_step_time(
+    shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams = FITTED, params_per_gpu: float | None = None
+) -> StepTime:
     """Predicted step time of ``lay`` for ``shape`` on ``hw``; ``params_per_gpu`` defaults to a dense estimate.
 
     The pipeline runs at the pace of its slowest stage: the one with the most layers, or the last
     stage when the output layer makes it slower.
     """
-    per_layer: Dict[str, float] = {}
+    per_layer: dict[str, float] = {}
     t_layer = stage_microbatch_time(shape, lay, hw, params, 1.0, per_layer)
     stages = lay.stage_layers or (shape.layers / lay.pp,) * lay.pp
     logits = logits_time(shape, lay, hw, params)
@@ -318,7 +325,7 @@ def pipeline_p2p(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModel
     return (volume / _bw(span, hw, params) + regather + 2 * params.network.p2p_latency_s) * exposed
 
 
-def dense_params_per_gpu(shape: ModelShape, lay: Layout, stage_layers: Optional[float] = None) -> float:
+def dense_params_per_gpu(shape: ModelShape, lay: Layout, stage_layers: float | None = None) -> float:
     """Parameters held by one GPU of a stage with ``stage_layers`` layers (default layers / PP): matrices
     / TP, experts / (EP x ETP), plus the embedding."""
     h, q, kv = shape.hidden, shape.kv_channels * shape.heads, shape.kv_channels * shape.query_groups

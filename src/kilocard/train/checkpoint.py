@@ -22,7 +22,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,10 +38,19 @@ STATE = "trainer_state.json"
 OPTIM_SHARDING = "fully_reshardable"
 """DistributedOptimizer sharding type: reloadable onto any TP/PP/DP layout."""
 
-NON_SHAPE_FIELDS = frozenset({
-    "name", "hidden_dropout", "attention_dropout", "init_method_std", "moe_aux_loss_coeff",
-    "moe_token_dispatcher_type", "moe_router_load_balancing_type", "moe_grouped_gemm", "seq_length",
-})
+NON_SHAPE_FIELDS = frozenset(
+    {
+        "name",
+        "hidden_dropout",
+        "attention_dropout",
+        "init_method_std",
+        "moe_aux_loss_coeff",
+        "moe_token_dispatcher_type",
+        "moe_router_load_balancing_type",
+        "moe_grouped_gemm",
+        "seq_length",
+    }
+)
 """Model fields a resume may change: they do not alter any parameter's shape or meaning."""
 
 
@@ -81,7 +90,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(sdir: Path) -> Dict[str, Any]:
+def write_manifest(sdir: Path) -> dict[str, Any]:
     """Hash every file of a step directory into its manifest; return the manifest."""
     files = {}
     for p in sorted(sdir.rglob("*")):
@@ -104,13 +113,15 @@ def verify_step(sdir: Path) -> None:
         if not p.is_file():
             raise CheckpointError(f"checkpoint step {manifest['step']}: file {p} is missing")
         if p.stat().st_size != meta["size"]:
-            raise CheckpointError(f"checkpoint step {manifest['step']}: file {p} has {p.stat().st_size} bytes, "
-                                  f"manifest says {meta['size']} (truncated or altered)")
+            raise CheckpointError(
+                f"checkpoint step {manifest['step']}: file {p} has {p.stat().st_size} bytes, "
+                f"manifest says {meta['size']} (truncated or altered)"
+            )
         if _sha256(p) != meta["sha256"]:
             raise CheckpointError(f"checkpoint step {manifest['step']}: file {p} fails its sha256 check (corrupted)")
 
 
-def latest_committed(root: Path) -> Optional[int]:
+def latest_committed(root: Path) -> int | None:
     """The step in the tracker, or ``None`` when nothing was committed under ``root``."""
     t = root / TRACKER
     if not t.is_file():
@@ -121,7 +132,7 @@ def latest_committed(root: Path) -> Optional[int]:
     return int(text)
 
 
-def committed_steps(root: Path) -> List[int]:
+def committed_steps(root: Path) -> list[int]:
     """Committed steps under ``root`` (manifest present, not newer than the tracker), newest first."""
     last = latest_committed(root)
     if last is None:
@@ -160,46 +171,59 @@ class TrainerState:
     """Optimizer steps completed."""
     consumed_samples: int
     """Global samples trained on (the data position)."""
-    scheduler: Dict[str, Any]
+    scheduler: dict[str, Any]
     """OptimizerParamScheduler.state_dict()."""
-    model: Dict[str, Any]
+    model: dict[str, Any]
     """The model config the weights belong to (``ModelConfig`` as a dict)."""
-    layout: Dict[str, Any]
+    layout: dict[str, Any]
     """Parallel layout and world size at save time (RNG states are per rank of this layout)."""
     padded_vocab_size: int
     """Vocabulary rows of the saved embedding."""
     config_sha256: str = ""
     """sha256 of the run config that wrote the step."""
-    extra: Dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     """Anything else the loop wants back (e.g. the stop reason)."""
 
 
-def layout_of(run_cfg: RunConfig, world_size: int) -> Dict[str, Any]:
+def layout_of(run_cfg: RunConfig, world_size: int) -> dict[str, Any]:
     """The layout facts that decide whether per-rank state (RNG) maps one-to-one on resume."""
     p = run_cfg.parallel
-    return {"world_size": world_size, "tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size,
-            "vp": p.virtual_pipeline_model_parallel_size, "cp": p.context_parallel_size,
-            "ep": p.expert_model_parallel_size, "etp": p.expert_tensor_parallel_size,
-            "distributed_optimizer": p.use_distributed_optimizer}
+    return {
+        "world_size": world_size,
+        "tp": p.tensor_model_parallel_size,
+        "pp": p.pipeline_model_parallel_size,
+        "vp": p.virtual_pipeline_model_parallel_size,
+        "cp": p.context_parallel_size,
+        "ep": p.expert_model_parallel_size,
+        "etp": p.expert_tensor_parallel_size,
+        "distributed_optimizer": p.use_distributed_optimizer,
+    }
 
 
-def model_differences(saved: Dict[str, Any], current: ModelConfig) -> List[str]:
+def model_differences(saved: dict[str, Any], current: ModelConfig) -> list[str]:
     """``field: saved -> current`` for every shape-relevant model field that differs."""
     now = asdict(current)
-    return [f"model.{k}: {saved.get(k)!r} -> {now[k]!r}" for k in sorted(now)
-            if k not in NON_SHAPE_FIELDS and saved.get(k) != now[k]]
+    return [
+        f"model.{k}: {saved.get(k)!r} -> {now[k]!r}"
+        for k in sorted(now)
+        if k not in NON_SHAPE_FIELDS and saved.get(k) != now[k]
+    ]
 
 
-def rng_state() -> Dict[str, Any]:
+def rng_state() -> dict[str, Any]:
     """Every RNG of this rank: python, numpy, torch, CUDA, and Megatron's model-parallel tracker."""
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-            "tracker": get_cuda_rng_tracker().get_states()}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "tracker": get_cuda_rng_tracker().get_states(),
+    }
 
 
-def set_rng_state(state: Dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what ``rng_state`` captured."""
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
@@ -216,14 +240,15 @@ def rng_file(sdir: Path, rank: int) -> Path:
     return sdir / "rng" / f"rank_{rank:05d}.pt"
 
 
-def sharded_state_dict(model: List[Any], optimizer: Any, is_loading: bool) -> Dict[str, Any]:
+def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
     """Model chunks (``model`` or ``model0``, ``model1``.. with virtual stages) and the optimizer."""
     if len(model) == 1:
-        sd: Dict[str, Any] = {"model": model[0].module.sharded_state_dict()}
+        sd: dict[str, Any] = {"model": model[0].module.sharded_state_dict()}
     else:
         sd = {f"model{i}": m.module.sharded_state_dict() for i, m in enumerate(model)}
     sd["optimizer"] = optimizer.sharded_state_dict(
-        sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": OPTIM_SHARDING})
+        sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": OPTIM_SHARDING}
+    )
     return sd
 
 
@@ -246,14 +271,15 @@ def init_optimizer_states(optimizer: Any) -> None:
                 for g in inner.param_groups:
                     g["weight_decay"] = 0.0
                 inner.step()
-                for g, wd in zip(inner.param_groups, wds):
+                for g, wd in zip(inner.param_groups, wds, strict=False):
                     g["weight_decay"] = wd
-            for g, lr in zip(inner.param_groups, saved_lr):
+            for g, lr in zip(inner.param_groups, saved_lr, strict=False):
                 g["lr"] = lr
 
 
-def load_root_and_step(save_root: Path, load_root: Optional[Path], fallback: bool,
-                       ckpt_step: Optional[int] = None) -> Tuple[Optional[Path], Optional[int]]:
+def load_root_and_step(
+    save_root: Path, load_root: Path | None, fallback: bool, ckpt_step: int | None = None
+) -> tuple[Path | None, int | None]:
     """Where to resume from: this run's own newest committed step, else ``checkpoint.load``'s
     (its step ``ckpt_step`` when given). Returns ``(None, None)`` for a fresh start.
 
@@ -269,19 +295,23 @@ def load_root_and_step(save_root: Path, load_root: Optional[Path], fallback: boo
     steps = committed_steps(load_root)
     if ckpt_step is not None:
         if ckpt_step not in steps:
-            raise CheckpointError(f"checkpoint.ckpt_step: step {ckpt_step} is not committed under {load_root} "
-                                  f"(committed: {sorted(steps)})")
+            raise CheckpointError(
+                f"checkpoint.ckpt_step: step {ckpt_step} is not committed under {load_root} "
+                f"(committed: {sorted(steps)})"
+            )
         steps = [s for s in steps if s <= ckpt_step]
     return load_root, _pick(load_root, steps, fallback, ckpt_step)
 
 
-def _pick(root: Path, steps: List[int], fallback: bool, wanted: Optional[int] = None) -> int:
+def _pick(root: Path, steps: list[int], fallback: bool, wanted: int | None = None) -> int:
     """The newest of ``steps`` (newest first) that passes verification; ``wanted`` defaults to the tracker's."""
     wanted = latest_committed(root) if wanted is None else wanted
-    first_error: Optional[CheckpointError] = None
+    first_error: CheckpointError | None = None
     if not steps or steps[0] != wanted:
-        first_error = CheckpointError(f"checkpoint step {wanted}: {step_dir(root, wanted)} has no {MANIFEST} "
-                                      f"although it is committed (deleted or moved?)")
+        first_error = CheckpointError(
+            f"checkpoint step {wanted}: {step_dir(root, wanted)} has no {MANIFEST} "
+            f"although it is committed (deleted or moved?)"
+        )
         if not fallback or not steps:
             raise first_error
     for s in steps:

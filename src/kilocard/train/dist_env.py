@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Mapping, MutableMapping
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,10 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import List, Optional
 
 from kilocard import exitcodes
 from kilocard.config.freeze import FrozenConfigError, load_verified
 from kilocard.train.signals import StopFlag, die_with_parent_in_forks
-
 
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistNetworkError")
 """Text of a collective that failed because another rank's process went away (gloo/NCCL/TCPStore)."""
@@ -91,8 +89,11 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
         return exitcodes.BAD_CKPT
     except (Exception, CheckpointException) as e:  # torch's CheckpointException is a BaseException
         if peer_lost(e):  # another rank died mid-collective: the committed steps are intact
-            _say(env.rank, f"error: another rank died or lost its connection ({str(e).splitlines()[0][:160]}); "
-                           f"the last committed step is intact; exiting FAULT ({exitcodes.FAULT})")
+            _say(
+                env.rank,
+                f"error: another rank died or lost its connection ({str(e).splitlines()[0][:160]}); "
+                f"the last committed step is intact; exiting FAULT ({exitcodes.FAULT})",
+            )
             return exitcodes.FAULT
         # a bug or a resource failure: a person must look
         traceback.print_exc()
@@ -118,8 +119,9 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
 
     from kilocard.train.metrics import MetricsWriter
 
-    trainer = build_trainer(run_dir, run_cfg, sha, backend, stop, watchdog,
-                            timeout_minutes=max(1, int(timeout.total_seconds() // 60)))
+    trainer = build_trainer(
+        run_dir, run_cfg, sha, backend, stop, watchdog, timeout_minutes=max(1, int(timeout.total_seconds() // 60))
+    )
     trainer.resume()
     writer = None
     if dist.get_rank() == 0:
@@ -131,8 +133,10 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
             writer.close()
     if outcome == "stopped":
         if dist.get_rank() == 0:
-            print(f"kilocard.train: stop requested; committed step {trainer.step}; exiting RETRY "
-                  f"({exitcodes.RETRY})", flush=True)
+            print(
+                f"kilocard.train: stop requested; committed step {trainer.step}; exiting RETRY ({exitcodes.RETRY})",
+                flush=True,
+            )
         return exitcodes.RETRY
     if dist.get_rank() == 0:
         print(f"kilocard.train: done at step {trainer.step}", flush=True)
@@ -144,6 +148,7 @@ def _shutdown() -> None:
 
     try:
         from megatron.core import parallel_state as ps
+
         ps.destroy_model_parallel()
     except ImportError:
         pass
@@ -151,7 +156,7 @@ def _shutdown() -> None:
         dist.destroy_process_group()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m kilocard.train RUN_DIR``."""
     _EARLY_STOP.install()  # a USR1/TERM during start-up (imports, rendezvous) must not kill the rank
     die_with_parent_in_forks()  # a killed rank's checkpoint writers must not keep its sockets open

@@ -5,8 +5,9 @@ Megatron-Core field of the same name; nothing here owns a loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ class UnsupportedConfig(Exception):
 class Built:
     """The Megatron-Core objects of one rank."""
 
-    model: List[Any]
+    model: list[Any]
     """Model chunks (one per virtual pipeline stage), each wrapped in Megatron-Core DDP."""
     optimizer: Any
     """MegatronOptimizer (possibly a ChainedOptimizer for MoE)."""
@@ -69,7 +70,7 @@ def seed_all(seed: int) -> None:
     model_parallel_cuda_manual_seed(seed)
 
 
-def _activation(name: str) -> Tuple[Callable, bool]:
+def _activation(name: str) -> tuple[Callable, bool]:
     """(activation_func, forces gated_linear_unit) for ``model.activation``."""
     if name == "swiglu":
         return F.silu, True
@@ -77,6 +78,7 @@ def _activation(name: str) -> Tuple[Callable, bool]:
         return F.gelu, False
     if name == "squared_relu":
         from megatron.core.activations import squared_relu
+
         return squared_relu, False
     raise UnsupportedConfig(f"model.activation: {name!r} is not one of gelu, swiglu, squared_relu")
 
@@ -90,17 +92,27 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
     dtype = torch.bfloat16 if pr.bf16 else torch.float16 if pr.fp16 else _DTYPES[pr.params_dtype]
     if pr.fp8 and not (backend.is_cuda and not backend.local_spec):
         raise UnsupportedConfig(f"precision.fp8: {pr.fp8!r} needs Transformer Engine on GPUs; set precision.fp8=null")
-    kw: Dict[str, Any] = dict(
-        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
-        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
-        kv_channels=m.kv_channels, normalization=m.normalization, layernorm_epsilon=m.layernorm_epsilon,
-        gated_linear_unit=m.gated_linear_unit or gated, activation_func=act,
-        add_bias_linear=m.add_bias_linear, add_qkv_bias=m.add_qkv_bias,
-        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout, init_method_std=m.init_method_std,
+    kw: dict[str, Any] = dict(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups,
+        kv_channels=m.kv_channels,
+        normalization=m.normalization,
+        layernorm_epsilon=m.layernorm_epsilon,
+        gated_linear_unit=m.gated_linear_unit or gated,
+        activation_func=act,
+        add_bias_linear=m.add_bias_linear,
+        add_qkv_bias=m.add_qkv_bias,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        init_method_std=m.init_method_std,
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
-        context_parallel_size=p.context_parallel_size, cp_comm_type=p.cp_comm_type,
+        context_parallel_size=p.context_parallel_size,
+        cp_comm_type=p.cp_comm_type,
         expert_model_parallel_size=p.expert_model_parallel_size,
         expert_tensor_parallel_size=p.expert_tensor_parallel_size,
         sequence_parallel=p.sequence_parallel,
@@ -108,57 +120,87 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
         num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
         account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
-        recompute_granularity=p.recompute_granularity, recompute_method=p.recompute_method,
+        recompute_granularity=p.recompute_granularity,
+        recompute_method=p.recompute_method,
         recompute_num_layers=p.recompute_num_layers,
         overlap_p2p_comm=p.overlap_p2p_comm and p.virtual_pipeline_model_parallel_size is not None,
         batch_p2p_comm=not (p.overlap_p2p_comm and p.virtual_pipeline_model_parallel_size is not None),
         tp_comm_overlap=p.tp_comm_overlap and backend.is_cuda,
-        params_dtype=dtype, pipeline_dtype=dtype, bf16=pr.bf16, fp16=pr.fp16,
-        fp8=pr.fp8, fp8_recipe=pr.fp8_recipe, fp8_margin=pr.fp8_margin,
-        fp8_amax_history_len=pr.fp8_amax_history_len, fp8_amax_compute_algo=pr.fp8_amax_compute_algo,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=pr.bf16,
+        fp16=pr.fp16,
+        fp8=pr.fp8,
+        fp8_recipe=pr.fp8_recipe,
+        fp8_margin=pr.fp8_margin,
+        fp8_amax_history_len=pr.fp8_amax_history_len,
+        fp8_amax_compute_algo=pr.fp8_amax_compute_algo,
         fp8_param=pr.fp8_param,
         deterministic_mode=run_cfg.trainer.deterministic,
         use_cpu_initialization=not backend.is_cuda,
     )
     if m.num_moe_experts:
-        kw.update(num_moe_experts=m.num_moe_experts, moe_router_topk=m.moe_router_topk,
-                  moe_ffn_hidden_size=m.moe_ffn_hidden_size,
-                  moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
-                  moe_layer_freq=m.moe_layer_freq, moe_token_dispatcher_type=m.moe_token_dispatcher_type,
-                  moe_router_load_balancing_type=m.moe_router_load_balancing_type,
-                  moe_aux_loss_coeff=m.moe_aux_loss_coeff,
-                  moe_router_score_function=m.moe_router_score_function,
-                  moe_grouped_gemm=m.moe_grouped_gemm and backend.is_cuda)
+        kw.update(
+            num_moe_experts=m.num_moe_experts,
+            moe_router_topk=m.moe_router_topk,
+            moe_ffn_hidden_size=m.moe_ffn_hidden_size,
+            moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
+            moe_layer_freq=m.moe_layer_freq,
+            moe_token_dispatcher_type=m.moe_token_dispatcher_type,
+            moe_router_load_balancing_type=m.moe_router_load_balancing_type,
+            moe_aux_loss_coeff=m.moe_aux_loss_coeff,
+            moe_router_score_function=m.moe_router_score_function,
+            moe_grouped_gemm=m.moe_grouped_gemm and backend.is_cuda,
+        )
     if m.mtp_num_layers:
         kw["mtp_num_layers"] = m.mtp_num_layers
     if not backend.is_cuda:
         # No fused kernels, no CUDA-side p2p synchronisation on CPU ranks.
-        kw.update(gradient_accumulation_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
-                  masked_softmax_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
-                  batch_p2p_sync=False)
+        kw.update(
+            gradient_accumulation_fusion=False,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            masked_softmax_fusion=False,
+            persist_layer_norm=False,
+            apply_rope_fusion=False,
+            batch_p2p_sync=False,
+        )
     if m.multi_latent_attention:
-        kw.update(q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_head_dim=m.qk_head_dim,
-                  qk_pos_emb_head_dim=m.qk_pos_emb_head_dim, v_head_dim=m.v_head_dim,
-                  rotary_base=m.rotary_base)
+        kw.update(
+            q_lora_rank=m.q_lora_rank,
+            kv_lora_rank=m.kv_lora_rank,
+            qk_head_dim=m.qk_head_dim,
+            qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+            v_head_dim=m.v_head_dim,
+            rotary_base=m.rotary_base,
+        )
         return MLATransformerConfig(**kw)
     return TransformerConfig(**kw)
 
 
-def layer_spec(run_cfg: RunConfig, backend: Backend, vp_stage: Optional[int] = None) -> Any:
+def layer_spec(run_cfg: RunConfig, backend: Backend, vp_stage: int | None = None) -> Any:
     """Transformer Engine spec on GPUs that have it, Megatron-Core's local spec otherwise."""
     m = run_cfg.model
     if backend.local_spec:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        return get_gpt_layer_local_spec(num_experts=m.num_moe_experts, moe_grouped_gemm=False,
-                                        multi_latent_attention=m.multi_latent_attention,
-                                        normalization=m.normalization)
+
+        return get_gpt_layer_local_spec(
+            num_experts=m.num_moe_experts,
+            moe_grouped_gemm=False,
+            multi_latent_attention=m.multi_latent_attention,
+            normalization=m.normalization,
+        )
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
     return get_gpt_layer_with_transformer_engine_spec(
-        num_experts=m.num_moe_experts, moe_grouped_gemm=m.moe_grouped_gemm,
-        multi_latent_attention=m.multi_latent_attention, fp8=run_cfg.precision.fp8)
+        num_experts=m.num_moe_experts,
+        moe_grouped_gemm=m.moe_grouped_gemm,
+        multi_latent_attention=m.multi_latent_attention,
+        fp8=run_cfg.precision.fp8,
+    )
 
 
-def build_model_chunks(run_cfg: RunConfig, config: Any, backend: Backend) -> List[Any]:
+def build_model_chunks(run_cfg: RunConfig, config: Any, backend: Backend) -> list[Any]:
     """GPTModel chunks of this pipeline rank (one per virtual stage), on the backend's device."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -170,13 +212,17 @@ def build_model_chunks(run_cfg: RunConfig, config: Any, backend: Backend) -> Lis
     for stage in range(vp or 1):
         vp_stage = stage if vp else None
         model = GPTModel(
-            config=config, transformer_layer_spec=layer_spec(run_cfg, backend, vp_stage), vocab_size=vocab,
+            config=config,
+            transformer_layer_spec=layer_spec(run_cfg, backend, vp_stage),
+            vocab_size=vocab,
             max_sequence_length=m.max_position_embeddings,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
-            position_embedding_type=m.position_embedding_type, rotary_base=m.rotary_base,
-            rotary_percent=m.rotary_percent, vp_stage=vp_stage,
+            position_embedding_type=m.position_embedding_type,
+            rotary_base=m.rotary_base,
+            rotary_percent=m.rotary_percent,
+            vp_stage=vp_stage,
         )
         if backend.is_cuda:
             model.cuda(torch.cuda.current_device())
@@ -184,30 +230,44 @@ def build_model_chunks(run_cfg: RunConfig, config: Any, backend: Backend) -> Lis
     return chunks
 
 
-def wrap_ddp(run_cfg: RunConfig, config: Any, chunks: List[Any]) -> List[Any]:
+def wrap_ddp(run_cfg: RunConfig, config: Any, chunks: list[Any]) -> list[Any]:
     """Megatron-Core DistributedDataParallel around each chunk, with the overlap options."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     p = run_cfg.parallel
     ddp_cfg = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=run_cfg.precision.grad_reduce_in_fp32 or not (run_cfg.precision.bf16 or run_cfg.precision.fp16),
-        overlap_grad_reduce=p.overlap_grad_reduce, overlap_param_gather=p.overlap_param_gather,
-        use_distributed_optimizer=p.use_distributed_optimizer, check_for_nan_in_grad=False,
+        grad_reduce_in_fp32=run_cfg.precision.grad_reduce_in_fp32
+        or not (run_cfg.precision.bf16 or run_cfg.precision.fp16),
+        overlap_grad_reduce=p.overlap_grad_reduce,
+        overlap_param_gather=p.overlap_param_gather,
+        use_distributed_optimizer=p.use_distributed_optimizer,
+        check_for_nan_in_grad=False,
     )
-    return [DistributedDataParallel(config=config, ddp_config=ddp_cfg, module=c, disable_bucketing=i > 0)
-            for i, c in enumerate(chunks)]
+    return [
+        DistributedDataParallel(config=config, ddp_config=ddp_cfg, module=c, disable_bucketing=i > 0)
+        for i, c in enumerate(chunks)
+    ]
 
 
-def build_optimizer(run_cfg: RunConfig, chunks: List[Any]) -> Any:
+def build_optimizer(run_cfg: RunConfig, chunks: list[Any]) -> Any:
     """``get_megatron_optimizer`` with an OptimizerConfig from ``config.optim``."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     o, pr = run_cfg.optim, run_cfg.precision
     cfg = OptimizerConfig(
-        optimizer=o.optimizer, lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
-        adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad,
-        bf16=pr.bf16, fp16=pr.fp16, params_dtype=_DTYPES[pr.params_dtype] if not (pr.bf16 or pr.fp16) else
-        (torch.bfloat16 if pr.bf16 else torch.float16),
+        optimizer=o.optimizer,
+        lr=o.lr,
+        min_lr=o.min_lr,
+        weight_decay=o.weight_decay,
+        adam_beta1=o.adam_beta1,
+        adam_beta2=o.adam_beta2,
+        adam_eps=o.adam_eps,
+        clip_grad=o.clip_grad,
+        bf16=pr.bf16,
+        fp16=pr.fp16,
+        params_dtype=_DTYPES[pr.params_dtype]
+        if not (pr.bf16 or pr.fp16)
+        else (torch.bfloat16 if pr.bf16 else torch.float16),
         use_distributed_optimizer=run_cfg.parallel.use_distributed_optimizer,
         overlap_param_gather_with_optimizer_step=False,
     )
@@ -221,16 +281,23 @@ def build_scheduler(run_cfg: RunConfig, optimizer: Any) -> Any:
     o, t = run_cfg.optim, run_cfg.trainer
     decay = o.lr_decay_iters or t.train_iters
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=o.lr, min_lr=o.min_lr,
-        lr_warmup_steps=min(o.lr_warmup_iters, max(decay - 1, 0)), lr_decay_steps=decay,
-        lr_decay_style=o.lr_decay_style, start_wd=o.weight_decay, end_wd=o.weight_decay,
-        wd_incr_steps=decay, wd_incr_style="constant",
+        optimizer,
+        init_lr=0.0,
+        max_lr=o.lr,
+        min_lr=o.min_lr,
+        lr_warmup_steps=min(o.lr_warmup_iters, max(decay - 1, 0)),
+        lr_decay_steps=decay,
+        lr_decay_style=o.lr_decay_style,
+        start_wd=o.weight_decay,
+        end_wd=o.weight_decay,
+        wd_incr_steps=decay,
+        wd_incr_style="constant",
         wsd_decay_steps=max(1, decay // 10) if o.lr_decay_style == "WSD" else None,
         lr_wsd_decay_style="linear" if o.lr_decay_style == "WSD" else None,
     )
 
 
-def wire_config(config: Any, model: List[Any], optimizer: Any) -> None:
+def wire_config(config: Any, model: list[Any], optimizer: Any) -> None:
     """Hooks the schedules call: no_sync, grad finalisation, loss scaling, param gather."""
     from megatron.core.distributed import finalize_model_grads
 
@@ -252,17 +319,23 @@ def build(run_cfg: RunConfig, backend: Backend) -> Built:
         if run_cfg.model.multi_latent_attention and backend.local_spec:
             raise UnsupportedConfig(
                 f"model.multi_latent_attention: true cannot be built with Megatron-Core's local layer spec "
-                f"({type(e).__name__}: {e}); run it on GPUs with Transformer Engine") from None
+                f"({type(e).__name__}: {e}); run it on GPUs with Transformer Engine"
+            ) from None
         raise
     model = wrap_ddp(run_cfg, config, chunks)
     optimizer = build_optimizer(run_cfg, model)
     scheduler = build_scheduler(run_cfg, optimizer)
     wire_config(config, model, optimizer)
-    return Built(model=model, optimizer=optimizer, scheduler=scheduler, config=config,
-                 forward_backward=get_forward_backward_func())
+    return Built(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        config=config,
+        forward_backward=get_forward_backward_func(),
+    )
 
 
-def forward_step(data_iterator: Any, model: Any) -> Tuple[torch.Tensor, Callable]:
+def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
     """Megatron-Core forward step: one micro-batch through the chunk, masked mean LM loss."""
     batch = next(data_iterator)
     dev = next(model.parameters()).device
@@ -270,7 +343,9 @@ def forward_step(data_iterator: Any, model: Any) -> Tuple[torch.Tensor, Callable
     def on_device(t):
         return t if t is None or t.device == dev else t.to(dev, non_blocking=True)
 
-    tokens, labels, loss_mask, position_ids = (on_device(batch[k]) for k in ("tokens", "labels", "loss_mask", "position_ids"))
+    tokens, labels, loss_mask, position_ids = (
+        on_device(batch[k]) for k in ("tokens", "labels", "loss_mask", "position_ids")
+    )
     mask = on_device(batch.get("attention_mask"))
     output = model(tokens, position_ids, mask, labels=labels)
 

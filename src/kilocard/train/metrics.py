@@ -13,7 +13,7 @@ import resource
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from kilocard.config.schema import RunConfig
 from kilocard.perf.flops import flops_per_iteration
@@ -36,26 +36,33 @@ class Throughput:
     """Tokens of one global batch."""
     world_size: int
     """Ranks (GPUs) the step runs on."""
-    peak_flops: Optional[float]
+    peak_flops: float | None
     """Dense peak FLOP/s of one GPU in the run's compute dtype; ``None`` when the GPU is unknown."""
     peak_name: str
     """What the peak is, e.g. ``h100-sxm5-80gb bf16 dense 989.0 TFLOP/s``."""
 
     @classmethod
-    def for_run(cls, run_cfg: RunConfig, world_size: int) -> "Throughput":
+    def for_run(cls, run_cfg: RunConfig, world_size: int) -> Throughput:
         """Throughput constants of ``run_cfg`` on ``world_size`` ranks."""
         pr = run_cfg.precision
         dtype = compute_dtype(pr.bf16, pr.fp16, pr.fp8, pr.fp4)
         spec = gpu_spec(run_cfg.cluster.gpu)
         peak = spec.peak_flops.get(dtype) if spec else None
-        name = f"{run_cfg.cluster.gpu} {dtype} dense {peak / 1e12:.4g} TFLOP/s" if peak else \
-            f"{run_cfg.cluster.gpu} {dtype}: no peak in kilocard.topology (MFU not computed)"
+        name = (
+            f"{run_cfg.cluster.gpu} {dtype} dense {peak / 1e12:.4g} TFLOP/s"
+            if peak
+            else f"{run_cfg.cluster.gpu} {dtype}: no peak in kilocard.topology (MFU not computed)"
+        )
         t = run_cfg.trainer
-        return cls(flops_per_step=flops_per_iteration(run_cfg, FLOPS_CONVENTION),
-                   tokens_per_step=t.global_batch_size * run_cfg.model.seq_length,
-                   world_size=world_size, peak_flops=peak, peak_name=name)
+        return cls(
+            flops_per_step=flops_per_iteration(run_cfg, FLOPS_CONVENTION),
+            tokens_per_step=t.global_batch_size * run_cfg.model.seq_length,
+            world_size=world_size,
+            peak_flops=peak,
+            peak_name=name,
+        )
 
-    def figures(self, step_time_s: float) -> Dict[str, Optional[float]]:
+    def figures(self, step_time_s: float) -> dict[str, float | None]:
         """tokens/s per GPU, TFLOP/s per GPU and MFU for one step of ``step_time_s``."""
         flops_per_gpu = self.flops_per_step / self.world_size / step_time_s
         return {
@@ -86,6 +93,7 @@ class MetricsWriter:
         if tensorboard:
             from tensorboard.compat.proto.summary_pb2 import Summary
             from torch.utils.tensorboard import SummaryWriter
+
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=resume_step + 1)
             self._summary = Summary
 
@@ -93,13 +101,16 @@ class MetricsWriter:
         """Drop records of steps after the resumed one (they are trained again)."""
         if not self.path.exists():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        keep = [
+            line
+            for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step
+        ]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, self.path)
 
-    def write(self, record: Dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         """Append one step's record: a JSON line, and its numbers as ``train/<key>`` TensorBoard scalars.
 
         The scalars go out as ONE merged ``Summary`` event per step (what TensorBoard reads the same
@@ -109,8 +120,11 @@ class MetricsWriter:
         self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:
             Summary = self._summary
-            values = [Summary.Value(tag=f"train/{k}", simple_value=float(v)) for k, v in record.items()
-                      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"]
+            values = [
+                Summary.Value(tag=f"train/{k}", simple_value=float(v))
+                for k, v in record.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+            ]
             self._tb.file_writer.add_summary(Summary(value=values), record["step"])
 
     def close(self) -> None:
@@ -120,7 +134,7 @@ class MetricsWriter:
             self._tb.close()
 
 
-def read_metrics(run_dir: Path) -> List[Dict[str, Any]]:
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """All records of a run's metrics.jsonl (empty when absent)."""
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():

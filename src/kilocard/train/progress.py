@@ -4,51 +4,63 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from kilocard import exitcodes
 from kilocard.train.metrics import FLOPS_CONVENTION
 
-_CODE_NAMES = {exitcodes.DONE: "DONE", exitcodes.RETRY: "RETRY (stopped after a committed save)",
-               exitcodes.FAULT: "FAULT", exitcodes.BAD_CONFIG: "BAD_CONFIG", exitcodes.BAD_CKPT: "BAD_CKPT",
-               exitcodes.CRASH: "CRASH"}
+_CODE_NAMES = {
+    exitcodes.DONE: "DONE",
+    exitcodes.RETRY: "RETRY (stopped after a committed save)",
+    exitcodes.FAULT: "FAULT",
+    exitcodes.BAD_CONFIG: "BAD_CONFIG",
+    exitcodes.BAD_CKPT: "BAD_CKPT",
+    exitcodes.CRASH: "CRASH",
+}
 
 
-def _eta(r: Dict[str, Any]) -> str:
+def _eta(r: dict[str, Any]) -> str:
     left = max(0, int(r.get("train_iters", r["step"])) - int(r["step"])) * float(r["step_time_s"])
     m, s = divmod(int(round(left)), 60)
     return f"{m // 60}:{m % 60:02d}:{s:02d}"
 
 
-def _mfu(v: Optional[float]) -> str:
+def _mfu(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.2f}%"
 
 
-def progress_line(r: Dict[str, Any]) -> str:
+def progress_line(r: dict[str, Any]) -> str:
     """``step 5/20 | loss 4.1234 | 0.210 s/step | 1.2e+03 tok/s/gpu | 0.004 TFLOP/s/gpu | MFU 7.75% | ETA 0:00:03``."""
-    return (f"step {r['step']}/{r.get('train_iters', '?')} | loss {r['loss']:.4f} | {r['step_time_s']:.3f} s/step | "
-            f"{r['tokens_per_s_per_gpu']:.3g} tok/s/gpu | {r['tflops_per_gpu']:.3g} TFLOP/s/gpu | "
-            f"MFU {_mfu(r.get('mfu'))} | ETA {_eta(r)}")
+    return (
+        f"step {r['step']}/{r.get('train_iters', '?')} | loss {r['loss']:.4f} | {r['step_time_s']:.3f} s/step | "
+        f"{r['tokens_per_s_per_gpu']:.3g} tok/s/gpu | {r['tflops_per_gpu']:.3g} TFLOP/s/gpu | "
+        f"MFU {_mfu(r.get('mfu'))} | ETA {_eta(r)}"
+    )
 
 
-def summary_table(records: List[Dict[str, Any]], run_dir: Path, code: int, first_new_step: int = 0) -> str:
+def summary_table(records: list[dict[str, Any]], run_dir: Path, code: int, first_new_step: int = 0) -> str:
     """The table ``kilocard run`` ends with (medians over this launch's steps, first step excluded)."""
     tracker = run_dir / "checkpoints" / "latest_committed.txt"  # kilocard.train.checkpoint.TRACKER
     committed = tracker.read_text().strip() if tracker.is_file() else None
-    rows = [("run dir", str(run_dir)), ("exit", f"{code} {_CODE_NAMES.get(code, '')}".strip()),
-            ("last committed step", committed if committed else "none")]
+    rows = [
+        ("run dir", str(run_dir)),
+        ("exit", f"{code} {_CODE_NAMES.get(code, '')}".strip()),
+        ("last committed step", committed if committed else "none"),
+    ]
     new = [r for r in records if r["step"] > first_new_step] or records
     if new:
         steady = new[1:] or new
         med = lambda k: statistics.median(r[k] for r in steady)  # noqa: E731
         mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
-        rows += [("steps", f"{new[0]['step']}..{new[-1]['step']} of {new[-1].get('train_iters', '?')}"),
-                 ("loss first -> last", f"{new[0]['loss']:.4f} -> {new[-1]['loss']:.4f}"),
-                 ("step time (median)", f"{med('step_time_s'):.3f} s"),
-                 ("tokens/s per GPU (median)", f"{med('tokens_per_s_per_gpu'):.4g}"),
-                 ("TFLOP/s per GPU (median)", f"{med('tflops_per_gpu'):.4g} ({FLOPS_CONVENTION} FLOPs)"),
-                 ("MFU (median)", f"{_mfu(statistics.median(mfus)) if mfus else 'n/a'} of {new[-1].get('mfu_peak', '?')}"),
-                 ("peak memory (rank 0)", f"{max(r['peak_mem_bytes'] for r in new) / 2**20:.0f} MiB")]
+        rows += [
+            ("steps", f"{new[0]['step']}..{new[-1]['step']} of {new[-1].get('train_iters', '?')}"),
+            ("loss first -> last", f"{new[0]['loss']:.4f} -> {new[-1]['loss']:.4f}"),
+            ("step time (median)", f"{med('step_time_s'):.3f} s"),
+            ("tokens/s per GPU (median)", f"{med('tokens_per_s_per_gpu'):.4g}"),
+            ("TFLOP/s per GPU (median)", f"{med('tflops_per_gpu'):.4g} ({FLOPS_CONVENTION} FLOPs)"),
+            ("MFU (median)", f"{_mfu(statistics.median(mfus)) if mfus else 'n/a'} of {new[-1].get('mfu_peak', '?')}"),
+            ("peak memory (rank 0)", f"{max(r['peak_mem_bytes'] for r in new) / 2**20:.0f} MiB"),
+        ]
     width = max(len(k) for k, _ in rows)
     lines = ["", "summary", "-" * (width + 40)] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)

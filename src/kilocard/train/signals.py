@@ -16,7 +16,6 @@ import signal
 import sys
 import threading
 import time
-from typing import Optional
 
 from kilocard.exitcodes import FAULT
 
@@ -31,7 +30,7 @@ class StopFlag:
     """Set by a stop signal; read at step boundaries."""
 
     def __init__(self) -> None:
-        self.signal: Optional[int] = None
+        self.signal: int | None = None
         """The first stop signal received, or ``None``."""
 
     @property
@@ -61,7 +60,7 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kilocard-watchdog", daemon=True)
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         """Start watching (no-op when the timeout is not positive)."""
         if self.timeout_s > 0:
             self._thread.start()
@@ -82,9 +81,12 @@ class Watchdog:
         while not self._stop.wait(period):
             idle = time.monotonic() - self._last
             if idle > (self.timeout_s if self.training else max(self.timeout_s, STARTUP_GRACE_S)):
-                print(f"[rank {self.rank}] kilocard.train: no progress for {idle:.0f}s in {self.where} "
-                      f"(trainer.hang_timeout_s={self.timeout_s:g}); a rank hung or died; exiting FAULT ({FAULT})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[rank {self.rank}] kilocard.train: no progress for {idle:.0f}s in {self.where} "
+                    f"(trainer.hang_timeout_s={self.timeout_s:g}); a rank hung or died; exiting FAULT ({FAULT})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 _record_exit(FAULT)
                 os._exit(FAULT)
 

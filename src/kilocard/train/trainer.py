@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,7 +21,6 @@ from kilocard.train import checkpoint as ck
 from kilocard.train import megatron_adapter as ma
 from kilocard.train.metrics import MetricsWriter, Throughput, peak_memory_bytes
 from kilocard.train.signals import StopFlag, Watchdog
-
 
 _T0 = time.monotonic()
 
@@ -62,7 +61,7 @@ class _InFlight:
     """[loss sum over last-stage ranks, stop votes], reduced in place."""
     work: Any
     """The collective's handle (``dist.all_reduce(..., async_op=True)``)."""
-    result: Dict[str, Any]
+    result: dict[str, Any]
     """``train_step``'s figures of this step (grad norm, lr)."""
     started: float
     """``time.perf_counter()`` when the step began."""
@@ -71,8 +70,15 @@ class _InFlight:
 class Trainer:
     """One rank's training run over a built Megatron-Core model."""
 
-    def __init__(self, run_cfg: RunConfig, run_dir: Path, config_sha256: str, backend: Backend,
-                 stop: StopFlag, watchdog: Watchdog) -> None:
+    def __init__(
+        self,
+        run_cfg: RunConfig,
+        run_dir: Path,
+        config_sha256: str,
+        backend: Backend,
+        stop: StopFlag,
+        watchdog: Watchdog,
+    ) -> None:
         from megatron.core import parallel_state as ps
 
         self.cfg, self.run_dir, self.sha, self.backend = run_cfg, run_dir, config_sha256, backend
@@ -85,7 +91,7 @@ class Trainer:
         self.save_root = Path(c.save) if c.save else run_dir / "checkpoints"
         self.load_root = Path(c.load) if c.load else None
         self.step, self.consumed = 0, 0
-        self.last_saved: Optional[int] = None
+        self.last_saved: int | None = None
         t = run_cfg.trainer
         self.dp = ps.get_data_parallel_world_size()
         self.num_micro = t.global_batch_size // (t.micro_batch_size * self.dp)
@@ -93,7 +99,7 @@ class Trainer:
         self._loss_ranks = self.world // ps.get_pipeline_model_parallel_world_size()
         self._device = torch.device("cuda") if backend.is_cuda else torch.device("cpu")
         self.throughput = Throughput.for_run(run_cfg, self.world)
-        self.resumed_from: Optional[str] = None
+        self.resumed_from: str | None = None
         self._async_queue: Any = None
         self.log(f"built model ({self.num_micro} micro-batches per step, world {self.world}, backend {backend.name})")
 
@@ -107,12 +113,15 @@ class Trainer:
     def resume(self) -> None:
         """Load the newest committed step (own save dir first, then checkpoint.load), if any."""
         self.watchdog.beat("finding the checkpoint to resume from")
-        decision: List[Any] = [None, None, None]
+        decision: list[Any] = [None, None, None]
         if self.rank == 0:
             try:
-                root, step = ck.load_root_and_step(self.save_root, self.load_root,
-                                                   self.cfg.checkpoint.fallback_to_previous,
-                                                   self.cfg.checkpoint.ckpt_step)
+                root, step = ck.load_root_and_step(
+                    self.save_root,
+                    self.load_root,
+                    self.cfg.checkpoint.fallback_to_previous,
+                    self.cfg.checkpoint.ckpt_step,
+                )
                 decision = [str(root) if root else None, step, None]
             except ck.CheckpointError as e:
                 decision = [None, None, str(e)]
@@ -130,11 +139,16 @@ class Trainer:
         diffs = ck.model_differences(state.model, self.cfg.model)
         vocab = padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size)
         if not diffs and vocab != state.padded_vocab_size:
-            diffs = [f"model.vocab_size: padded to {state.padded_vocab_size} at save, {vocab} with "
-                     f"tensor_model_parallel_size={self.cfg.parallel.tensor_model_parallel_size}"]
+            diffs = [
+                f"model.vocab_size: padded to {state.padded_vocab_size} at save, {vocab} with "
+                f"tensor_model_parallel_size={self.cfg.parallel.tensor_model_parallel_size}"
+            ]
         if diffs:
-            raise ck.ModelMismatch(f"checkpoint {sdir} holds another model shape; differing fields: "
-                                   + "; ".join(diffs) + ". Resume with the saved model config or start a new run")
+            raise ck.ModelMismatch(
+                f"checkpoint {sdir} holds another model shape; differing fields: "
+                + "; ".join(diffs)
+                + ". Resume with the saved model config or start a new run"
+            )
         from megatron.core import dist_checkpointing
 
         b = self.built
@@ -142,7 +156,7 @@ class Trainer:
         sd = ck.sharded_state_dict(b.model, b.optimizer, is_loading=True)
         loaded = dist_checkpointing.load(sd, str(sdir))
         keys = ["model"] if len(b.model) == 1 else [f"model{i}" for i in range(len(b.model))]
-        for m, k in zip(b.model, keys):
+        for m, k in zip(b.model, keys, strict=False):
             m.module.load_state_dict(loaded[k], strict=True)
         with torch.no_grad():
             b.optimizer.load_state_dict(loaded["optimizer"])
@@ -176,8 +190,9 @@ class Trainer:
                 raise
             last = ck.latest_committed(self.save_root)
             kept = f"the last committed step {last} is intact" if last is not None else "no step was committed yet"
-            raise DiskFull(f"saving step {self.step} under {self.save_root} failed: the disk is full "
-                           f"({free} bytes free); {kept}") from None
+            raise DiskFull(
+                f"saving step {self.step} under {self.save_root} failed: the disk is full ({free} bytes free); {kept}"
+            ) from None
 
     def _save(self) -> None:
         """Write the current step on every rank, then commit it (manifest, tracker) and prune.
@@ -196,14 +211,16 @@ class Trainer:
         if self.rank == 0:
             if sdir.exists():  # an uncommitted leftover of an interrupted save of this step
                 import shutil
+
                 shutil.rmtree(sdir)
             sdir.mkdir(parents=True)
         dist.barrier()
         b = self.built
         sd = ck.sharded_state_dict(b.model, b.optimizer, is_loading=False)
         use_async = self.cfg.checkpoint.async_save and self.backend.is_cuda
-        request = dist_checkpointing.save(sd, str(sdir), sharded_strategy=self._save_strategy(),
-                                          async_sharded_save=use_async)
+        request = dist_checkpointing.save(
+            sd, str(sdir), sharded_strategy=self._save_strategy(), async_sharded_save=use_async
+        )
         self._write_rank_state(sdir)
         self.last_saved = step
         if not use_async:
@@ -228,10 +245,14 @@ class Trainer:
         if self.rank == 0:
             b = self.built
             state = ck.TrainerState(
-                step=self.step, consumed_samples=self.consumed, scheduler=b.scheduler.state_dict(),
-                model=asdict(self.cfg.model), layout=ck.layout_of(self.cfg, self.world),
+                step=self.step,
+                consumed_samples=self.consumed,
+                scheduler=b.scheduler.state_dict(),
+                model=asdict(self.cfg.model),
+                layout=ck.layout_of(self.cfg, self.world),
                 padded_vocab_size=padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size),
-                config_sha256=self.sha)
+                config_sha256=self.sha,
+            )
             (sdir / ck.STATE).write_text(json.dumps(state.__dict__, indent=1) + "\n")
 
     def _commit(self, sdir: Path, step: int, t0: float) -> None:
@@ -250,39 +271,51 @@ class Trainer:
         from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
         from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
-        return FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(),
-                                                self.ps.get_data_parallel_group(with_context_parallel=True))
+        return FullyParallelSaveStrategyWrapper(
+            get_default_save_sharded_strategy(), self.ps.get_data_parallel_group(with_context_parallel=True)
+        )
 
     # --- steps ---------------------------------------------------------------------------------
 
-    def _iterators(self) -> List[Any]:
+    def _iterators(self) -> list[Any]:
         from kilocard.data import build_train_iterator
 
         self.watchdog.beat("building the data iterator")
         dp_rank = self.ps.get_data_parallel_rank()
-        return [build_train_iterator(self.cfg, dp_rank=dp_rank, dp_size=self.dp, consumed_samples=self.consumed,
-                                     cache_dir=str(self.run_dir / "data_cache"),
-                                     create_attention_mask=False)  # GPT attention is causal: Megatron builds the mask
-                for _ in self.built.model]
+        return [
+            build_train_iterator(
+                self.cfg,
+                dp_rank=dp_rank,
+                dp_size=self.dp,
+                consumed_samples=self.consumed,
+                cache_dir=str(self.run_dir / "data_cache"),
+                create_attention_mask=False,
+            )  # GPT attention is causal: Megatron builds the mask
+            for _ in self.built.model
+        ]
 
-    def train_step(self, iterators: List[Any]) -> Dict[str, Any]:
+    def train_step(self, iterators: list[Any]) -> dict[str, Any]:
         """One optimizer step; returns the loss (averaged over data-parallel ranks) and optimizer figures."""
         b, t = self.built, self.cfg.trainer
         for m in b.model:
             m.zero_grad_buffer()
         b.optimizer.zero_grad()
         out = b.forward_backward(
-            forward_step_func=ma.forward_step, data_iterator=iterators if len(iterators) > 1 else iterators[0],
-            model=b.model, num_microbatches=self.num_micro, seq_length=self.cfg.model.seq_length,
-            micro_batch_size=t.micro_batch_size, forward_only=False)
+            forward_step_func=ma.forward_step,
+            data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=b.model,
+            num_microbatches=self.num_micro,
+            seq_length=self.cfg.model.seq_length,
+            micro_batch_size=t.micro_batch_size,
+            forward_only=False,
+        )
         ok, grad_norm, _ = b.optimizer.step()
         b.scheduler.step(increment=1)
         # Stays on the device: _start_reduce sends it with the stop flag; _settle reads both back.
         local = torch.stack([o["lm loss"].float() for o in out]).mean() if out else None
-        return {"local_loss": local, "grad_norm": grad_norm, "update_ok": ok,
-                "lr": b.optimizer.param_groups[0]["lr"]}
+        return {"local_loss": local, "grad_norm": grad_norm, "update_ok": ok, "lr": b.optimizer.param_groups[0]["lr"]}
 
-    def _start_reduce(self, r: Dict[str, Any], t0: float) -> "_InFlight":
+    def _start_reduce(self, r: dict[str, Any], t0: float) -> _InFlight:
         """Start the all-reduce of (loss, stop flag) for the step just taken; read back one step later.
 
         Two float64 values on the device: the mean loss over last-stage ranks and whether any rank
@@ -296,10 +329,16 @@ class Trainer:
             t[0] = local.to(self._device, torch.float64)
         if self.stop.requested:
             t[1] = 1.0
-        return _InFlight(step=self.step, consumed=self.consumed, values=t,
-                         work=dist.all_reduce(t, async_op=True), result=r, started=t0)
+        return _InFlight(
+            step=self.step,
+            consumed=self.consumed,
+            values=t,
+            work=dist.all_reduce(t, async_op=True),
+            result=r,
+            started=t0,
+        )
 
-    def _settle(self, f: "_InFlight", writer: Optional[MetricsWriter], next_start: Optional[float]) -> bool:
+    def _settle(self, f: _InFlight, writer: MetricsWriter | None, next_start: float | None) -> bool:
         """Read step ``f.step``'s all-reduce: check the loss, write its record; returns whether to stop.
 
         Every rank settles the same steps in the same order, so all agree on the step they stop at
@@ -316,7 +355,7 @@ class Trainer:
             writer.write(self._record(f.step, f.consumed, loss, f.result, dt))
         return stops > 0
 
-    def run(self, writer: Optional[MetricsWriter]) -> str:
+    def run(self, writer: MetricsWriter | None) -> str:
         """Train until train_iters or a stop request; returns ``"done"`` or ``"stopped"``."""
         t = self.cfg.trainer
         if self.step >= t.train_iters:
@@ -324,7 +363,7 @@ class Trainer:
         iterators = self._iterators()
         self.log(f"data ready; training steps {self.step + 1}..{t.train_iters}")
         interval = self.cfg.checkpoint.save_interval
-        pending: Optional[_InFlight] = None  # the previous step, its all-reduce still in flight
+        pending: _InFlight | None = None  # the previous step, its all-reduce still in flight
         while self.step < t.train_iters:
             self.watchdog.beat(f"step {self.step + 1}")
             t0 = time.perf_counter()
@@ -346,10 +385,16 @@ class Trainer:
         self.finalize_saves(blocking=True)
         return "done"
 
-    def _record(self, step: int, consumed: int, loss: float, r: Dict[str, Any], dt: float) -> Dict[str, Any]:
+    def _record(self, step: int, consumed: int, loss: float, r: dict[str, Any], dt: float) -> dict[str, Any]:
         gn = r["grad_norm"]
-        rec = {"step": step, "loss": loss, "lr": r["lr"], "grad_norm": float(gn) if gn is not None else None,
-               "step_time_s": dt, "consumed_samples": consumed}
+        rec = {
+            "step": step,
+            "loss": loss,
+            "lr": r["lr"],
+            "grad_norm": float(gn) if gn is not None else None,
+            "step_time_s": dt,
+            "consumed_samples": consumed,
+        }
         rec.update(self.throughput.figures(dt))
         rec["peak_mem_bytes"] = peak_memory_bytes()
         rec["train_iters"] = self.cfg.trainer.train_iters

@@ -8,7 +8,8 @@ Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
@@ -19,7 +20,9 @@ from kilocard.validate.memory import hbm_bytes, rule_memory_fits, usable_bytes
 Rule = Callable[[RunConfig, Layout], Iterable[Issue]]
 
 #: Rules whose errors make a layout structurally invalid (used to filter memory suggestions).
-STRUCTURAL_RULES: Tuple[Rule, ...] = model.RULES + parallel.RULES + batch.RULES + recompute.RULES
+STRUCTURAL_RULES: tuple[Rule, ...] = model.RULES + parallel.RULES + batch.RULES + recompute.RULES
+
+
 #: Every rule except the memory fit, in report order.
 def rule_slurm_launcher(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """The Slurm launcher's own rules (USR1 lead vs save time, secrets by name): ``launch.checks``.
@@ -34,17 +37,46 @@ def rule_slurm_launcher(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         yield from rule(cfg, lay)
 
 
-RULES: Tuple[Rule, ...] = (STRUCTURAL_RULES + precision.RULES + optimizer.RULES + topology.RULES + launcher.RULES
-                          + inputs.RULES + (rule_slurm_launcher,))
+RULES: tuple[Rule, ...] = (
+    STRUCTURAL_RULES
+    + precision.RULES
+    + optimizer.RULES
+    + topology.RULES
+    + launcher.RULES
+    + inputs.RULES
+    + (rule_slurm_launcher,)
+)
 
 #: Issue codes for conditions Megatron-Core itself rejects (at config, group or model construction).
-MCORE_CODES = frozenset({
-    "PARALLEL_SIZE", "WORLD_NOT_DIVISIBLE", "EXPERT_WORLD_NOT_DIVISIBLE", "TP_HEADS", "TP_QUERY_GROUPS",
-    "SP_WITHOUT_TP", "MOE_TP_WITHOUT_SP", "EP_WITHOUT_EXPERTS", "EXPERTS_EP", "EXPERTS_NOT_POSITIVE",
-    "VP_WITHOUT_PP", "LAYERS_PP", "LAYERS_VP", "LAYERS_ACCOUNTING", "UNEVEN_PP_WITH_ACCOUNTING",
-    "UNEVEN_PP_STAGE", "UNEVEN_PP_VP", "UNEVEN_PP_MISMATCH", "UNEVEN_PP_MIDDLE", "FP16_AND_BF16",
-    "FP8_AND_FP4", "FP8_PARAM_WITHOUT_FP8", "RECOMPUTE_GRANULARITY", "RECOMPUTE_METHOD", "RECOMPUTE_NUM_LAYERS",
-})
+MCORE_CODES = frozenset(
+    {
+        "PARALLEL_SIZE",
+        "WORLD_NOT_DIVISIBLE",
+        "EXPERT_WORLD_NOT_DIVISIBLE",
+        "TP_HEADS",
+        "TP_QUERY_GROUPS",
+        "SP_WITHOUT_TP",
+        "MOE_TP_WITHOUT_SP",
+        "EP_WITHOUT_EXPERTS",
+        "EXPERTS_EP",
+        "EXPERTS_NOT_POSITIVE",
+        "VP_WITHOUT_PP",
+        "LAYERS_PP",
+        "LAYERS_VP",
+        "LAYERS_ACCOUNTING",
+        "UNEVEN_PP_WITH_ACCOUNTING",
+        "UNEVEN_PP_STAGE",
+        "UNEVEN_PP_VP",
+        "UNEVEN_PP_MISMATCH",
+        "UNEVEN_PP_MIDDLE",
+        "FP16_AND_BF16",
+        "FP8_AND_FP4",
+        "FP8_PARAM_WITHOUT_FP8",
+        "RECOMPUTE_GRANULARITY",
+        "RECOMPUTE_METHOD",
+        "RECOMPUTE_NUM_LAYERS",
+    }
+)
 
 
 def structurally_valid(cfg: RunConfig, lay: Layout) -> bool:
@@ -53,19 +85,23 @@ def structurally_valid(cfg: RunConfig, lay: Layout) -> bool:
     return not any(i.severity == ERROR for r in rules for i in r(cfg, lay))
 
 
-def run_rules(cfg: RunConfig, lay: Layout, rules: Iterable[Rule] = RULES) -> List[Issue]:
+def run_rules(cfg: RunConfig, lay: Layout, rules: Iterable[Rule] = RULES) -> list[Issue]:
     """Every issue the rules find, in order."""
     return [issue for rule in rules for issue in rule(cfg, lay)]
 
 
-def estimates(cfg: RunConfig, lay: Layout) -> Dict[str, Any]:
+def estimates(cfg: RunConfig, lay: Layout) -> dict[str, Any]:
     """Memory per GPU by component, HBM, FLOPs per iteration (``None`` where the shape is invalid)."""
     from kilocard.perf.memory import estimate_memory
 
     hbm = hbm_bytes(cfg)
-    out: Dict[str, Any] = {"memory_bytes_per_gpu": None, "hbm_bytes": hbm,
-                           "hbm_usable_bytes": usable_bytes(hbm) if hbm else None,
-                           "flops_per_iteration": None, "flops_convention": "megatron_current"}
+    out: dict[str, Any] = {
+        "memory_bytes_per_gpu": None,
+        "hbm_bytes": hbm,
+        "hbm_usable_bytes": usable_bytes(hbm) if hbm else None,
+        "flops_per_iteration": None,
+        "flops_convention": "megatron_current",
+    }
     if not model.model_shape_ok(cfg):
         return out
     mem = estimate_memory(cfg, lay)
@@ -76,7 +112,7 @@ def estimates(cfg: RunConfig, lay: Layout) -> Dict[str, Any]:
     return out
 
 
-def _flops(cfg: RunConfig) -> Optional[float]:
+def _flops(cfg: RunConfig) -> float | None:
     from kilocard.perf.flops import flops_per_iteration
 
     return float(flops_per_iteration(cfg, convention="megatron_current"))
@@ -94,7 +130,7 @@ def validate(cfg: RunConfig) -> Report:
     return Report(issues=issues, layout=lay, estimates=est)
 
 
-def _add_prediction(cfg: RunConfig, est: Dict[str, Any], issues: List[Issue]) -> None:
+def _add_prediction(cfg: RunConfig, est: dict[str, Any], issues: list[Issue]) -> None:
     """For a valid config: predicted step time and MFU, and the checkpoint-interval (goodput) rule.
 
     Both need a layout that Megatron-Core would build, so they run only when no rule found an error.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import List, Sequence
+from collections.abc import Sequence
 
 from kilocard.config.compose import compose_many, to_run_config
 from kilocard.topology import GiB
@@ -18,19 +18,24 @@ MEMORY_ROWS = ("weights", "gradients", "optimizer", "activations", "total")
 def _scope_text(g) -> str:
     if g.size <= 1:
         return "single rank"
-    return {"nvlink": "inside one NVLink domain" + ("" if g.within_node else " (spans nodes)"),
-            "node": "inside one node (across NVLink domains)", "network": "crosses the network"}[g.scope]
+    return {
+        "nvlink": "inside one NVLink domain" + ("" if g.within_node else " (spans nodes)"),
+        "node": "inside one node (across NVLink domains)",
+        "network": "crosses the network",
+    }[g.scope]
 
 
-def layout_lines(report: Report) -> List[str]:
+def layout_lines(report: Report) -> list[str]:
     """The layout summary: sizes, micro-batches and where each group sits."""
     lay = report.layout
-    out = [f"layout: world {lay.world_size} = {lay.nodes} nodes x {lay.gpus_per_node} GPUs "
-           f"(NVLink domain {lay.nvlink_domain_size})",
-           f"  tp {lay.tp}  cp {lay.cp}  ep {lay.ep}  etp {lay.etp}  pp {lay.pp}  vp {lay.vp or '-'}  "
-           f"dp {lay.dp if lay.dp is not None else '?'}  expert-dp {lay.expert_dp if lay.expert_dp is not None else '?'}",
-           f"  micro-batches per step: {lay.num_microbatches if lay.num_microbatches is not None else '?'}"
-           + (f"   layers per stage: {_stages(lay.stage_layers)}" if lay.stage_layers else "")]
+    out = [
+        f"layout: world {lay.world_size} = {lay.nodes} nodes x {lay.gpus_per_node} GPUs "
+        f"(NVLink domain {lay.nvlink_domain_size})",
+        f"  tp {lay.tp}  cp {lay.cp}  ep {lay.ep}  etp {lay.etp}  pp {lay.pp}  vp {lay.vp or '-'}  "
+        f"dp {lay.dp if lay.dp is not None else '?'}  expert-dp {lay.expert_dp if lay.expert_dp is not None else '?'}",
+        f"  micro-batches per step: {lay.num_microbatches if lay.num_microbatches is not None else '?'}"
+        + (f"   layers per stage: {_stages(lay.stage_layers)}" if lay.stage_layers else ""),
+    ]
     for name in ("tp", "cp", "tp_cp", "ep", "dp", "pp"):
         g = lay.groups.get(name)
         if g is not None and g.size > 1:
@@ -38,13 +43,13 @@ def layout_lines(report: Report) -> List[str]:
     return out
 
 
-def _stages(st: List[int]) -> str:
+def _stages(st: list[int]) -> str:
     if len(set(st)) == 1:
         return f"{st[0]} x {len(st)}"
     return " ".join(str(x) for x in st) if len(st) <= 16 else f"first {st[0]}, middle {st[1]}, last {st[-1]}"
 
 
-def memory_lines(report: Report) -> List[str]:
+def memory_lines(report: Report) -> list[str]:
     """The per-GPU memory table against HBM."""
     est = report.estimates
     mem, hbm, usable = est.get("memory_bytes_per_gpu"), est.get("hbm_bytes"), est.get("hbm_usable_bytes")
@@ -60,9 +65,11 @@ def memory_lines(report: Report) -> List[str]:
         out.append(f"FLOPs per iteration: {est['flops_per_iteration']:.4g} ({est['flops_convention']})")
     pred = est.get("prediction")
     if pred:
-        out.append(f"predicted: {pred['step_time_s']:.3g} s/step, {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
-                   f"MFU {pred['mfu']:.1%} ({pred['convention']}, peak {pred['peak_flops'] / 1e12:.0f} "
-                   f"TFLOP/s {pred['peak_dtype']})")
+        out.append(
+            f"predicted: {pred['step_time_s']:.3g} s/step, {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
+            f"MFU {pred['mfu']:.1%} ({pred['convention']}, peak {pred['peak_flops'] / 1e12:.0f} "
+            f"TFLOP/s {pred['peak_dtype']})"
+        )
     return out
 
 
@@ -74,7 +81,7 @@ def human_bytes(b: float) -> str:
     return f"{b:.0f} B"
 
 
-def issue_lines(report: Report) -> List[str]:
+def issue_lines(report: Report) -> list[str]:
     """Every issue: severity, code, field = value, message, and the fix."""
     if not report.issues:
         return ["no problems found"]

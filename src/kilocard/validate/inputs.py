@@ -10,7 +10,7 @@ script are the renderer's own (``kilocard.launch.shell``), applied here to the c
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Tuple
+from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.launch import shell
@@ -18,7 +18,7 @@ from kilocard.layout import Layout
 from kilocard.validate.issues import Issue, error
 
 #: (field, lowest allowed value, whether the lowest is allowed, what it means): numbers with a floor.
-FLOORS: Tuple[Tuple[str, float, bool, str], ...] = (
+FLOORS: tuple[tuple[str, float, bool, str], ...] = (
     ("trainer.train_iters", 1, True, "optimizer steps to train"),
     ("trainer.log_interval", 1, True, "steps between log lines"),
     ("trainer.hang_timeout_s", 0, True, "seconds without progress before a rank is declared hung (0 = off)"),
@@ -41,14 +41,27 @@ FLOORS: Tuple[Tuple[str, float, bool, str], ...] = (
 PROBABILITIES = ("model.hidden_dropout", "model.attention_dropout")
 
 #: Free-text fields that must stay on one line (they reach logs, paths or the batch script).
-ONE_LINE = ("launcher.job_name", "cluster.shared_fs", "cluster.venv", "cluster.container_image",
-            "checkpoint.save", "checkpoint.load", "data.tokenizer", "data.path_to_cache")
+ONE_LINE = (
+    "launcher.job_name",
+    "cluster.shared_fs",
+    "cluster.venv",
+    "cluster.container_image",
+    "checkpoint.save",
+    "checkpoint.load",
+    "data.tokenizer",
+    "data.path_to_cache",
+)
 
 #: ``#SBATCH`` values, the pattern kind each must match (``kilocard.launch.shell.SBATCH_PATTERNS``) and
 #: whether the field may be unset (null or empty: the directive is left out).
-SBATCH_FIELDS = (("launcher.job_name", "name", False), ("cluster.mem_per_node", "memory", False),
-                 ("cluster.partition", "name", True), ("cluster.account", "name", True), ("cluster.qos", "name", True),
-                 ("launcher.dependency", "dependency", True))
+SBATCH_FIELDS = (
+    ("launcher.job_name", "name", False),
+    ("cluster.mem_per_node", "memory", False),
+    ("cluster.partition", "name", True),
+    ("cluster.account", "name", True),
+    ("cluster.qos", "name", True),
+    ("launcher.dependency", "dependency", True),
+)
 
 
 def get(cfg: RunConfig, dotted: str) -> object:
@@ -67,16 +80,26 @@ def rule_number_ranges(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             continue
         if v < low or (v == low and not inclusive):
             op = ">=" if inclusive else ">"
-            yield error("OUT_OF_RANGE", field, v, f"{field}={v} is out of range: {what} must be {op} {low:g}",
-                        f"set {field} to a value {op} {low:g}")
+            yield error(
+                "OUT_OF_RANGE",
+                field,
+                v,
+                f"{field}={v} is out of range: {what} must be {op} {low:g}",
+                f"set {field} to a value {op} {low:g}",
+            )
     for field in PROBABILITIES:
         v = get(cfg, field)
         if isinstance(v, (int, float)) and not 0 <= v < 1:
-            yield error("OUT_OF_RANGE", field, v, f"{field}={v} is a probability and must be in [0, 1)",
-                        f"set {field}=0.0 (or e.g. 0.1)")
+            yield error(
+                "OUT_OF_RANGE",
+                field,
+                v,
+                f"{field}={v} is a probability and must be in [0, 1)",
+                f"set {field}=0.0 (or e.g. 0.1)",
+            )
 
 
-def time_limit_problem(text: str) -> Optional[str]:
+def time_limit_problem(text: str) -> str | None:
     """Why ``text`` is not a usable Slurm time limit, or ``None`` (minutes and seconds below 60, > 0)."""
     pattern, expected = shell.SBATCH_PATTERNS["time"]
     if not pattern.fullmatch(text):
@@ -94,16 +117,26 @@ def rule_launcher_time(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """``launcher.time`` is a positive Slurm time (``HH:MM:SS``, ``D-HH:MM:SS``, ``MM``...)."""
     problem = time_limit_problem(str(cfg.launcher.time))
     if problem:
-        yield error("LAUNCHER_TIME", "launcher.time", cfg.launcher.time, f"launcher.time={cfg.launcher.time!r}: {problem}",
-                    "set launcher.time=04:00:00")
+        yield error(
+            "LAUNCHER_TIME",
+            "launcher.time",
+            cfg.launcher.time,
+            f"launcher.time={cfg.launcher.time!r}: {problem}",
+            "set launcher.time=04:00:00",
+        )
 
 
 def rule_master_port(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """``launcher.master_port``, when fixed, is a TCP port 1..65535."""
     port = cfg.launcher.master_port
     if port is not None and not 1 <= port <= 65535:
-        yield error("OUT_OF_RANGE", "launcher.master_port", port, f"launcher.master_port={port} is not a TCP port (1..65535)",
-                    "set launcher.master_port=null (derived from the job id) or e.g. 29500")
+        yield error(
+            "OUT_OF_RANGE",
+            "launcher.master_port",
+            port,
+            f"launcher.master_port={port} is not a TCP port (1..65535)",
+            "set launcher.master_port=null (derived from the job id) or e.g. 29500",
+        )
 
 
 def rule_run_name(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -113,27 +146,40 @@ def rule_run_name(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         return
     pattern, expected = shell.SBATCH_PATTERNS["name"]
     if not pattern.fullmatch(str(name)):
-        yield error("RUN_NAME", "launcher.run_name", name,
-                    f"launcher.run_name={name!r} is not a plain directory name; expected {expected}",
-                    "set launcher.run_name=my-run-1 (or leave it null for <job_name>-<UTC time>)")
+        yield error(
+            "RUN_NAME",
+            "launcher.run_name",
+            name,
+            f"launcher.run_name={name!r} is not a plain directory name; expected {expected}",
+            "set launcher.run_name=my-run-1 (or leave it null for <job_name>-<UTC time>)",
+        )
 
 
 def _value_issue(e: shell.ShellValueError) -> Issue:
-    return error("SCRIPT_VALUE", e.field, "<hidden>" if "secret" in e.field else e.value, str(e),
-                 f"change {e.field} to a value of the expected form")
+    return error(
+        "SCRIPT_VALUE",
+        e.field,
+        "<hidden>" if "secret" in e.field else e.value,
+        str(e),
+        f"change {e.field} to a value of the expected form",
+    )
 
 
-def script_value_issues(cfg: RunConfig) -> List[Issue]:
+def script_value_issues(cfg: RunConfig) -> list[Issue]:
     """Values the batch script (or a log line) would carry: one line each, ``#SBATCH`` values checked."""
-    out: List[Issue] = []
+    out: list[Issue] = []
     for field in ONE_LINE:
         v = get(cfg, field)
         if v is not None and shell.CONTROL.search(str(v)):
             out.append(_value_issue(shell.ShellValueError(field, v, "a single line without control characters")))
-    checks = [(f, lambda f=f, k=k, o=o: (shell.optional_sbatch if o else shell.sbatch_value)(f, get(cfg, f), k))
-              for f, k, o in SBATCH_FIELDS]
-    checks += [(f"launcher.extra_sbatch[{i}]", lambda i=i, o=o: shell.extra_sbatch(f"launcher.extra_sbatch[{i}]", o))
-               for i, o in enumerate(cfg.launcher.extra_sbatch)]
+    checks = [
+        (f, lambda f=f, k=k, o=o: (shell.optional_sbatch if o else shell.sbatch_value)(f, get(cfg, f), k))
+        for f, k, o in SBATCH_FIELDS
+    ]
+    checks += [
+        (f"launcher.extra_sbatch[{i}]", lambda i=i, o=o: shell.extra_sbatch(f"launcher.extra_sbatch[{i}]", o))
+        for i, o in enumerate(cfg.launcher.extra_sbatch)
+    ]
     for group in ("cluster", "launcher"):
         for name, value in get(cfg, f"{group}.env").items():
             f = f"{group}.env.{name}"
@@ -166,5 +212,4 @@ def rule_secret_names(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     return secret_issues(cfg)
 
 
-RULES = (rule_number_ranges, rule_launcher_time, rule_master_port, rule_run_name, rule_script_values,
-         rule_secret_names)
+RULES = (rule_number_ranges, rule_launcher_time, rule_master_port, rule_run_name, rule_script_values, rule_secret_names)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from kilocard.layout import Layout
 
@@ -28,10 +28,16 @@ class Issue:
     hint: str
     """How to fix it (override lines where possible)."""
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict with the six keys."""
-        return {"severity": self.severity, "code": self.code, "field": self.field,
-                "value": _jsonable(self.value), "message": self.message, "hint": self.hint}
+        return {
+            "severity": self.severity,
+            "code": self.code,
+            "field": self.field,
+            "value": _jsonable(self.value),
+            "message": self.message,
+            "hint": self.hint,
+        }
 
 
 def error(code: str, field: str, value: Any, message: str, hint: str) -> Issue:
@@ -58,11 +64,11 @@ def _jsonable(v: Any) -> Any:
 class Report:
     """Everything the validator found about one config."""
 
-    issues: List[Issue]
+    issues: list[Issue]
     """Every problem, errors and warnings, in rule order."""
     layout: Layout
     """The parallel layout the config implies."""
-    estimates: Dict[str, Any] = field(default_factory=dict)
+    estimates: dict[str, Any] = field(default_factory=dict)
     """``memory_bytes_per_gpu``, ``hbm_bytes``, ``hbm_usable_bytes``, ``flops_per_iteration``..."""
 
     @property
@@ -71,19 +77,23 @@ class Report:
         return not any(i.severity == ERROR for i in self.issues)
 
     @property
-    def errors(self) -> List[Issue]:
+    def errors(self) -> list[Issue]:
         """The error issues."""
         return [i for i in self.issues if i.severity == ERROR]
 
-    def codes(self) -> List[str]:
+    def codes(self) -> list[str]:
         """Issue codes in order."""
         return [i.code for i in self.issues]
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The stable JSON object: ``valid``, ``issues``, ``layout``, ``estimates``."""
-        return {"valid": self.valid, "issues": [i.to_json() for i in self.issues],
-                "layout": self.layout.to_json(), "estimates": _jsonable(self.estimates)}
+        return {
+            "valid": self.valid,
+            "issues": [i.to_json() for i in self.issues],
+            "layout": self.layout.to_json(),
+            "estimates": _jsonable(self.estimates),
+        }
 
-    def to_json(self, indent: Optional[int] = 2) -> str:
+    def to_json(self, indent: int | None = 2) -> str:
         """``to_dict`` as JSON text."""
         return json.dumps(self.to_dict(), indent=indent)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from collections.abc import Callable, Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
@@ -21,7 +21,7 @@ RESERVE_FIXED_BYTES = 1 * GiB
 TIGHT_FRACTION = 0.90
 
 
-def hbm_bytes(cfg: RunConfig) -> Optional[int]:
+def hbm_bytes(cfg: RunConfig) -> int | None:
     """Memory per GPU: cluster.hbm_bytes, else the GPU table's; ``None`` for an unknown GPU."""
     if cfg.cluster.hbm_bytes:
         return int(cfg.cluster.hbm_bytes)
@@ -38,8 +38,12 @@ def _gib(b: float) -> str:
     return f"{b / GiB:.1f} GiB"
 
 
-def rule_memory_fits(cfg: RunConfig, lay: Layout, est: Optional[MemoryEstimate] = None,
-                     structural: Optional[Callable[[RunConfig, Layout], bool]] = None) -> Iterable[Issue]:
+def rule_memory_fits(
+    cfg: RunConfig,
+    lay: Layout,
+    est: MemoryEstimate | None = None,
+    structural: Callable[[RunConfig, Layout], bool] | None = None,
+) -> Iterable[Issue]:
     """The most loaded stage's weights + grads + optimizer + activations fit in usable HBM."""
     hbm = hbm_bytes(cfg)
     if hbm is None or lay.dp is None or lay.stage_layers is None:
@@ -48,28 +52,46 @@ def rule_memory_fits(cfg: RunConfig, lay: Layout, est: Optional[MemoryEstimate] 
     usable = usable_bytes(hbm)
     if est.total <= usable:
         if est.total > TIGHT_FRACTION * hbm:
-            yield warning("MEMORY_TIGHT", "parallel.pipeline_model_parallel_size", lay.pp,
-                          f"estimated {_gib(est.total)} per GPU is {est.total / hbm:.0%} of {_gib(hbm)} HBM: "
-                          f"little headroom for fragmentation spikes", "consider the layouts `kilocard plan` ranks")
+            yield warning(
+                "MEMORY_TIGHT",
+                "parallel.pipeline_model_parallel_size",
+                lay.pp,
+                f"estimated {_gib(est.total)} per GPU is {est.total / hbm:.0%} of {_gib(hbm)} HBM: "
+                f"little headroom for fragmentation spikes",
+                "consider the layouts `kilocard plan` ranks",
+            )
         return
     fixes = suggest_layouts(cfg, usable, structural)
-    hint = ("layouts that fit: " + " | ".join(" ".join(f) for f in fixes)) if fixes else \
-        "no nearby layout fits: use more nodes or a GPU with more memory"
-    yield error("OUT_OF_MEMORY", "parallel.pipeline_model_parallel_size", lay.pp,
-                f"estimated {_gib(est.total)} per GPU (weights {_gib(est.weights)} + gradients {_gib(est.gradients)} "
-                f"+ optimizer {_gib(est.optimizer)} + activations {_gib(est.activations)}) > usable {_gib(usable)} "
-                f"of {_gib(hbm)} HBM ({RESERVE_FRACTION:.0%} + {_gib(RESERVE_FIXED_BYTES)} reserved)", hint)
+    hint = (
+        ("layouts that fit: " + " | ".join(" ".join(f) for f in fixes))
+        if fixes
+        else "no nearby layout fits: use more nodes or a GPU with more memory"
+    )
+    yield error(
+        "OUT_OF_MEMORY",
+        "parallel.pipeline_model_parallel_size",
+        lay.pp,
+        f"estimated {_gib(est.total)} per GPU (weights {_gib(est.weights)} + gradients {_gib(est.gradients)} "
+        f"+ optimizer {_gib(est.optimizer)} + activations {_gib(est.activations)}) > usable {_gib(usable)} "
+        f"of {_gib(hbm)} HBM ({RESERVE_FRACTION:.0%} + {_gib(RESERVE_FIXED_BYTES)} reserved)",
+        hint,
+    )
 
 
-def _variants(cfg: RunConfig) -> List[Dict[str, object]]:
+def _variants(cfg: RunConfig) -> list[dict[str, object]]:
     """Single and paired changes to try, as ``{dotted.field: value}``."""
     p, m, t = cfg.parallel, cfg.model, cfg.trainer
-    single: List[Dict[str, object]] = []
+    single: list[dict[str, object]] = []
     if not p.use_distributed_optimizer:
         single.append({"parallel.use_distributed_optimizer": True})
     if p.recompute_granularity != "full":
-        single.append({"parallel.recompute_granularity": "full", "parallel.recompute_method": "uniform",
-                       "parallel.recompute_num_layers": 1})
+        single.append(
+            {
+                "parallel.recompute_granularity": "full",
+                "parallel.recompute_method": "uniform",
+                "parallel.recompute_num_layers": 1,
+            }
+        )
     if p.recompute_granularity is None and p.tensor_model_parallel_size > 1:
         single.append({"parallel.recompute_granularity": "selective", "parallel.sequence_parallel": True})
     for k in (2, 4, 8):
@@ -83,22 +105,23 @@ def _variants(cfg: RunConfig) -> List[Dict[str, object]]:
             single.append({"parallel.expert_model_parallel_size": d})
     if t.micro_batch_size > 1:
         single.append({"trainer.micro_batch_size": 1})
-    pairs = [{**a, **b} for i, a in enumerate(single) for b in single[i + 1:] if not set(a) & set(b)]
+    pairs = [{**a, **b} for i, a in enumerate(single) for b in single[i + 1 :] if not set(a) & set(b)]
     return single + pairs
 
 
-def _apply(cfg: RunConfig, change: Dict[str, object]) -> RunConfig:
-    groups: Dict[str, Dict[str, object]] = {}
+def _apply(cfg: RunConfig, change: dict[str, object]) -> RunConfig:
+    groups: dict[str, dict[str, object]] = {}
     for path, v in change.items():
         g, f = path.split(".", 1)
         groups.setdefault(g, {})[f] = v
     return dataclasses.replace(cfg, **{g: dataclasses.replace(getattr(cfg, g), **fs) for g, fs in groups.items()})
 
 
-def suggest_layouts(cfg: RunConfig, usable: int, structural: Optional[Callable[[RunConfig, Layout], bool]] = None,
-                    limit: int = 3) -> List[List[str]]:
+def suggest_layouts(
+    cfg: RunConfig, usable: int, structural: Callable[[RunConfig, Layout], bool] | None = None, limit: int = 3
+) -> list[list[str]]:
     """Up to ``limit`` override lists, fewest changes first, whose layout is valid and fits."""
-    found: List[Tuple[int, int, List[str]]] = []
+    found: list[tuple[int, int, list[str]]] = []
     for change in _variants(cfg):
         cand = _apply(cfg, change)
         lay = compute_layout(cand)

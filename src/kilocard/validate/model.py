@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
@@ -15,34 +15,65 @@ def model_shape_ok(cfg: RunConfig) -> bool:
     """True when every shape field is >= 1 (estimates need it)."""
     m = cfg.model
     opt = (m.ffn_hidden_size, m.num_query_groups, m.kv_channels, m.moe_ffn_hidden_size)
-    return all(getattr(m, f) >= 1 for f in SHAPE_FIELDS) and all(v is None or v >= 1 for v in opt) \
-        and m.moe_router_topk >= 1 and (m.num_moe_experts is None or m.num_moe_experts >= 1) and (not isinstance(m.moe_layer_freq, int) or m.moe_layer_freq >= 1)
+    return (
+        all(getattr(m, f) >= 1 for f in SHAPE_FIELDS)
+        and all(v is None or v >= 1 for v in opt)
+        and m.moe_router_topk >= 1
+        and (m.num_moe_experts is None or m.num_moe_experts >= 1)
+        and (not isinstance(m.moe_layer_freq, int) or m.moe_layer_freq >= 1)
+    )
 
 
 def rule_model_shape(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """Layers, widths, heads and vocabulary are >= 1; the MoE pattern matches the layers."""
     m = cfg.model
-    for f in SHAPE_FIELDS + ("ffn_hidden_size", "num_query_groups", "kv_channels", "moe_ffn_hidden_size", "moe_router_topk"):
+    for f in SHAPE_FIELDS + (
+        "ffn_hidden_size",
+        "num_query_groups",
+        "kv_channels",
+        "moe_ffn_hidden_size",
+        "moe_router_topk",
+    ):
         v = getattr(m, f)
         if v is not None and v < 1:
-            yield error("MODEL_SHAPE", "model." + f, v, f"model.{f}({v}) must be >= 1", f"set model.{f} to a positive size")
+            yield error(
+                "MODEL_SHAPE", "model." + f, v, f"model.{f}({v}) must be >= 1", f"set model.{f} to a positive size"
+            )
     g = m.num_query_groups
     if g is not None and g >= 1 and m.num_attention_heads >= 1 and m.num_attention_heads % g:
-        yield error("QUERY_GROUPS_HEADS", "model.num_query_groups", g,
-                    f"num_attention_heads({m.num_attention_heads}) is not a multiple of num_query_groups({g})",
-                    "use a num_query_groups that divides num_attention_heads")
+        yield error(
+            "QUERY_GROUPS_HEADS",
+            "model.num_query_groups",
+            g,
+            f"num_attention_heads({m.num_attention_heads}) is not a multiple of num_query_groups({g})",
+            "use a num_query_groups that divides num_attention_heads",
+        )
     if m.num_moe_experts:
         freq = m.moe_layer_freq
         if isinstance(freq, int) and freq < 1:
-            yield error("MOE_LAYER_FREQ", "model.moe_layer_freq", freq, f"moe_layer_freq({freq}) must be >= 1", "set model.moe_layer_freq=1")
+            yield error(
+                "MOE_LAYER_FREQ",
+                "model.moe_layer_freq",
+                freq,
+                f"moe_layer_freq({freq}) must be >= 1",
+                "set model.moe_layer_freq=1",
+            )
         elif not isinstance(freq, int) and len(list(freq)) != m.num_layers:
-            yield error("MOE_LAYER_FREQ", "model.moe_layer_freq", list(freq),
-                        f"moe_layer_freq lists {len(list(freq))} layers but num_layers({m.num_layers})",
-                        "give one 0/1 per layer")
+            yield error(
+                "MOE_LAYER_FREQ",
+                "model.moe_layer_freq",
+                list(freq),
+                f"moe_layer_freq lists {len(list(freq))} layers but num_layers({m.num_layers})",
+                "give one 0/1 per layer",
+            )
         if m.moe_router_topk > m.num_moe_experts:
-            yield error("MOE_TOPK", "model.moe_router_topk", m.moe_router_topk,
-                        f"moe_router_topk({m.moe_router_topk}) > num_moe_experts({m.num_moe_experts})",
-                        f"set model.moe_router_topk to at most {m.num_moe_experts}")
+            yield error(
+                "MOE_TOPK",
+                "model.moe_router_topk",
+                m.moe_router_topk,
+                f"moe_router_topk({m.moe_router_topk}) > num_moe_experts({m.num_moe_experts})",
+                f"set model.moe_router_topk to at most {m.num_moe_experts}",
+            )
 
 
 RULES = (rule_model_shape,)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
@@ -15,8 +15,13 @@ OPTIMIZERS = ("adam", "sgd")
 def rule_optimizer_name(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """The optimizer is one Megatron-Core builds."""
     if cfg.optim.optimizer not in OPTIMIZERS:
-        yield error("OPTIMIZER", "optim.optimizer", cfg.optim.optimizer,
-                    f"optimizer {cfg.optim.optimizer!r} is not one of {', '.join(OPTIMIZERS)}", "set optim.optimizer=adam")
+        yield error(
+            "OPTIMIZER",
+            "optim.optimizer",
+            cfg.optim.optimizer,
+            f"optimizer {cfg.optim.optimizer!r} is not one of {', '.join(OPTIMIZERS)}",
+            "set optim.optimizer=adam",
+        )
 
 
 def rule_overlap_param_gather(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -25,31 +30,47 @@ def rule_overlap_param_gather(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     if not p.overlap_param_gather:
         return
     if not p.use_distributed_optimizer:
-        yield error("OVERLAP_PARAM_GATHER_NEEDS_DISTOPT", P + "use_distributed_optimizer", False,
-                    "overlap_param_gather overlaps the distributed optimizer's all-gather, which is off",
-                    f"set {P}use_distributed_optimizer=true or {P}overlap_param_gather=false")
+        yield error(
+            "OVERLAP_PARAM_GATHER_NEEDS_DISTOPT",
+            P + "use_distributed_optimizer",
+            False,
+            "overlap_param_gather overlaps the distributed optimizer's all-gather, which is off",
+            f"set {P}use_distributed_optimizer=true or {P}overlap_param_gather=false",
+        )
     if not p.overlap_grad_reduce:
-        yield error("OVERLAP_PARAM_GATHER_NEEDS_GRAD_REDUCE", P + "overlap_grad_reduce", False,
-                    "overlap_param_gather must be used with overlap_grad_reduce",
-                    f"set {P}overlap_grad_reduce=true")
+        yield error(
+            "OVERLAP_PARAM_GATHER_NEEDS_GRAD_REDUCE",
+            P + "overlap_grad_reduce",
+            False,
+            "overlap_param_gather must be used with overlap_grad_reduce",
+            f"set {P}overlap_grad_reduce=true",
+        )
 
 
 def rule_overlap_p2p(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """overlap_p2p_comm does nothing without the interleaved schedule (Megatron-LM turns it off)."""
     p = cfg.parallel
     if p.overlap_p2p_comm and p.virtual_pipeline_model_parallel_size is None:
-        yield warning("OVERLAP_P2P_IGNORED", P + "overlap_p2p_comm", True,
-                      "overlap_p2p_comm only applies to the interleaved schedule (virtual_pipeline_model_parallel_size is null)",
-                      f"set {P}overlap_p2p_comm=false or set {P}virtual_pipeline_model_parallel_size")
+        yield warning(
+            "OVERLAP_P2P_IGNORED",
+            P + "overlap_p2p_comm",
+            True,
+            "overlap_p2p_comm only applies to the interleaved schedule (virtual_pipeline_model_parallel_size is null)",
+            f"set {P}overlap_p2p_comm=false or set {P}virtual_pipeline_model_parallel_size",
+        )
 
 
 def rule_tp_comm_overlap(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """tp_comm_overlap needs sequence parallel (Megatron-LM)."""
     p = cfg.parallel
     if p.tp_comm_overlap and not p.sequence_parallel:
-        yield error("TP_COMM_OVERLAP_NEEDS_SP", P + "tp_comm_overlap", True,
-                    "tp_comm_overlap overlaps the sequence-parallel all-gather/reduce-scatter, but sequence_parallel is off",
-                    f"set {P}sequence_parallel=true or {P}tp_comm_overlap=false")
+        yield error(
+            "TP_COMM_OVERLAP_NEEDS_SP",
+            P + "tp_comm_overlap",
+            True,
+            "tp_comm_overlap overlaps the sequence-parallel all-gather/reduce-scatter, but sequence_parallel is off",
+            f"set {P}sequence_parallel=true or {P}tp_comm_overlap=false",
+        )
 
 
 RULES = (rule_optimizer_name, rule_overlap_param_gather, rule_overlap_p2p, rule_tp_comm_overlap)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.validate.issues import Issue, error
 
 P = "parallel."
-SIZE_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-               "expert_model_parallel_size")
+SIZE_FIELDS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+)
 
 
 def _world(lay: Layout) -> str:
@@ -23,8 +27,9 @@ def rule_sizes_positive(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     for name in SIZE_FIELDS + ("expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size"):
         v = getattr(p, name)
         if v is not None and v < 1:
-            yield error("PARALLEL_SIZE", P + name, v, f"{name} = {v} must be >= 1",
-                        f"set {P}{name}=1 (or null where allowed)")
+            yield error(
+                "PARALLEL_SIZE", P + name, v, f"{name} = {v} must be >= 1", f"set {P}{name}=1 (or null where allowed)"
+            )
 
 
 def rule_world_divisible(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -32,7 +37,9 @@ def rule_world_divisible(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     if lay.dp is None:
         mp = lay.model_parallel_size
         yield error(
-            "WORLD_NOT_DIVISIBLE", P + "tensor_model_parallel_size", lay.tp,
+            "WORLD_NOT_DIVISIBLE",
+            P + "tensor_model_parallel_size",
+            lay.tp,
             f"tp({lay.tp}) * pp({lay.pp}) * cp({lay.cp}) = {mp} does not divide {_world(lay)}",
             f"pick tp*pp*cp dividing {lay.world_size}, or set cluster.nodes to a multiple of "
             f"{mp // _gcd(mp, lay.gpus_per_node)}",
@@ -44,7 +51,9 @@ def rule_expert_world_divisible(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     if lay.expert_dp is None:
         n = lay.etp * lay.ep * lay.pp
         yield error(
-            "EXPERT_WORLD_NOT_DIVISIBLE", P + "expert_model_parallel_size", lay.ep,
+            "EXPERT_WORLD_NOT_DIVISIBLE",
+            P + "expert_model_parallel_size",
+            lay.ep,
             f"etp({lay.etp}) * ep({lay.ep}) * pp({lay.pp}) = {n} does not divide {_world(lay)}",
             f"pick expert_model_parallel_size so that etp*ep*pp divides {lay.world_size}",
         )
@@ -56,48 +65,81 @@ def rule_heads_tp(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     if m.num_attention_heads < 1:
         return  # MODEL_SHAPE reports it
     if m.num_attention_heads % lay.tp:
-        yield error("TP_HEADS", P + "tensor_model_parallel_size", lay.tp,
-                    f"num_attention_heads({m.num_attention_heads}) is not a multiple of tp({lay.tp})",
-                    f"use a TP size that divides {m.num_attention_heads}: {_divisors(m.num_attention_heads, lay.tp)}")
+        yield error(
+            "TP_HEADS",
+            P + "tensor_model_parallel_size",
+            lay.tp,
+            f"num_attention_heads({m.num_attention_heads}) is not a multiple of tp({lay.tp})",
+            f"use a TP size that divides {m.num_attention_heads}: {_divisors(m.num_attention_heads, lay.tp)}",
+        )
     g = m.num_query_groups
     if g is not None and g >= 1 and g % lay.tp and lay.tp % g:
-        yield error("TP_QUERY_GROUPS", P + "tensor_model_parallel_size", lay.tp,
-                    f"num_query_groups({g}) is neither a multiple nor a divisor of tp({lay.tp})",
-                    f"use a TP size that divides {g} or is a multiple of it")
+        yield error(
+            "TP_QUERY_GROUPS",
+            P + "tensor_model_parallel_size",
+            lay.tp,
+            f"num_query_groups({g}) is neither a multiple nor a divisor of tp({lay.tp})",
+            f"use a TP size that divides {g} or is a multiple of it",
+        )
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
-        yield error("HIDDEN_HEADS", "model.num_attention_heads", m.num_attention_heads,
-                    f"hidden_size({m.hidden_size}) is not a multiple of num_attention_heads({m.num_attention_heads})",
-                    "set model.kv_channels explicitly or pick heads dividing hidden_size")
+        yield error(
+            "HIDDEN_HEADS",
+            "model.num_attention_heads",
+            m.num_attention_heads,
+            f"hidden_size({m.hidden_size}) is not a multiple of num_attention_heads({m.num_attention_heads})",
+            "set model.kv_channels explicitly or pick heads dividing hidden_size",
+        )
 
 
 def rule_sequence_parallel(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """SP needs TP > 1; MoE with TP > 1 needs SP (Megatron-Core's MoELayer refuses to train)."""
     p = cfg.parallel
     if p.sequence_parallel and lay.tp == 1:
-        yield error("SP_WITHOUT_TP", P + "sequence_parallel", True,
-                    "sequence_parallel needs tensor parallelism, but tp(1)",
-                    f"set {P}sequence_parallel=false or {P}tensor_model_parallel_size=2+")
+        yield error(
+            "SP_WITHOUT_TP",
+            P + "sequence_parallel",
+            True,
+            "sequence_parallel needs tensor parallelism, but tp(1)",
+            f"set {P}sequence_parallel=false or {P}tensor_model_parallel_size=2+",
+        )
     if cfg.model.num_moe_experts and lay.tp > 1 and not p.sequence_parallel:
-        yield error("MOE_TP_WITHOUT_SP", P + "sequence_parallel", False,
-                    f"an MoE model with tp({lay.tp}) > 1 must use sequence parallelism",
-                    f"set {P}sequence_parallel=true")
+        yield error(
+            "MOE_TP_WITHOUT_SP",
+            P + "sequence_parallel",
+            False,
+            f"an MoE model with tp({lay.tp}) > 1 must use sequence parallelism",
+            f"set {P}sequence_parallel=true",
+        )
 
 
 def rule_experts_ep(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """EP needs experts, and the experts divide evenly over EP ranks."""
     e = cfg.model.num_moe_experts
     if e is not None and e <= 0:
-        yield error("EXPERTS_NOT_POSITIVE", "model.num_moe_experts", e, f"num_moe_experts({e}) must be > 0",
-                    "set model.num_moe_experts=null for a dense model")
+        yield error(
+            "EXPERTS_NOT_POSITIVE",
+            "model.num_moe_experts",
+            e,
+            f"num_moe_experts({e}) must be > 0",
+            "set model.num_moe_experts=null for a dense model",
+        )
         return
     if lay.ep > 1 and e is None:
-        yield error("EP_WITHOUT_EXPERTS", P + "expert_model_parallel_size", lay.ep,
-                    f"ep({lay.ep}) > 1 but the model has no experts (model.num_moe_experts is null)",
-                    f"set {P}expert_model_parallel_size=1")
+        yield error(
+            "EP_WITHOUT_EXPERTS",
+            P + "expert_model_parallel_size",
+            lay.ep,
+            f"ep({lay.ep}) > 1 but the model has no experts (model.num_moe_experts is null)",
+            f"set {P}expert_model_parallel_size=1",
+        )
     elif e and e % lay.ep:
-        yield error("EXPERTS_EP", P + "expert_model_parallel_size", lay.ep,
-                    f"num_moe_experts({e}) is not a multiple of ep({lay.ep})",
-                    f"use an EP size that divides {e}: {_divisors(e, lay.ep)}")
+        yield error(
+            "EXPERTS_EP",
+            P + "expert_model_parallel_size",
+            lay.ep,
+            f"num_moe_experts({e}) is not a multiple of ep({lay.ep})",
+            f"use an EP size that divides {e}: {_divisors(e, lay.ep)}",
+        )
 
 
 def rule_virtual_pipeline(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -106,14 +148,22 @@ def rule_virtual_pipeline(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     if vp is None or vp < 1:
         return
     if lay.pp == 1:
-        yield error("VP_WITHOUT_PP", P + "virtual_pipeline_model_parallel_size", vp,
-                    f"virtual_pipeline_model_parallel_size({vp}) needs pp > 1, but pp(1)",
-                    f"set {P}virtual_pipeline_model_parallel_size=null or pipeline_model_parallel_size=2+")
+        yield error(
+            "VP_WITHOUT_PP",
+            P + "virtual_pipeline_model_parallel_size",
+            vp,
+            f"virtual_pipeline_model_parallel_size({vp}) needs pp > 1, but pp(1)",
+            f"set {P}virtual_pipeline_model_parallel_size=null or pipeline_model_parallel_size=2+",
+        )
     elif lay.pp == 2 and not cfg.parallel.overlap_p2p_comm:
-        yield error("VP_PP2_NO_OVERLAP", P + "overlap_p2p_comm", False,
-                    "interleaved schedule with pp(2) and overlap_p2p_comm off sends two p2p ops "
-                    "between the same two ranks per batch (Megatron-LM requires pp > 2 here)",
-                    f"set {P}overlap_p2p_comm=true, or pp=3+")
+        yield error(
+            "VP_PP2_NO_OVERLAP",
+            P + "overlap_p2p_comm",
+            False,
+            "interleaved schedule with pp(2) and overlap_p2p_comm off sends two p2p ops "
+            "between the same two ranks per batch (Megatron-LM requires pp > 2 here)",
+            f"set {P}overlap_p2p_comm=true, or pp=3+",
+        )
 
 
 def rule_layers_per_stage(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -129,29 +179,45 @@ def rule_layers_per_stage(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     total = L + extra
     what = f"num_layers({L})" + (f" + {extra} (embedding/loss counted as layers)" if extra else "")
     if total % lay.pp:
-        yield error("LAYERS_PP", P + "pipeline_model_parallel_size", lay.pp,
-                    f"{what} = {total} is not divisible by pp({lay.pp})",
-                    f"use pp dividing {total}: {_divisors(total, lay.pp)}; or set "
-                    f"{P}num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage")
+        yield error(
+            "LAYERS_PP",
+            P + "pipeline_model_parallel_size",
+            lay.pp,
+            f"{what} = {total} is not divisible by pp({lay.pp})",
+            f"use pp dividing {total}: {_divisors(total, lay.pp)}; or set "
+            f"{P}num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage",
+        )
         return
     per = total // lay.pp
     if vp and per % vp:
-        yield error("LAYERS_VP", P + "virtual_pipeline_model_parallel_size", vp,
-                    f"{what} / pp({lay.pp}) = {per} layers per stage is not divisible by vp({vp})",
-                    f"use vp dividing {per}: {_divisors(per, vp)}")
+        yield error(
+            "LAYERS_VP",
+            P + "virtual_pipeline_model_parallel_size",
+            vp,
+            f"{what} / pp({lay.pp}) = {per} layers per stage is not divisible by vp({vp})",
+            f"use vp dividing {per}: {_divisors(per, vp)}",
+        )
     if extra and lay.stage_layers and min(lay.stage_layers) < 0:
-        yield error("LAYERS_ACCOUNTING", P + "account_for_embedding_in_pipeline_split", True,
-                    "not enough layers on the first/last stage to count the embedding/loss as a layer",
-                    "use fewer pipeline stages")
+        yield error(
+            "LAYERS_ACCOUNTING",
+            P + "account_for_embedding_in_pipeline_split",
+            True,
+            "not enough layers on the first/last stage to count the embedding/loss as a layer",
+            "use fewer pipeline stages",
+        )
 
 
 def _uneven(cfg: RunConfig, lay: Layout, first, last, vp) -> Iterable[Issue]:
     p, L = cfg.parallel, cfg.model.num_layers
     if p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split:
-        yield error("UNEVEN_PP_WITH_ACCOUNTING", P + "num_layers_in_first_pipeline_stage", first,
-                    "num_layers_in_first/last_pipeline_stage cannot be combined with "
-                    "account_for_embedding/loss_in_pipeline_split",
-                    "use one of the two ways of balancing the pipeline")
+        yield error(
+            "UNEVEN_PP_WITH_ACCOUNTING",
+            P + "num_layers_in_first_pipeline_stage",
+            first,
+            "num_layers_in_first/last_pipeline_stage cannot be combined with "
+            "account_for_embedding/loss_in_pipeline_split",
+            "use one of the two ways of balancing the pipeline",
+        )
         return
     for name, v in (("num_layers_in_first_pipeline_stage", first), ("num_layers_in_last_pipeline_stage", last)):
         if v is None:
@@ -160,23 +226,40 @@ def _uneven(cfg: RunConfig, lay: Layout, first, last, vp) -> Iterable[Issue]:
             yield error("UNEVEN_PP_STAGE", P + name, v, f"{name}({v}) must be > 0", f"set {P}{name} to 1 or more")
             return
         if vp and v % vp:
-            yield error("UNEVEN_PP_VP", P + name, v, f"{name}({v}) is not divisible by vp({vp})",
-                        f"make {P}{name} a multiple of {vp}")
+            yield error(
+                "UNEVEN_PP_VP",
+                P + name,
+                v,
+                f"{name}({v}) is not divisible by vp({vp})",
+                f"make {P}{name} a multiple of {vp}",
+            )
     rest = L - (first or 0) - (last or 0)
     stages = lay.pp - (first is not None) - (last is not None)
     if stages < 0 or (stages == 0) != (rest == 0) or rest < 0:
-        yield error("UNEVEN_PP_MISMATCH", P + "num_layers_in_first_pipeline_stage", first,
-                    f"num_layers({L}) - first({first}) - last({last}) = {rest} middle layers, "
-                    f"but pp({lay.pp}) leaves {stages} middle stages",
-                    "make the middle layers and middle stages both zero or both positive")
+        yield error(
+            "UNEVEN_PP_MISMATCH",
+            P + "num_layers_in_first_pipeline_stage",
+            first,
+            f"num_layers({L}) - first({first}) - last({last}) = {rest} middle layers, "
+            f"but pp({lay.pp}) leaves {stages} middle stages",
+            "make the middle layers and middle stages both zero or both positive",
+        )
     elif stages and rest % stages:
-        yield error("UNEVEN_PP_MIDDLE", P + "pipeline_model_parallel_size", lay.pp,
-                    f"{rest} middle layers do not divide over {stages} middle stages",
-                    "adjust num_layers_in_first/last_pipeline_stage so the rest divides evenly")
+        yield error(
+            "UNEVEN_PP_MIDDLE",
+            P + "pipeline_model_parallel_size",
+            lay.pp,
+            f"{rest} middle layers do not divide over {stages} middle stages",
+            "adjust num_layers_in_first/last_pipeline_stage so the rest divides evenly",
+        )
     elif stages and vp and (rest // stages) % vp:
-        yield error("UNEVEN_PP_VP", P + "virtual_pipeline_model_parallel_size", vp,
-                    f"{rest // stages} layers per middle stage is not divisible by vp({vp})",
-                    f"use vp dividing {rest // stages}")
+        yield error(
+            "UNEVEN_PP_VP",
+            P + "virtual_pipeline_model_parallel_size",
+            vp,
+            f"{rest // stages} layers per middle stage is not divisible by vp({vp})",
+            f"use vp dividing {rest // stages}",
+        )
 
 
 def _gcd(a: int, b: int) -> int:
@@ -198,5 +281,13 @@ def _divisors(n: int, near: int, k: int = 4) -> str:
     return ", ".join(str(d) for d in sorted(best))
 
 
-RULES = (rule_sizes_positive, rule_world_divisible, rule_expert_world_divisible, rule_heads_tp,
-         rule_sequence_parallel, rule_experts_ep, rule_virtual_pipeline, rule_layers_per_stage)
+RULES = (
+    rule_sizes_positive,
+    rule_world_divisible,
+    rule_expert_world_divisible,
+    rule_heads_tp,
+    rule_sequence_parallel,
+    rule_experts_ep,
+    rule_virtual_pipeline,
+    rule_layers_per_stage,
+)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
@@ -18,16 +18,30 @@ def rule_cluster_shape(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     c = cfg.cluster
     for name in ("nodes", "gpus_per_node", "nvlink_domain_size"):
         if getattr(c, name) < 1:
-            yield error("CLUSTER_SIZE", C + name, getattr(c, name), f"{name}({getattr(c, name)}) must be >= 1",
-                        f"set {C}{name} to 1 or more")
+            yield error(
+                "CLUSTER_SIZE",
+                C + name,
+                getattr(c, name),
+                f"{name}({getattr(c, name)}) must be >= 1",
+                f"set {C}{name} to 1 or more",
+            )
     d, g = c.nvlink_domain_size, c.gpus_per_node
     if d >= 1 and g >= 1 and g % d and d % g:
-        yield warning("NVLINK_DOMAIN_SHAPE", C + "nvlink_domain_size", d,
-                      f"nvlink_domain_size({d}) neither divides nor is a multiple of gpus_per_node({g})",
-                      f"set {C}nvlink_domain_size to the GPUs sharing one NVSwitch domain")
+        yield warning(
+            "NVLINK_DOMAIN_SHAPE",
+            C + "nvlink_domain_size",
+            d,
+            f"nvlink_domain_size({d}) neither divides nor is a multiple of gpus_per_node({g})",
+            f"set {C}nvlink_domain_size to the GPUs sharing one NVSwitch domain",
+        )
     if gpu_spec(c.gpu) is None:
-        yield error("UNKNOWN_GPU", C + "gpu", c.gpu, f"GPU {c.gpu!r} is not in kilocard's GPU table",
-                    f"use one of: {', '.join(GPU_TABLE)}")
+        yield error(
+            "UNKNOWN_GPU",
+            C + "gpu",
+            c.gpu,
+            f"GPU {c.gpu!r} is not in kilocard's GPU table",
+            f"use one of: {', '.join(GPU_TABLE)}",
+        )
 
 
 def rule_tp_nvlink(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -38,20 +52,33 @@ def rule_tp_nvlink(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     p = cfg.parallel
     tp = lay.groups["tp"]
     if p.tp_within_node and not tp.within_nvlink:
-        yield error("TP_CROSSES_NVLINK", "parallel.tensor_model_parallel_size", lay.tp,
-                    f"tp({lay.tp}) groups span more than one NVLink domain of {lay.nvlink_domain_size} GPUs "
-                    f"(gpus_per_node {lay.gpus_per_node}): every TP all-reduce would cross the network",
-                    f"use tp dividing {lay.nvlink_domain_size}, or set parallel.tp_within_node=false")
+        yield error(
+            "TP_CROSSES_NVLINK",
+            "parallel.tensor_model_parallel_size",
+            lay.tp,
+            f"tp({lay.tp}) groups span more than one NVLink domain of {lay.nvlink_domain_size} GPUs "
+            f"(gpus_per_node {lay.gpus_per_node}): every TP all-reduce would cross the network",
+            f"use tp dividing {lay.nvlink_domain_size}, or set parallel.tp_within_node=false",
+        )
     tpcp = lay.groups["tp_cp"]
     if p.cp_within_nvlink and lay.cp > 1 and not tpcp.within_nvlink:
-        yield error("TP_CP_CROSSES_NVLINK", "parallel.context_parallel_size", lay.cp,
-                    f"tp({lay.tp}) * cp({lay.cp}) = {lay.tp * lay.cp} spans more than one NVLink domain "
-                    f"of {lay.nvlink_domain_size} GPUs", "lower cp or tp, or set parallel.cp_within_nvlink=false")
+        yield error(
+            "TP_CP_CROSSES_NVLINK",
+            "parallel.context_parallel_size",
+            lay.cp,
+            f"tp({lay.tp}) * cp({lay.cp}) = {lay.tp * lay.cp} spans more than one NVLink domain "
+            f"of {lay.nvlink_domain_size} GPUs",
+            "lower cp or tp, or set parallel.cp_within_nvlink=false",
+        )
     g = lay.gpus_per_node
     if lay.tp > 1 and g % lay.tp and lay.tp % g:
-        yield warning("GPUS_PER_NODE_TP", "parallel.tensor_model_parallel_size", lay.tp,
-                      f"gpus_per_node({g}) is not divisible by tp({lay.tp}): some TP groups straddle nodes",
-                      f"use tp dividing {g}")
+        yield warning(
+            "GPUS_PER_NODE_TP",
+            "parallel.tensor_model_parallel_size",
+            lay.tp,
+            f"gpus_per_node({g}) is not divisible by tp({lay.tp}): some TP groups straddle nodes",
+            f"use tp dividing {g}",
+        )
 
 
 def rule_stage_split(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -60,9 +87,14 @@ def rule_stage_split(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     if gpu is None or gpu.vendor == "cpu" or "tp_cp" not in lay.groups or lay.tp * lay.cp <= 1:
         return
     if not lay.groups["tp_cp"].within_node:
-        yield warning("STAGE_CROSSES_NODES", "parallel.context_parallel_size", lay.cp,
-                      f"one pipeline stage of a replica is tp({lay.tp}) * cp({lay.cp}) = {lay.tp * lay.cp} GPUs, "
-                      f"split across nodes of {lay.gpus_per_node} GPUs", "make tp*cp divide gpus_per_node")
+        yield warning(
+            "STAGE_CROSSES_NODES",
+            "parallel.context_parallel_size",
+            lay.cp,
+            f"one pipeline stage of a replica is tp({lay.tp}) * cp({lay.cp}) = {lay.tp * lay.cp} GPUs, "
+            f"split across nodes of {lay.gpus_per_node} GPUs",
+            "make tp*cp divide gpus_per_node",
+        )
 
 
 def ep_alltoall_bytes_per_step(cfg: RunConfig, lay: Layout) -> float:
@@ -91,10 +123,14 @@ def rule_ep_network(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     b = ep_alltoall_bytes_per_step(cfg, lay)
     bw = cfg.cluster.inter_node_bandwidth_gbs * 1e9
     secs = f", about {b / bw:.2f} s at {cfg.cluster.inter_node_bandwidth_gbs:g} GB/s" if bw > 0 else ""
-    yield warning("EP_CROSSES_NODES", "parallel.expert_model_parallel_size", lay.ep,
-                  f"etp({lay.etp}) * ep({lay.ep}) = {lay.etp * lay.ep} GPUs per expert group span nodes of "
-                  f"{lay.gpus_per_node}: the all-to-all sends about {b / 1e9:.2f} GB per GPU per step over the network{secs}",
-                  f"keep etp*ep <= {lay.gpus_per_node} if the experts fit, or overlap the all-to-all")
+    yield warning(
+        "EP_CROSSES_NODES",
+        "parallel.expert_model_parallel_size",
+        lay.ep,
+        f"etp({lay.etp}) * ep({lay.ep}) = {lay.etp * lay.ep} GPUs per expert group span nodes of "
+        f"{lay.gpus_per_node}: the all-to-all sends about {b / 1e9:.2f} GB per GPU per step over the network{secs}",
+        f"keep etp*ep <= {lay.gpus_per_node} if the experts fit, or overlap the all-to-all",
+    )
 
 
 def rule_gpu_only_features(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -102,14 +138,21 @@ def rule_gpu_only_features(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     gpu = gpu_spec(cfg.cluster.gpu)
     if gpu is None or gpu.vendor != "cpu":
         return
-    feats = (("precision.fp8", cfg.precision.fp8 is not None, cfg.precision.fp8, "null"),
-             ("precision.fp4", cfg.precision.fp4 is not None, cfg.precision.fp4, "null"),
-             ("parallel.tp_comm_overlap", cfg.parallel.tp_comm_overlap, True, "false"),
-             ("model.moe_grouped_gemm", cfg.model.moe_grouped_gemm, True, "false"))
+    feats = (
+        ("precision.fp8", cfg.precision.fp8 is not None, cfg.precision.fp8, "null"),
+        ("precision.fp4", cfg.precision.fp4 is not None, cfg.precision.fp4, "null"),
+        ("parallel.tp_comm_overlap", cfg.parallel.tp_comm_overlap, True, "false"),
+        ("model.moe_grouped_gemm", cfg.model.moe_grouped_gemm, True, "false"),
+    )
     for field, on, value, off in feats:
         if on:
-            yield error("GPU_ONLY_ON_CPU", field, value, f"{field} needs a GPU (Transformer Engine / CUDA); cluster.gpu is cpu",
-                        f"set {field}={off} for CPU ranks")
+            yield error(
+                "GPU_ONLY_ON_CPU",
+                field,
+                value,
+                f"{field} needs a GPU (Transformer Engine / CUDA); cluster.gpu is cpu",
+                f"set {field}={off} for CPU ranks",
+            )
 
 
 RULES = (rule_cluster_shape, rule_tp_nvlink, rule_stage_split, rule_ep_network, rule_gpu_only_features)

@@ -1,0 +1,255 @@
+"""Every shipped recipe composes, has a layout that divides, and the published rows are reproduced.
+
+Composition is real Hydra (the session fixture ``all_recipes`` composes each recipe once). The layout
+rules here are Megatron-Core's own arithmetic (world size, micro-batches, pipeline split, TP/CP/EP
+divisibility); ``test_config_megatron_names.py`` additionally builds each recipe's real
+``TransformerConfig``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kilocard.config.compose import recipe_catalog
+from kilocard.config.schema import RunConfig
+from kilocard.paths import data_dir
+from kilocard.perf.params import count_parameters
+from kilocard.recipes import catalog_rows, recipe_row
+
+GPU_KEYS = {
+    "a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h100-pcie-80gb", "h200-sxm-141gb",
+    "b200-sxm-180gb", "gb200-nvl72", "mi300x", "cpu",
+}  # fmt: skip
+
+
+def published_rows() -> list[dict]:
+    return yaml.safe_load((data_dir("baselines") / "published.yaml").read_text())["rows"]
+
+
+def world(rc: RunConfig) -> int:
+    return rc.cluster.nodes * rc.cluster.gpus_per_node
+
+
+def layout_problems(rc: RunConfig) -> list[str]:
+    """Megatron-Core's divisibility rules for the recipe's layout; an empty list when it is sound."""
+    m, p, t = rc.model, rc.parallel, rc.trainer
+    tp, pp, cp, ep = (
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.context_parallel_size,
+        p.expert_model_parallel_size,
+    )
+    etp = p.expert_tensor_parallel_size or tp
+    vp = p.virtual_pipeline_model_parallel_size
+    out = []
+    if world(rc) % (tp * pp * cp):
+        out.append(f"world {world(rc)} not divisible by tp*pp*cp = {tp * pp * cp}")
+        return out
+    dp = world(rc) // (tp * pp * cp)
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        out.append(f"gbs {t.global_batch_size} not divisible by mbs*dp = {t.micro_batch_size * dp}")
+    elif vp and (t.global_batch_size // (t.micro_batch_size * dp)) % pp:
+        out.append(
+            f"interleaved schedule: {t.global_batch_size // (t.micro_batch_size * dp)} micro-batches not a "
+            f"multiple of pp {pp}"
+        )
+    out += pipeline_split_problems(rc)
+    if m.num_attention_heads % tp or (m.num_query_groups or m.num_attention_heads) % tp:
+        out.append(f"heads {m.num_attention_heads} / query groups {m.num_query_groups} not divisible by tp {tp}")
+    if cp > 1 and m.seq_length % (2 * cp):
+        out.append(f"seq {m.seq_length} not divisible by 2*cp = {2 * cp}")
+    if tp > 1 and not p.sequence_parallel:
+        out.append("sequence_parallel must be on when tp > 1")
+    if m.max_position_embeddings < m.seq_length:
+        out.append("max_position_embeddings < seq_length")
+    if m.num_moe_experts:
+        if m.num_moe_experts % ep:
+            out.append(f"ep {ep} does not divide {m.num_moe_experts} experts")
+        if world(rc) % (etp * ep * pp):
+            out.append(f"etp*ep*pp = {etp * ep * pp} does not divide world {world(rc)}")
+        if not isinstance(m.moe_layer_freq, int) and len(m.moe_layer_freq) != m.num_layers:
+            out.append("moe_layer_freq list length != num_layers")
+    elif ep != 1:
+        out.append("ep > 1 on a dense model")
+    return out
+
+
+def pipeline_split_problems(rc: RunConfig) -> list[str]:
+    """Megatron-Core TransformerConfig's rules for splitting layers over (virtual) pipeline stages."""
+    p, layers = rc.parallel, rc.model.num_layers
+    pp, vp = p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size or 1
+    first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
+    if first is not None or last is not None:
+        middle_layers = layers - (first or 0) - (last or 0)
+        middle_stages = pp - (first is not None) - (last is not None)
+        ends_ok = all(n % vp == 0 for n in (first, last) if n is not None)
+        ok = middle_stages > 0 and middle_layers % middle_stages == 0 and (middle_layers // middle_stages) % vp == 0
+        return (
+            []
+            if ends_ok and (ok or middle_layers == middle_stages == 0)
+            else [f"uneven split {first}/{last} of {layers} layers over pp {pp} vp {vp}"]
+        )
+    layers += p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
+    return [] if layers % (pp * vp) == 0 else [f"{layers} layers not divisible by pp*vp = {pp * vp}"]
+
+
+def test_every_recipe_composes_into_a_run_config(all_recipes: dict[str, RunConfig]) -> None:
+    assert set(all_recipes) == set(recipe_catalog())
+    for name, rc in all_recipes.items():
+        assert isinstance(rc, RunConfig)
+        assert rc.recipe.name == name, f"{name}: recipe.name is {rc.recipe.name!r}"
+        assert rc.recipe.family == recipe_catalog()[name].parent.name
+        assert rc.recipe.description, f"{name}: no description"
+        assert rc.cluster.gpu in GPU_KEYS, f"{name}: unknown GPU {rc.cluster.gpu!r}"
+
+
+def test_every_recipe_names_its_published_models_and_the_families_exist(all_recipes: dict[str, RunConfig]) -> None:
+    for name in (
+        "llama3_8b",
+        "llama3_70b",
+        "llama31_405b",
+        "gpt3_175b",
+        "mixtral_8x7b",
+        "deepseek_v3",
+        "moe_10t",
+        "tiny_gpt",
+        "tiny_moe",
+    ):
+        assert name in all_recipes
+    assert all_recipes["moe_10t"].recipe.family == "scale"
+
+
+@pytest.mark.parametrize("name", sorted(recipe_catalog()))
+def test_layout_divides(name: str, all_recipes: dict[str, RunConfig]) -> None:
+    assert layout_problems(all_recipes[name]) == []
+
+
+def test_layout_check_catches_a_broken_layout(all_recipes: dict[str, RunConfig]) -> None:
+    """The rules above are not vacuous: a wrong PP, TP or batch is reported."""
+    import dataclasses
+
+    rc = all_recipes["llama3_70b"]
+    bad_pp = dataclasses.replace(rc, parallel=dataclasses.replace(rc.parallel, pipeline_model_parallel_size=3))
+    assert any("world" in s for s in layout_problems(bad_pp))
+    bad_vp = dataclasses.replace(rc, parallel=dataclasses.replace(rc.parallel, virtual_pipeline_model_parallel_size=3))
+    assert any("pp*vp" in s for s in layout_problems(bad_vp))
+    bad_gbs = dataclasses.replace(rc, trainer=dataclasses.replace(rc.trainer, global_batch_size=100))
+    assert any("gbs" in s for s in layout_problems(bad_gbs))
+
+
+def row_matches(row: dict, rc: RunConfig) -> bool:
+    """Model, layout, batch, GPU count and precision of a recipe equal the row's (unverified fields skipped)."""
+    m, p, t = rc.model, rc.parallel, rc.trainer
+    rm, rp, rb = row["model"], row["parallel"], row["batch"]
+    want = {
+        "layers": (rm["layers"], m.num_layers), "hidden": (rm["hidden"], m.hidden_size),
+        "heads": (rm["heads"], m.num_attention_heads), "kv_heads": (rm["kv_heads"], m.num_query_groups),
+        "ffn": (rm["ffn"], m.ffn_hidden_size), "gated": (rm["gated_mlp"], m.gated_linear_unit),
+        "vocab": (rm["vocab"], m.vocab_size), "seq": (rm["seq"], m.seq_length),
+        "gbs": (rb["gbs"], t.global_batch_size), "mbs": (rb["mbs"], t.micro_batch_size),
+        "gpus": (row["gpus"], world(rc)), "gpu": (row["gpu"], rc.cluster.gpu),
+        "precision": (row["precision"], "fp8" if rc.precision.fp8 else "bf16" if rc.precision.bf16
+                      else "fp16" if rc.precision.fp16 else "fp32"),
+    }  # fmt: skip
+    if isinstance(rp, dict):
+        dp = world(rc) // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size)
+        want.update({
+            "tp": (rp["tp"], p.tensor_model_parallel_size), "pp": (rp["pp"], p.pipeline_model_parallel_size),
+            "vp": (rp["vp"], p.virtual_pipeline_model_parallel_size), "cp": (rp["cp"], p.context_parallel_size),
+            "ep": (rp["ep"], p.expert_model_parallel_size), "dp": (rp["dp"], dp),
+        })  # fmt: skip
+        if rp.get("fsdp"):
+            want["fsdp"] = (True, p.use_distributed_optimizer)
+    return all(published == ours for published, ours in want.values() if published != "unverified")
+
+
+def test_every_published_row_has_exactly_one_recipe(all_recipes: dict[str, RunConfig]) -> None:
+    for row in published_rows():
+        matches = [n for n, rc in all_recipes.items() if row_matches(row, rc)]
+        assert len(matches) == 1, f"row {row['id']}: recipes matching {matches}"
+        rc = all_recipes[matches[0]]
+        assert matches[0] == row["id"].replace("-", "_").replace(".", "_")
+        assert rc.recipe.baseline_id == row["id"]
+        assert rc.recipe.baseline_source == row["source"]
+        result = row["result"]
+        assert rc.recipe.baseline_tflops_per_gpu == result.get("tflops_per_gpu")
+        assert rc.recipe.baseline_mfu == result.get("mfu")
+        if row["flops_convention"] != "unverified":
+            assert rc.recipe.baseline_flops_convention == row["flops_convention"]
+        if row["recompute"] == "full":
+            assert (
+                rc.parallel.recompute_granularity,
+                rc.parallel.recompute_method,
+                rc.parallel.recompute_num_layers,
+            ) == ("full", "uniform", 1)
+        if row["recompute"] == "none":
+            assert rc.parallel.recompute_granularity is None
+
+
+def test_every_baseline_id_names_a_published_row(all_recipes: dict[str, RunConfig]) -> None:
+    ids = {row["id"] for row in published_rows()}
+    claimed = [rc.recipe.baseline_id for rc in all_recipes.values() if rc.recipe.baseline_id]
+    assert set(claimed) <= ids
+    assert len(claimed) == len(set(claimed)) == len(ids)
+
+
+@pytest.mark.parametrize(
+    "recipe, total, active",
+    [
+        ("llama3_8b", 8.03e9, None),
+        ("llama3_70b", 70.6e9, None),
+        ("llama31_405b", 405.9e9, None),
+        ("gpt3_175b", 175e9, None),
+        ("mixtral_8x7b", 46.7e9, 12.9e9),
+        ("deepseek_v3", 671e9, 37e9),
+        ("moe_10t", 10e12, 500e9),
+    ],
+)
+def test_parameter_counts_match_the_published_figures(
+    recipe: str, total: float, active: float | None, all_recipes
+) -> None:
+    count = count_parameters(all_recipes[recipe].model)
+    tol = 0.03 if recipe in ("moe_10t", "deepseek_v3", "gpt3_175b") else 0.005
+    assert count.total == pytest.approx(total, rel=tol)
+    assert count.active == pytest.approx(active or total, rel=tol)
+
+
+def test_moe_10t_fills_500k_gpus(all_recipes: dict[str, RunConfig]) -> None:
+    rc = all_recipes["moe_10t"]
+    assert (rc.cluster.name, rc.cluster.nodes, world(rc)) == ("h100_dgx", 62500, 500_000)
+
+
+def test_kilocard_recipes_prints_every_recipe(all_recipes: dict[str, RunConfig], tmp_path: Path, monkeypatch) -> None:
+    """The table (summarised here, then read from its cache by real ``kilocard recipes`` processes)
+    lists every recipe with its GPU count and baseline."""
+    monkeypatch.setenv("KILOCARD_CACHE_DIR", str(tmp_path / "cache"))
+    rows = catalog_rows(composed=all_recipes)  # the fixture composed them already: summarise and cache
+    assert rows == [recipe_row(n, rc) for n, rc in all_recipes.items()]
+    assert len(list((tmp_path / "cache").glob("catalog-*.json"))) == 1
+    assert catalog_rows() == rows  # read back from the cache
+    env = {**os.environ, "KILOCARD_CACHE_DIR": str(tmp_path / "cache"), "TMPDIR": str(tmp_path)}
+    cmd = [sys.executable, "-m", "kilocard.cli", "recipes"]
+    as_json = subprocess.run([*cmd, "--format", "json"], env=env, capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 0, as_json.stderr
+    assert [r["name"] for r in json.loads(as_json.stdout)] == list(all_recipes)
+    text = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    lines = text.stdout.splitlines()
+    assert lines[0].split()[:4] == ["recipe", "family", "model", "params"]
+    for name, rc in all_recipes.items():
+        line = next(line for line in lines if line.split()[0] == name)
+        assert str(world(rc)) in line.split() and (rc.recipe.baseline_id or "-") in line.split()
+
+
+def test_every_recipe_passes_the_validator(all_recipes: dict[str, RunConfig]) -> None:
+    """No shipped recipe has an error under kilocard's own validator (memory, topology, batch...)."""
+    from kilocard.validate import validate
+
+    failing = {name: [f"{i.code}: {i.message}" for i in validate(rc).errors] for name, rc in all_recipes.items()}
+    assert {name: errs for name, errs in failing.items() if errs} == {}

@@ -1,0 +1,168 @@
+"""Rendering of the Slurm batch script: golden files, process layout, environment, containers.
+
+Golden files live in tests/golden/sbatch/; after an intended change regenerate them with
+``KILOCARD_UPDATE_GOLDEN=1 pytest tests/launch/test_sbatch_render.py`` and review the diff.
+The run directory is a fixed path (``/shared/runs/<case>``), so the scripts need no normalising.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kilocard.config.compose import compose, to_run_config
+from kilocard.launch.render import render_script, time_to_seconds
+from kilocard.launch.shell import ShellValueError
+from kilocard.plan import build_plan
+
+GOLDEN = Path(__file__).parents[1] / "golden" / "sbatch"
+CASES = {
+    "tiny_gpt_local_cpu_2x2": [
+        "recipe=tiny_gpt",
+        "launcher=slurm",
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=2",
+        "cluster.venv=/opt/kilocard/venv",
+        "launcher.time=00:30:00",
+        "launcher.signal_lead_s=60",
+    ],
+    "llama3_70b_h100": ["recipe=llama3_70b", "cluster=h100_dgx"],
+    "llama31_405b_h100_2048": [
+        "recipe=llama31_405b",
+        "cluster=h100_dgx",
+        "cluster.nodes=2048",
+        "launcher.time=04:00:00",
+    ],
+    "gpt3_175b_site": [
+        "recipe=gpt3_175b",
+        "cluster.partition=batch",
+        "cluster.account=llm-proj",
+        "cluster.qos=high",
+        "parallel.pipeline_model_parallel_size=8",
+    ],
+    "deepseek_v3_gb200": ["recipe=deepseek_v3", "cluster=gb200_nvl72"],
+    "moe_10t_62500_nodes": ["recipe=moe_10t"],
+    "tiny_gpt_secrets_dependency": [
+        "recipe=tiny_gpt",
+        "launcher=slurm",
+        "launcher.secret_env=[WANDB_API_KEY]",
+        "launcher.dependency=afterok:41",
+        "launcher.extra_sbatch=['--constraint=h100']",
+        "launcher.requeue=false",
+        "launcher.master_port=29500",
+        "+launcher.env.RUN_TAG='a b'",
+    ],
+}
+CHAIN = {"tiny_gpt_secrets_dependency": 3}
+
+
+def render_case(name: str) -> str:
+    rc = to_run_config(compose(CASES[name]))
+    return render_script(rc, build_plan(rc), Path(f"/shared/runs/{name}"), CHAIN.get(name, 1))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_script(name):
+    """The rendered script equals its reviewed golden file and is valid bash."""
+    text = render_case(name)
+    path = GOLDEN / f"{name}.sbatch"
+    if os.environ.get("KILOCARD_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"{path} missing; run with KILOCARD_UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(), f"{name}: rendered script differs from {path}"
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def sbatch_opts(text: str) -> dict:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#SBATCH --"):
+            key, _, value = line[len("#SBATCH --") :].partition("=")
+            out[key] = value
+    return out
+
+
+def test_h100_layout_and_environment():
+    """8 ranks and 8 GPUs per node, 14 CPUs per rank, TP>1 on Hopper -> CUDA_DEVICE_MAX_CONNECTIONS=1."""
+    text = render_case("llama31_405b_h100_2048")
+    opts = sbatch_opts(text)
+    assert opts["nodes"] == "2048" and opts["ntasks-per-node"] == "8" and opts["gpus-per-node"] == "8"
+    assert opts["cpus-per-task"] == "14" and "exclusive" in opts and opts["signal"] == "USR1@300"
+    assert opts["output"].endswith("/logs/slurm-%j.out") and opts["open-mode"] == "append" and "requeue" in opts
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text
+    assert "--ntasks=16384 " in text
+    assert "scontrol show hostnames" in text and "MASTER_PORT=$(( 20000 + (SLURM_JOB_ID" in text
+
+
+def test_container_through_pyxis_and_bare_metal():
+    """A profile with an image runs srun inside it (run root mounted); no image means the venv."""
+    h100 = render_case("llama3_70b_h100")
+    srun = next(line for line in h100.splitlines() if line.startswith("srun "))
+    assert "--container-image=nvcr.io/nvidia/pytorch:25.09-py3" in srun
+    assert "--container-mounts=/lustre:/lustre,/shared/runs:/shared/runs" in srun
+    assert '--container-workdir="$RUN_DIR"' in srun and "source " not in h100
+    local = render_case("tiny_gpt_local_cpu_2x2")
+    assert "source /opt/kilocard/venv/bin/activate" in local and "--container" not in local
+
+
+def test_cpu_cluster_requests_no_gpus():
+    """On gpu: cpu the ranks are CPU processes: no GRES request, one task per rank."""
+    text = render_case("tiny_gpt_local_cpu_2x2")
+    opts = sbatch_opts(text)
+    assert "gpus-per-node" not in opts and "gres" not in opts
+    assert opts["nodes"] == "2" and opts["ntasks-per-node"] == "2"
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in text
+
+
+def test_blackwell_does_not_force_one_connection():
+    """GB200 (compute capability 10) needs no CUDA_DEVICE_MAX_CONNECTIONS from the layout."""
+    rc = to_run_config(
+        compose(["recipe=deepseek_v3", "cluster=gb200_nvl72", "~cluster.env.CUDA_DEVICE_MAX_CONNECTIONS"])
+    )
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in build_plan(rc).env
+    rc = to_run_config(compose(["recipe=deepseek_v3", "cluster=h100_dgx", "~cluster.env.CUDA_DEVICE_MAX_CONNECTIONS"]))
+    assert build_plan(rc).env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_env_precedence_launcher_over_cluster():
+    """launcher.env overrides cluster.env, which overrides the layout defaults."""
+    rc = to_run_config(compose(["recipe=llama3_70b", "+cluster.env.NCCL_DEBUG=INFO", "+launcher.env.NCCL_DEBUG=TRACE"]))
+    assert build_plan(rc).env["NCCL_DEBUG"] == "TRACE"
+    rc = to_run_config(compose(["recipe=llama3_70b", "+cluster.env.NCCL_DEBUG=INFO"]))
+    assert build_plan(rc).env["NCCL_DEBUG"] == "INFO"
+
+
+def test_secret_names_only_and_chain_comments():
+    """Secrets appear by name (a presence check), never by value; chain length is baked in."""
+    text = render_case("tiny_gpt_secrets_dependency")
+    assert '[ -n "${WANDB_API_KEY+set}" ]' in text
+    assert "CHAIN_LENGTH=3" in text and "REQUEUE=0" in text and "export MASTER_PORT=29500" in text
+    assert "export RUN_TAG='a b'" in text
+    opts = sbatch_opts(text)
+    assert opts["dependency"] == "afterok:41" and opts["constraint"] == "h100" and "no-requeue" in opts
+
+
+def test_exit_code_contract_is_documented_in_the_script():
+    """The script's comments carry every code of kilocard.exitcodes."""
+    from kilocard import exitcodes
+
+    text = render_case("tiny_gpt_local_cpu_2x2")
+    for name in ("DONE", "RETRY", "FAULT", "BAD_CONFIG", "BAD_CKPT", "CRASH"):
+        code = getattr(exitcodes, name)
+        assert any(line.startswith("#") and f" {code} " in line and name in line for line in text.splitlines()), name
+
+
+@pytest.mark.parametrize(
+    "value,seconds", [("30", 1800), ("01:30", 90), ("04:00:00", 14400), ("1-00", 86400), ("2-01:00:10", 176410)]
+)
+def test_slurm_time_formats(value, seconds):
+    assert time_to_seconds("launcher.time", value) == seconds
+
+
+def test_bad_time_rejected():
+    with pytest.raises(ShellValueError, match="launcher.time"):
+        time_to_seconds("launcher.time", "4 hours")

@@ -1,0 +1,182 @@
+"""End to end on a real Slurm cluster (scripts/slurm-up.sh): `kilocard sbatch --submit` -> the emitted
+script -> srun -> `python -m kilocard.train` on CPU ranks (gloo) on several slurmd nodes.
+
+* basic: tiny_gpt on 2 nodes x 2 ranks COMPLETES and writes metrics.jsonl; an env value carrying
+  `$(touch ...)` reaches the job and never executes.
+* time limit: `--time=00:02:00` with USR1 45 s before it; the ranks save and exit RETRY, the job
+  requeues itself, resumes and finishes; its loss curve equals an uninterrupted run's.
+* chain: 3 jobs (afterany); the first is cancelled with scancel while training; the second resumes
+  from the committed step and finishes; the third exits at once (DONE marker).
+
+Steps must outlast the USR1 lead: Slurm sends USR1 45 to 75 s after the start of a 2-minute job
+(its time-limit check runs every 30 s), so a calibration run (2 nodes x 1 rank, beside the basic
+run) measures this machine's step time and the later runs get ~90 s of steps. Those three start
+together (6 nodes); the module takes about 3-4 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kilocard.cli import main
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+#: Seconds of steps (at the calibrated step time) of the time-limit, reference and chain runs.
+TRAIN_S = 90
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+def submit(root: Path, *overrides: str, chain: int = 1, nodes: int = 2, ranks: int = 2) -> dict[str, object]:
+    """`kilocard sbatch ... --submit` in this process; returns run dir, script and job ids."""
+    args = [
+        "sbatch",
+        "recipe=tiny_gpt",
+        "cluster=local_cpu",
+        f"cluster.nodes={nodes}",
+        f"cluster.gpus_per_node={ranks}",
+        f"cluster.cpus_per_node={ranks}",
+        "cluster.partition=local",
+        f"cluster.venv={sys.prefix}",
+        f"cluster.shared_fs={root}",
+        "trainer.tensorboard=false",
+        "launcher.time=00:10:00",
+        "launcher.signal_lead_s=45",
+        *overrides,
+        "--submit",
+    ]
+    if chain > 1:
+        args += ["--chain", str(chain)]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(args)
+    assert rc == 0, err.getvalue()
+    lines = dict(line.split(": ", 1) for line in out.getvalue().strip().splitlines())
+    ids = [int(x) for x in lines[next(k for k in lines if k.startswith("job id"))].split()]
+    return {"run_dir": Path(lines["run dir"]), "ids": ids}
+
+
+def scontrol_job(job_id: int) -> dict[str, str]:
+    out = subprocess.run(
+        ["timeout", "10", "scontrol", "show", "job", str(job_id)], capture_output=True, text=True
+    ).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def wait_state(job_id: int, timeout_s: float, states=TERMINAL) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    info: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        info = scontrol_job(job_id)
+        if info.get("JobState") in states:
+            return info
+        time.sleep(2)
+    raise AssertionError(f"job {job_id} not in {sorted(states)} after {timeout_s:.0f} s: {info.get('JobState')}")
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def logs(run_dir: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("slurm-*.out")))
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in metrics(run_dir)}
+
+
+@pytest.fixture(scope="module")
+def runs(local_slurm, tmp_path_factory):
+    """Submit the basic run with a 2-node x 1-rank calibration run, then (sized from the calibration's
+    step time) the time-limit, reference and chain runs, all at once."""
+    root = tmp_path_factory.mktemp("slurm-runs")
+    pwned = root / "pwned"
+    basic = submit(root, "trainer.train_iters=10", f"+launcher.env.INJECTED='$(touch {pwned}); `touch {pwned}`'")
+    calib = submit(root, "trainer.train_iters=20", "launcher.job_name=calibrate", nodes=2, ranks=1)
+    info = wait_state(basic["ids"][0], 300)
+    wait_state(calib["ids"][0], 300)
+    times = [m["step_time_s"] for m in metrics(calib["run_dir"])[3:]]
+    step_s = statistics.median(times) if times else 0.5
+    # one uninterrupted attempt would need ~90 s of steps: USR1 (45-75 s after the start) interrupts it,
+    # and the second attempt (USR1 again after >= 45 s) usually finishes the rest
+    iters = min(800, max(60, math.ceil(TRAIN_S / max(step_s, 1e-3))))
+    common = [f"trainer.train_iters={iters}", "checkpoint.save_interval=5"]
+    ref = submit(root, *common, "launcher.job_name=reference", nodes=2, ranks=1)
+    limited = submit(root, *common, "launcher.job_name=timelimit", "launcher.time=00:02:00", nodes=2, ranks=1)
+    chain = submit(root, *common, "launcher.job_name=chain", chain=3, nodes=2, ranks=1)
+    cancel_after_first_commit(chain["ids"][0], chain["run_dir"])
+    return {
+        "root": root,
+        "pwned": pwned,
+        "basic": basic,
+        "basic_info": info,
+        "iters": iters,
+        "ref": ref,
+        "limited": limited,
+        "chain": chain,
+    }
+
+
+def cancel_after_first_commit(job_id: int, run_dir: Path) -> None:
+    """scancel the job once it has trained past its first committed step (5)."""
+    deadline = time.monotonic() + 300
+    while len(metrics(run_dir)) < 7:
+        state = scontrol_job(job_id).get("JobState")
+        assert state in ("PENDING", "RUNNING") and time.monotonic() < deadline, (state, logs(run_dir))
+        time.sleep(0.5)
+    subprocess.run(["timeout", "10", "scancel", str(job_id)], check=True)
+
+
+def test_basic_run_completes_on_two_nodes(runs):
+    """2 nodes x 2 ranks through the emitted script: COMPLETED, metrics for every step, ids recorded."""
+    run_dir, info = runs["basic"]["run_dir"], runs["basic_info"]
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", logs(run_dir)
+    assert info["NumNodes"] == "2" and info["NumTasks"] == "4"
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, 11))
+    assert (run_dir / "DONE").exists()
+    assert json.loads((run_dir / "jobs.json").read_text())["job_ids"] == runs["basic"]["ids"]
+    assert not runs["pwned"].exists(), "an env value was executed by the batch script"
+
+
+def test_time_limit_requeues_and_matches_uninterrupted_run(runs):
+    """USR1 before the limit -> save, exit 75, scontrol requeue -> resume -> the same loss curve."""
+    ref_info = wait_state(runs["ref"]["ids"][0], 420)
+    info = wait_state(runs["limited"]["ids"][0], 420)
+    run_dir = runs["limited"]["run_dir"]
+    assert ref_info["JobState"] == "COMPLETED", logs(runs["ref"]["run_dir"])
+    assert info["JobState"] == "COMPLETED", logs(run_dir)
+    assert int(info["Restarts"]) >= 1, logs(run_dir)
+    text = logs(run_dir)
+    assert "trainer exit code 75" in text and "requeueing job" in text
+    expected, got = losses(runs["ref"]["run_dir"]), losses(run_dir)
+    assert sorted(got) == list(range(1, runs["iters"] + 1))
+    assert got == expected
+
+
+def test_chain_continues_after_scancel(runs):
+    """Cancel link 1 mid-run: link 2 resumes from the committed step and finishes; link 3 exits at once."""
+    ids, run_dir = runs["chain"]["ids"], runs["chain"]["run_dir"]
+    first = wait_state(ids[0], 120)
+    second = wait_state(ids[1], 420)
+    third = wait_state(ids[2], 120)
+    text = logs(run_dir)
+    assert first["JobState"] == "CANCELLED", text
+    assert second["JobState"] == "COMPLETED" and third["JobState"] == "COMPLETED", text
+    m = re.search(r"resumed from \S+ \(step (\d+)", text)
+    assert m and int(m.group(1)) >= 5, text
+    assert "run already complete (DONE marker)" in text
+    ref_info = wait_state(runs["ref"]["ids"][0], 420)
+    assert ref_info["JobState"] == "COMPLETED"
+    assert losses(run_dir) == losses(runs["ref"]["run_dir"])

@@ -1,0 +1,96 @@
+"""`kilocard baselines`: the step-time model reproduces the published throughput rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kilocard.cli import main
+from kilocard.perf.baselines import compare_all, error_stats, load_rows
+from kilocard.perf.efficiency import FITTED, with_values
+
+
+@pytest.fixture(scope="module")
+def comparisons():
+    return compare_all(recipes={})
+
+
+def test_error_targets_on_rows_with_full_configurations(comparisons):
+    stats = error_stats(comparisons)
+    assert stats["rows_included"] >= 13
+    assert stats["mean_abs_rel_error"] <= 0.05
+    assert stats["max_abs_rel_error"] <= 0.12
+
+
+def test_unverified_rows_are_listed_but_excluded(comparisons):
+    by_id = {c.id: c for c in comparisons}
+    assert by_id["megascale-175b"].rel_error is None and "unverified" in by_id["megascale-175b"].note
+    assert by_id["nemo-gpt3-175b-fp8"].predicted_tflops_per_gpu is None
+    assert by_id["sc21-1t"].rel_error is not None
+
+
+def test_model_is_sensitive_to_its_parameters():
+    """A worse GEMM efficiency must show up as a worse fit: the statistics are computed, not stored."""
+    slow = with_values(FITTED, {"ampere.gemm_efficiency": 0.5, "hopper.gemm_efficiency": 0.4})
+    assert error_stats(compare_all(params=slow, recipes={}))["mean_abs_rel_error"] > 0.2
+
+
+def test_json_format_and_custom_file(tmp_path, capsys):
+    f = tmp_path / "rows.yaml"
+    f.write_text(
+        "rows:\n"
+        "  - {id: a100-gpt-small, gpu: a100-sxm4-80gb, gpus: 8, precision: bf16, recompute: none,\n"
+        "     model: {layers: 24, hidden: 2048, heads: 16, kv_heads: null, ffn: 8192, gated_mlp: false,\n"
+        "             vocab: 50304, seq: 2048},\n"
+        "     parallel: {tp: 1, pp: 1, vp: null, cp: 1, ep: 1, dp: 8}, batch: {gbs: 256, mbs: 8},\n"
+        "     result: {mfu: 0.5}, flops_convention: six_n, source: test}\n"
+        "  - {id: half-known, gpu: h100-sxm5-80gb, gpus: 8, precision: bf16, recompute: unverified,\n"
+        "     model: {layers: 2, hidden: 64, heads: 4, ffn: 256, gated_mlp: false, vocab: 128, seq: 32},\n"
+        "     parallel: unverified, batch: {gbs: 8, mbs: 1}, result: {tflops_per_gpu: 100}, flops_convention: six_n}\n"
+    )
+    assert main(["baselines", "--file", str(f), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["id"]: r for r in doc["rows"]}
+    assert set(rows["a100-gpt-small"]) >= {
+        "id",
+        "published_tflops_per_gpu",
+        "predicted_tflops_per_gpu",
+        "published_mfu",
+        "predicted_mfu",
+        "rel_error",
+    }
+    assert rows["a100-gpt-small"]["published_tflops_per_gpu"] == pytest.approx(156.0)
+    assert rows["a100-gpt-small"]["predicted_tflops_per_gpu"] > 0
+    assert rows["half-known"]["rel_error"] is None
+    assert doc["mean_abs_rel_error"] == pytest.approx(abs(rows["a100-gpt-small"]["rel_error"]))
+
+
+def test_unreadable_file_is_one_line_error(tmp_path, capsys):
+    f = tmp_path / "bad.yaml"
+    f.write_text("not: [a list of rows]\n")
+    assert main(["baselines", "--file", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "rows" in err and "Traceback" not in err
+
+
+def test_shipped_file_is_the_calibration_set():
+    ids = [r.id for r in load_rows()]
+    assert "sc21-1.7b" in ids and "bridge-llama31-405b-fp8" in ids
+
+
+def test_row_software_override_changes_the_prediction(tmp_path):
+    """The software rule is a default: a row can state its own (flash attention on an SC21 row)."""
+    row = (
+        "{id: r, gpu: a100-sxm4-80gb, gpus: 32, precision: fp16, recompute: full,"
+        " model: {layers: 24, hidden: 2304, heads: 24, kv_heads: null, ffn: 9216, gated_mlp: false,"
+        " vocab: 51200, seq: 2048},"
+        " parallel: {tp: 1, pp: 1, vp: null, cp: 1, ep: 1, dp: 32}, batch: {gbs: 512, mbs: 16},"
+        " result: {tflops_per_gpu: 137}, flops_convention: megatron_sc21%s}"
+    )
+    plain, flash = tmp_path / "plain.yaml", tmp_path / "flash.yaml"
+    plain.write_text("rows:\n  - " + row % "" + "\n")
+    flash.write_text("rows:\n  - " + row % ", software: {attention_backend: flash, overlap_grad_reduce: true}" + "\n")
+    slow = compare_all(str(plain), recipes={})[0].predicted_tflops_per_gpu
+    fast = compare_all(str(flash), recipes={})[0].predicted_tflops_per_gpu
+    assert fast > slow * 1.05

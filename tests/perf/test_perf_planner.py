@@ -1,0 +1,128 @@
+"""`kilocard plan`: accepted layouts ranked by predicted throughput; published layouts rank high."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from kilocard.cli import main
+from kilocard.config.compose import compose, compose_each, to_run_config
+from kilocard.layout import compute_layout
+from kilocard.perf.baselines import load_rows, recipe_index
+from kilocard.perf.planner import apply, current_candidate, enumerate_candidates, plan
+from kilocard.perf.plots import simulate
+from kilocard.perf.predict import predict
+from kilocard.validate import validate
+
+
+@pytest.fixture(scope="module")
+def calibration_recipes():
+    """Every recipe that reproduces a published row with a full configuration."""
+    complete = {r.id for r in load_rows() if r.complete}
+    names = sorted(name for row, name in recipe_index().items() if row in complete)
+    cfgs = [to_run_config(c) for c in compose_each([[f"recipe={n}"] for n in names])]
+    assert len(names) >= 10, "the calibration rows should each have a recipe"
+    assert all(c.recipe.baseline_id in complete for c in cfgs)
+    return list(zip(names, cfgs, strict=False))
+
+
+def test_published_layout_is_in_the_top_10(calibration_recipes):
+    """Every calibration row's published (TP, PP, CP, EP) is among the 10 fastest accepted layouts."""
+    misses = []
+    for name, cfg in calibration_recipes:
+        result = plan(cfg, top=10)
+        own = current_candidate(cfg).layout_key[:4]
+        keys = [r.candidate.layout_key[:4] for r in result.top]
+        if own not in keys:
+            misses.append(f"{name}: published (TP, PP, CP, EP) {own} not in {keys}")
+    assert not misses, "\n".join(misses)
+
+
+@pytest.fixture(scope="module")
+def llama70b():
+    cfg = to_run_config(compose(["recipe=bridge_llama3_70b_fp8"]))
+    return cfg, plan(cfg, top=5)
+
+
+def test_every_listed_layout_is_accepted_and_ranked(llama70b):
+    cfg, result = llama70b
+    assert len(result.top) == 5
+    times = [r.step_time_s for r in result.top]
+    assert times == sorted(times)
+    assert len({r.candidate.layout_key for r in result.top}) == 5
+    for r in result.top[:3]:
+        run = apply(cfg, r.candidate)
+        assert validate(run).valid
+        # The planner's fast path predicts exactly what predict() says for the config it selects.
+        assert predict(run).step_time_s == pytest.approx(r.step_time_s, rel=1e-12)
+
+
+def test_uneven_pipeline_split_is_kept_or_evened_per_pp():
+    """DeepSeek-V3's 61 layers split 4 + 14x4 + 1 over 16 stages; other PP sizes get a split that works."""
+    cfg = to_run_config(compose(["recipe=deepseek_v3"]))
+    for c in itertools.islice(enumerate_candidates(cfg, 1024), 0, None, 97):
+        assert compute_layout(apply(cfg, c)).stage_layers is not None, c
+
+
+def test_override_line_selects_the_layout(llama70b):
+    _, result = llama70b
+    best = result.top[0].candidate
+    cfg = to_run_config(compose(["recipe=bridge_llama3_70b_fp8", *best.overrides()]))
+    assert current_candidate(cfg) == best
+
+
+def test_divisibility_filters_hold_for_every_candidate(llama70b):
+    cfg, _ = llama70b
+    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    cands = list(enumerate_candidates(cfg, world))
+    assert len(cands) > 100
+    for c in cands:
+        dp = world // (c.tp * c.pp * c.cp)
+        assert world % (c.tp * c.pp * c.cp) == 0
+        assert cfg.model.num_attention_heads % c.tp == 0
+        assert cfg.trainer.global_batch_size % (c.mbs * dp) == 0
+        if c.vp:
+            assert (cfg.trainer.global_batch_size // (c.mbs * dp)) % c.pp == 0
+
+
+@pytest.mark.parametrize("pp,vp,micro", [(4, 1, 8), (4, 2, 8), (8, 4, 16), (2, 3, 4), (1, 1, 3)])
+def test_simulated_schedule_bubble_equals_formula(pp, vp, micro):
+    """Simulating Megatron's pass order gives the textbook bubble (P-1)/(V*M) of the ideal time."""
+    times = simulate(pp, vp, micro, 1.0 / vp, 2.0 / vp)
+    span = max(end for _, end in times.values())
+    assert len(times) == 2 * pp * vp * micro
+    assert span / (3.0 * micro) - 1 == pytest.approx((pp - 1) / (vp * micro))
+
+
+def _nontrivial_png(path):
+    import matplotlib.image as mpimg
+
+    assert path.stat().st_size > 10_000
+    img = mpimg.imread(str(path))
+    assert img.shape[0] > 200 and img.shape[1] > 400
+    assert img[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_plot_writes_layout_and_schedule_pngs(tmp_path, capsys):
+    out = tmp_path / "plan.png"
+    rc = main(["plan", "recipe=sc21_76b", "--top", "4", "--plot", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "the config's own layout ranks #" in text and "parallel.tensor_model_parallel_size=" in text
+    _nontrivial_png(out)
+    _nontrivial_png(tmp_path / "plan_schedule.png")
+
+
+def test_bad_top_is_a_one_line_error(capsys):
+    assert main(["plan", "recipe=tiny_gpt", "--top", "0"]) == 2
+    assert "--top" in capsys.readouterr().err
+
+
+def test_too_few_gpus_says_why_and_how_many(capsys):
+    """405B on one node: nothing fits; the own layout (128 GPUs) cannot even be placed; exit 1."""
+    rc = main(["plan", "recipe=llama31_405b", "cluster.nodes=1", "trainer.global_batch_size=64"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "no layout the validator accepts" in out and "try more GPUs" in out
+    assert "WORLD_NOT_DIVISIBLE" in out

@@ -1,0 +1,135 @@
+"""The step-time model responds to each mechanism the way the physics says it must."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kilocard.config.schema import ClusterConfig, ModelConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig
+from kilocard.perf.flops import flops_per_iteration
+from kilocard.perf.predict import predict
+
+H100 = ClusterConfig(
+    name="dgx",
+    gpu="h100-sxm5-80gb",
+    nodes=8,
+    gpus_per_node=8,
+    nvlink_domain_size=8,
+    intra_node_bandwidth_gbs=450.0,
+    inter_node_bandwidth_gbs=50.0,
+)
+
+
+def _cfg(**par) -> RunConfig:
+    m = ModelConfig(
+        num_layers=32,
+        hidden_size=4096,
+        ffn_hidden_size=14336,
+        num_attention_heads=32,
+        num_query_groups=8,
+        seq_length=8192,
+        max_position_embeddings=8192,
+        vocab_size=128256,
+        gated_linear_unit=True,
+        activation="swiglu",
+        position_embedding_type="rope",
+        share_embeddings_and_output_weights=False,
+    )
+    p = ParallelConfig(
+        **{
+            "tensor_model_parallel_size": 2,
+            "pipeline_model_parallel_size": 4,
+            "sequence_parallel": True,
+            "use_distributed_optimizer": True,
+            **par,
+        }
+    )
+    return RunConfig(
+        model=m,
+        parallel=p,
+        precision=PrecisionConfig(bf16=True),
+        cluster=H100,
+        trainer=TrainerConfig(micro_batch_size=1, global_batch_size=128),
+    )
+
+
+def test_prediction_names_convention_and_peak():
+    p = predict(_cfg())
+    assert p.convention == "megatron_current" and p.peak_dtype == "bf16" and p.peak_flops == 989e12
+    assert p.tflops_per_gpu == pytest.approx(flops_per_iteration(_cfg()) / p.step_time_s / 64 / 1e12)
+    assert p.mfu == pytest.approx(p.tflops_per_gpu * 1e12 / 989e12)
+    assert 0.2 < p.mfu < 0.7
+    assert sum(p.breakdown.values()) == pytest.approx(p.step_time_s, rel=0.02)
+
+
+def test_pipeline_bubble_is_p_minus_1_over_v_m_stage_passes():
+    plain = predict(_cfg())
+    inter = predict(_cfg(virtual_pipeline_model_parallel_size=2))
+    assert inter.breakdown["bubble"] == pytest.approx(plain.breakdown["bubble"] / 2, rel=1e-6)
+    m = 128 // (1 * 8)  # micro-batches per DP rank (DP = 64 / (2 * 4))
+    b = plain.breakdown
+    middle_stage = (plain.step_time_s - b["bubble"] - b["pp_p2p"] - b["dp_comm"] - b["optimizer"] - b["logits"]) / m
+    assert b["bubble"] == pytest.approx(3 * middle_stage, rel=1e-6)  # (P - 1) / V stage passes, P = 4
+
+
+def test_full_recompute_adds_a_forward():
+    none, full = (
+        predict(_cfg()),
+        predict(_cfg(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)),
+    )
+    assert full.breakdown["gemm"] == pytest.approx(none.breakdown["gemm"] * 4 / 3, rel=1e-6)
+    assert 1.2 < full.step_time_s / none.step_time_s < 1.4
+
+
+def test_overlaps_only_ever_help():
+    base = predict(_cfg())
+    for flag in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm"):
+        assert predict(_cfg(**{flag: True})).step_time_s <= base.step_time_s, flag
+    assert predict(_cfg(tp_comm_overlap=True)).step_time_s < base.step_time_s
+
+
+def test_tp_across_nodes_is_slower_than_inside_nvlink():
+    inside = predict(_cfg(tensor_model_parallel_size=8, pipeline_model_parallel_size=1))
+    narrow = replace(
+        _cfg(tensor_model_parallel_size=8, pipeline_model_parallel_size=1),
+        cluster=replace(H100, gpus_per_node=4, nodes=16, nvlink_domain_size=4),
+    )
+    assert predict(narrow).breakdown["tp_comm"] > 3 * inside.breakdown["tp_comm"]
+
+
+def test_fp8_is_faster_but_lower_mfu_against_fp8_peak():
+    bf16 = predict(_cfg())
+    fp8 = predict(replace(_cfg(), precision=PrecisionConfig(bf16=True, fp8="hybrid")))
+    assert fp8.step_time_s < bf16.step_time_s
+    assert fp8.peak_dtype == "fp8" and fp8.mfu < bf16.mfu
+
+
+def test_moe_expert_parallel_pays_all_to_all():
+    cfg = _cfg(expert_model_parallel_size=8, tensor_model_parallel_size=1)
+    cfg = replace(cfg, model=replace(cfg.model, num_moe_experts=8, moe_router_topk=2))
+    p = predict(cfg)
+    assert p.breakdown["ep_comm"] > 0
+    dense_ep1 = replace(cfg, parallel=replace(cfg.parallel, expert_model_parallel_size=1))
+    assert predict(dense_ep1).breakdown.get("ep_comm", 0.0) == 0.0
+
+
+def test_unknown_gpu_is_a_one_line_error():
+    with pytest.raises(ValueError, match="cluster.gpu: unknown GPU 'v100'"):
+        predict(replace(_cfg(), cluster=replace(H100, gpu="v100")))
+
+
+def test_every_parameter_is_named_and_physical():
+    from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, flat
+
+    for name, value in flat(FITTED).items():
+        lo, hi = PHYSICAL_RANGES[name.split(".")[-1]]
+        assert lo <= value <= hi, f"{name} = {value} outside [{lo}, {hi}]"
+
+
+def test_prediction_json_names_convention_and_peak():
+    import json
+
+    doc = json.loads(json.dumps(predict(_cfg()).to_json()))
+    assert doc["convention"] == "megatron_current" and doc["peak_dtype"] == "bf16"
+    assert doc["mfu"] == pytest.approx(doc["tflops_per_gpu"] * 1e12 / doc["peak_flops"])

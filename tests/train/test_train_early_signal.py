@@ -1,0 +1,28 @@
+"""A stop signal during a rank's start-up is kept for the first step boundary, never fatal.
+
+Slurm's ``--signal=USR1@lead`` can reach a rank while it is still importing torch and
+Megatron-Core; the default action of USR1 would kill it.
+"""
+
+import signal
+import subprocess
+import sys
+import time
+
+from kilocard.launch.local import torchrun_command
+
+
+def test_usr1_while_importing_does_not_kill_the_rank(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kilocard.train", str(tmp_path / "missing")], stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(0.4)  # inside the module imports
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, (proc.returncode, err)  # BAD_CONFIG for the missing dir, not -SIGUSR1
+    assert "does not exist" in err
+
+
+def test_launcher_max_restarts_reaches_torchrun(tmp_path):
+    assert "--max-restarts=3" in torchrun_command(tmp_path, 2, 12345, max_restarts=3)
+    assert "--max-restarts=0" in torchrun_command(tmp_path, 2, 12345)

@@ -1,0 +1,129 @@
+"""Trainer pieces without ranks: rank environment, exit-code aggregation, hang guard, throughput figures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kilocard import exitcodes
+from kilocard.config.compose import compose, to_run_config
+from kilocard.launch.local import _rank_exit_code, torchrun_command
+from kilocard.train.dist_env import resolve
+from kilocard.train.metrics import Throughput
+
+
+def test_slurm_variables_are_accepted():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    r = resolve(env)
+    assert (r.rank, r.world_size, r.local_rank) == (5, 8, 1) and env["RANK"] == "5"
+
+
+def test_torchrun_variables_win_and_missing_master_is_named():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "SLURM_PROCID": "7"}
+    assert resolve(env).rank == 1
+    with pytest.raises(ValueError, match="MASTER_PORT: not set"):
+        resolve({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "MASTER_ADDR": "n1"})
+
+
+def test_single_process_defaults():
+    env: dict = {}
+    r = resolve(env)
+    assert (r.rank, r.world_size) == (0, 1) and int(env["MASTER_PORT"]) > 0
+
+
+def test_rank_exit_codes_decide_the_run_code(tmp_path):
+    for name, code in (("rank_0", "75"), ("rank_1", "75")):
+        (tmp_path / name).write_text(code)
+    assert _rank_exit_code(tmp_path, 1) == exitcodes.RETRY
+    (tmp_path / "rank_1").write_text("3")
+    assert _rank_exit_code(tmp_path, 1) == exitcodes.BAD_CKPT
+    assert _rank_exit_code(tmp_path / "none", 1) == exitcodes.CRASH
+    assert _rank_exit_code(tmp_path, exitcodes.FAULT) == exitcodes.FAULT
+
+
+def test_torchrun_command_runs_the_train_module(tmp_path):
+    cmd = torchrun_command(tmp_path, 4, 12345)
+    assert (
+        "--nproc-per-node=4" in cmd
+        and "--master-port=12345" in cmd
+        and cmd[-3:] == ["-m", "kilocard.train", str(tmp_path)]
+    )
+
+
+def test_watchdog_exits_fault_with_a_clear_message():
+    code = (
+        "from kilocard.train.signals import Watchdog; import time; w = Watchdog(0.3, 3).start(); "
+        "w.beat('step 7'); time.sleep(5)"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == exitcodes.FAULT
+    assert "[rank 3] kilocard.train: no progress for" in p.stderr and "in step 7" in p.stderr
+
+
+def test_throughput_names_its_peak_and_uses_megatron_flops():
+    from kilocard.perf.flops import flops_per_iteration
+
+    rc = to_run_config(compose(["recipe=tiny_gpt", "cluster.gpu=h100-sxm5-80gb", "precision=bf16"]))
+    t = Throughput.for_run(rc, world_size=8)
+    assert t.peak_name == "h100-sxm5-80gb bf16 dense 989 TFLOP/s"
+    f = t.figures(step_time_s=2.0)
+    assert f["tflops_per_gpu"] == pytest.approx(flops_per_iteration(rc, "megatron_current") / 8 / 2.0 / 1e12)
+    assert f["mfu"] == pytest.approx(f["tflops_per_gpu"] * 1e12 / 989e12)
+    assert f["tokens_per_s_per_gpu"] == pytest.approx(rc.trainer.global_batch_size * rc.model.seq_length / 8 / 2.0)
+
+
+def test_metrics_writer_tensorboard_scalars_read_back(tmp_path):
+    """Every numeric field of a record is a ``train/<key>`` scalar at its step, read by TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from kilocard.train.metrics import MetricsWriter, read_metrics
+
+    w = MetricsWriter(tmp_path, tensorboard=True, resume_step=0)
+    for step in (1, 2, 3):
+        w.write({"step": step, "loss": 10.0 - step, "mfu": None, "mfu_peak": "cpu", "step_time_s": 0.5 * step})
+    w.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["train/loss", "train/step_time_s"]
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 9.0), (2, 8.0), (3, 7.0)]
+    assert [e.value for e in acc.Scalars("train/step_time_s")] == [0.5, 1.0, 1.5]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+
+
+_FORK_THEN_DIE = """
+import multiprocessing as mp, os, signal, sys, time
+from kilocard.train.signals import die_with_parent_in_forks
+if sys.argv[1] == "guard":
+    assert die_with_parent_in_forks()
+child = mp.get_context("fork").Process(target=time.sleep, args=(120,))
+child.start()
+print(child.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the rank dies mid-save: no cleanup runs
+"""
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_forked_helpers_die_with_their_rank(guard, tmp_path):
+    """A process forked by a rank (as Megatron-Core's checkpoint writers are) is SIGKILLed when the
+    rank dies, so it cannot keep the rank's sockets open; without the guard it outlives the rank
+    (the control case, which shows the test can fail)."""
+    import time
+
+    import psutil
+
+    out = tmp_path / "child_pid"
+    with open(out, "w") as f:  # a file, not a pipe: an orphaned child would hold a pipe open
+        subprocess.run([sys.executable, "-c", _FORK_THEN_DIE, "guard" if guard else "none"], stdout=f, timeout=60)
+    child = int(out.read_text().split()[0])
+    deadline = time.monotonic() + (10 if guard else 2)
+    while (
+        time.monotonic() < deadline
+        and psutil.pid_exists(child)
+        and psutil.Process(child).status() != psutil.STATUS_ZOMBIE
+    ):
+        time.sleep(0.05)
+    alive = psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE
+    if alive:
+        psutil.Process(child).kill()
+    assert alive is not guard

@@ -1,0 +1,98 @@
+"""``kilocard validate`` as a user runs it: real Hydra composition, text and JSON, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+from kilocard.cli import main
+
+
+def test_valid_config_prints_layout_memory_and_exits_0(capsys):
+    assert main(["validate", "recipe=tiny_moe"]) == 0
+    out = capsys.readouterr().out
+    assert "layout: world 1 = 1 nodes x 1 GPUs" in out and "micro-batches per step" in out
+    assert "weights" in out and "activations" in out and "HBM" in out and "no problems found" in out
+
+
+def test_invalid_config_prints_every_problem_and_exits_1(capsys):
+    rc = main(
+        [
+            "validate",
+            "recipe=tiny_moe",
+            "cluster.gpus_per_node=4",
+            "launcher.nproc=4",
+            "parallel.tensor_model_parallel_size=3",
+            "parallel.expert_model_parallel_size=3",
+            "precision.fp8=hybrid",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 1
+    for code in ("WORLD_NOT_DIVISIBLE", "EXPERT_WORLD_NOT_DIVISIBLE", "TP_HEADS", "EXPERTS_EP", "GPU_ONLY_ON_CPU"):
+        assert code in out, code
+    assert "tp(3) * pp(1) * cp(1) = 3 does not divide world size 1 nodes * 4 GPUs = 4" in out
+    assert "fix:" in out
+
+
+def test_json_is_one_stable_object(capsys):
+    rc = main(
+        [
+            "validate",
+            "recipe=tiny_gpt",
+            "cluster.gpus_per_node=2",
+            "launcher.nproc=2",
+            "parallel.tensor_model_parallel_size=2",
+            "parallel.sequence_parallel=false",
+            "--format",
+            "json",
+        ]
+    )
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["valid"] is True
+    assert set(d) == {"valid", "issues", "layout", "estimates"}
+    for k in (
+        "world_size",
+        "tp",
+        "pp",
+        "vp",
+        "cp",
+        "ep",
+        "etp",
+        "dp",
+        "expert_dp",
+        "num_microbatches",
+        "nodes",
+        "gpus_per_node",
+    ):
+        assert k in d["layout"], k
+    mem = d["estimates"]["memory_bytes_per_gpu"]
+    assert set(mem) == {"weights", "gradients", "optimizer", "activations", "total"}
+    assert mem["total"] == sum(mem[k] for k in ("weights", "gradients", "optimizer", "activations"))
+    assert isinstance(d["estimates"]["hbm_bytes"], int) and d["estimates"]["flops_convention"] == "megatron_current"
+    assert d["estimates"]["flops_per_iteration"] > 0
+
+
+def test_json_issue_fields(capsys):
+    assert main(["validate", "recipe=tiny_gpt", "parallel.sequence_parallel=true", "--format", "json"]) == 1
+    (issue,) = json.loads(capsys.readouterr().out)["issues"]
+    assert issue == {
+        "severity": "error",
+        "code": "SP_WITHOUT_TP",
+        "field": "parallel.sequence_parallel",
+        "value": True,
+        "message": issue["message"],
+        "hint": issue["hint"],
+    }
+
+
+def test_sweep_validates_every_point(capsys):
+    rc = main(
+        ["validate", "recipe=tiny_gpt", "parallel.tensor_model_parallel_size=1,3", "--multirun", "--format", "json"]
+    )
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 1 and [x["valid"] for x in d] == [True, False]
+
+
+def test_uncomposable_config_exits_2(capsys):
+    assert main(["validate", "recipe=tiny_gpt", "parallel.tensor_modl_parallel_size=2"]) == 2
+    assert "did you mean" in capsys.readouterr().err
