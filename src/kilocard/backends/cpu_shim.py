@@ -47,7 +47,7 @@ from importlib import metadata
 import torch
 import torch.distributed as dist
 
-PROVEN_VERSIONS = ("0.16.1",)
+PROVEN_VERSIONS = ("0.16.1", "0.19.2")
 """megatron-core releases every section below was proven against (tests/backends/test_shim_*.py)."""
 
 SKIP_ENV = "KILOCARD_CPU_SHIM_SKIP"
@@ -288,8 +288,8 @@ SECTIONS: dict[int, Callable[[], None]] = {
 
 
 def megatron_core_version() -> str:
-    """The installed megatron-core version string."""
-    return metadata.version("megatron-core")
+    """The installed megatron-core release (``0.19.2``; a local suffix such as ``+abc123`` dropped)."""
+    return metadata.version("megatron-core").split("+", 1)[0]
 
 
 def check_version(version: str | None = None) -> None:
