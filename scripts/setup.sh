@@ -11,6 +11,8 @@ stamp=.venv/.kilocard-setup
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # torch first and exactly: the local CPU wheel. An unpinned torch would pull a multi-GB CUDA build.
   .venv/bin/pip install -q --disable-pip-version-check "torch==${KILOCARD_TORCH:-2.13.0}"
+  # megatron-core: the bottom of the supported range, exactly (the newest release for Python 3.11)
+  .venv/bin/pip install -q --disable-pip-version-check "megatron-core==${KILOCARD_MCORE:-0.16.1}"
   .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
   touch "$stamp"
 fi

@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: set up, start what the tests need, run pytest.
+# With no arguments it also runs the second pass: the trainer, checkpoint/reshard and Megatron-Core
+# differential tests (marker mcore_range) again on megatron-core 0.19.2, the top of the supported
+# range (.oracle/, installed by scripts/install_oracle.sh, put first on the path). Arguments are
+# passed to the first pytest only (and skip the second pass).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS=1
-exec .venv/bin/python -m pytest -q --durations=15 "$@"
+.venv/bin/python -m pytest -q --durations=15 "$@"
+if [ "$#" -eq 0 ]; then
+  echo "--- second pass: megatron-core 0.19.2 (marker mcore_range) ---"
+  PYTHONPATH="$PWD/.oracle" KILOCARD_EXPECT_MCORE=0.19.2 \
+    .venv/bin/python -m pytest -q --durations=5 -p no:cacheprovider -m mcore_range
+fi

@@ -11,6 +11,9 @@ import pytest
 
 from kilocard.backends import cpu_shim
 
+#: Also run on every other supported megatron-core release (scripts/test.sh, second pass).
+pytestmark = pytest.mark.mcore_range
+
 # One gloo rank builds a tiny GPTModel with Megatron-Core DDP + optimizer and takes one step.
 PROBE = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist

@@ -10,6 +10,9 @@ import pytest
 from kilocard.config.schema import ModelConfig
 from kilocard.train import checkpoint as ck
 
+#: Also run on every other supported megatron-core release (scripts/test.sh, second pass).
+pytestmark = pytest.mark.mcore_range
+
 
 def _commit(root: Path, step: int, payload: bytes = b"weights") -> Path:
     d = ck.step_dir(root, step)

@@ -19,6 +19,9 @@ import pytest
 from conftest import KilocardRun
 from kilocard import exitcodes
 
+#: Also run on every other supported megatron-core release (scripts/test.sh, second pass).
+pytestmark = pytest.mark.mcore_range
+
 # Vocabulary padding must not depend on TP for a TP2 -> TP1 resume (258 rows either way).
 COMMON = [
     "recipe=tiny_gpt",

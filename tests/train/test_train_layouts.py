@@ -9,6 +9,9 @@ import json
 
 import pytest
 
+#: Also run on every other supported megatron-core release (scripts/test.sh, second pass).
+pytestmark = pytest.mark.mcore_range
+
 LAYOUTS = {
     "pp2_vp2": [
         "recipe=tiny_gpt",

@@ -11,8 +11,12 @@ import json
 import signal
 
 import psutil
+import pytest
 
 from kilocard import exitcodes
+
+#: Also run on every other supported megatron-core release (scripts/test.sh, second pass).
+pytestmark = pytest.mark.mcore_range
 
 ARGS = [
     "recipe=tiny_gpt",

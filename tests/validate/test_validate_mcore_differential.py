@@ -18,8 +18,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from kilocard.config.schema import ClusterConfig, ModelConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig
 from kilocard.validate import MCORE_CODES, validate
+
+#: Also run on every other supported megatron-core release (scripts/test.sh, second pass).
+pytestmark = pytest.mark.mcore_range
 
 N_CASES = 200
 HERE = Path(__file__).resolve().parents[1]

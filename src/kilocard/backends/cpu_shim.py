@@ -269,7 +269,9 @@ def _patch_sync_save_results_queue() -> None:
     import megatron.core.dist_checkpointing.strategies.filesystem_async as fa
 
     results: queue.Queue = queue.Queue()
-    fa._get_write_results_queue = lambda: results
+    # 0.16 names it _get_write_results_queue(); 0.19 get_write_results_queue(mp_mode="spawn")
+    name = "get_write_results_queue" if hasattr(fa, "get_write_results_queue") else "_get_write_results_queue"
+    setattr(fa, name, lambda *args, **kwargs: results)
 
 
 SECTIONS: dict[int, Callable[[], None]] = {
