@@ -209,6 +209,9 @@ def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     except runlock.RunDirBusy as e:
         print(f"kilocard run: error: {e}", file=sys.stderr)
         return exitcodes.CRASH  # exit 1: refused; nothing was started
+    except OSError as e:
+        print(f"kilocard run: error: {run_dir}: cannot lock the run directory ({e.strerror})", file=sys.stderr)
+        return exitcodes.CRASH
     try:
         return _train(run_dir, run_cfg, nproc, max_restarts, lock.token)
     finally:
@@ -285,7 +288,7 @@ class StopForwarder:
         else:
             print(
                 f"\nkilocard run: {name}: still waiting for the ranks to save and stop "
-                f"(at most {self.stop_wait:.0f}s after the first signal)",
+                f"(at most {self.stop_wait + TORCHRUN_MARGIN_S:.0f}s after the first signal)",
                 file=sys.stderr,
                 flush=True,
             )
