@@ -4,6 +4,9 @@
 ``KILOCARD_RUN_LOCK``; rank 0 of a Slurm job (no token) takes the lock itself. A second writer is
 refused at once with the holder named. The kernel drops the lock when its holder dies, so a stale
 lock never blocks; the holder info in the file (host, pid, Slurm job id) is only informational.
+On a shared filesystem the lock needs flock support across nodes (NFSv4, Lustre ``-o flock``);
+where the filesystem refuses flock, ``LockUnsupported`` says so and the callers run unlocked
+with a warning, as before the lock existed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ TOKEN_ENV = "KILOCARD_RUN_LOCK"
 
 class RunDirBusy(Exception):
     """Another live process holds the run directory's lock."""
+
+
+class LockUnsupported(Exception):
+    """The run directory's filesystem has no ``flock`` (e.g. Lustre mounted without ``-o flock``)."""
 
 
 @dataclass
@@ -85,6 +92,12 @@ def acquire(run_dir: Path, token: str | None = None) -> RunLock:
     except BlockingIOError:
         os.close(fd)
         raise RunDirBusy(busy_message(run_dir, read_holder(run_dir))) from None
+    except OSError as e:
+        os.close(fd)
+        raise LockUnsupported(
+            f"{path}: the filesystem refuses flock ({e.strerror}); one writer per run directory is not "
+            f"enforced here (mount it with flock support, e.g. Lustre -o flock, to have it)"
+        ) from None
     token = token or uuid.uuid4().hex
     os.ftruncate(fd, 0)
     os.write(fd, (json.dumps(holder_info(token)) + "\n").encode())
@@ -102,7 +115,7 @@ def busy_message(run_dir: Path, info: dict) -> str:
 def claim(run_dir: Path, token: str | None) -> RunLock | None:
     """Rank 0's check: ``None`` when the launcher with ``token`` holds the lock, else the lock taken here.
 
-    Raises ``RunDirBusy`` when another writer holds it.
+    Raises ``RunDirBusy`` when another writer holds it; ``LockUnsupported`` passes through.
     """
     try:
         return acquire(run_dir)

@@ -6,6 +6,8 @@ flock), as a concurrent ``kilocard run`` would be.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -19,7 +21,7 @@ from kilocard.config.compose import compose, to_run_config
 from kilocard.launch.render import render_script
 from kilocard.launch.rundir import create_run_dir
 from kilocard.plan import build_plan
-from kilocard.runlock import LOCK_FILE, RunDirBusy, acquire, read_holder
+from kilocard.runlock import LOCK_FILE, LockUnsupported, RunDirBusy, acquire, read_holder
 
 TINY = ["recipe=tiny_gpt", "trainer.train_iters=2", "trainer.tensorboard=false"]
 
@@ -60,6 +62,20 @@ def test_lock_names_its_holder_and_a_dead_holder_does_not_block(run_dir, holder)
     assert read_holder(run_dir)["pid"] == os.getpid()
     lock.release()
     assert (run_dir / LOCK_FILE).read_text() == ""
+
+
+def test_a_filesystem_without_flock_is_named_not_a_crash(run_dir, monkeypatch):
+    """ENOLCK from flock (NFS without lockd, Lustre without ``-o flock``): ``LockUnsupported`` naming the file.
+
+    flock is replaced here because no filesystem that refuses it can be mounted for a test.
+    """
+
+    def refuse(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    with pytest.raises(LockUnsupported, match=f"{run_dir / LOCK_FILE}: the filesystem refuses flock"):
+        acquire(run_dir)
 
 
 def test_second_kilocard_run_resume_is_refused_at_once_naming_the_holder(run_dir, holder):

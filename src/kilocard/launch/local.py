@@ -204,18 +204,22 @@ def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
             file=sys.stderr,
         )
         return exitcodes.BAD_CONFIG
+    lock = None
     try:
         lock = runlock.acquire(run_dir)
     except runlock.RunDirBusy as e:
         print(f"kilocard run: error: {e}", file=sys.stderr)
         return exitcodes.CRASH  # exit 1: refused; nothing was started
+    except runlock.LockUnsupported as e:
+        print(f"kilocard run: warning: {e}", file=sys.stderr)
     except OSError as e:
         print(f"kilocard run: error: {run_dir}: cannot lock the run directory ({e.strerror})", file=sys.stderr)
         return exitcodes.CRASH
     try:
-        return _train(run_dir, run_cfg, nproc, max_restarts, lock.token)
+        return _train(run_dir, run_cfg, nproc, max_restarts, lock.token if lock else "")
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, lock_token: str) -> int:

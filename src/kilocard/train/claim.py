@@ -9,11 +9,12 @@ script sees one code, not a mix of BUSY and the FAULT of ranks whose peer went a
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch.distributed as dist
 
-from kilocard.runlock import TOKEN_ENV, RunDirBusy, RunLock, claim
+from kilocard.runlock import TOKEN_ENV, LockUnsupported, RunDirBusy, RunLock, claim
 
 
 def claim_run_dir(run_dir: Path) -> RunLock | None:
@@ -29,6 +30,8 @@ def claim_run_dir(run_dir: Path) -> RunLock | None:
             lock = claim(run_dir, os.environ.get(TOKEN_ENV))
         except RunDirBusy as e:
             verdict = [str(e)]
+        except LockUnsupported as e:
+            print(f"[rank 0] kilocard.train: warning: {e}", file=sys.stderr, flush=True)
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
         raise RunDirBusy(verdict[0])
