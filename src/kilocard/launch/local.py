@@ -5,10 +5,17 @@ per-run ``TMPDIR`` inside the run directory, a free rendezvous port and a hang g
 metrics stop advancing for ``trainer.hang_timeout_s`` plus a grace period, the ranks are killed
 and the run ends with FAULT. Rank output goes to ``<run_dir>/logs/train.log``; the terminal shows a
 live progress line and, at the end, a summary table.
+
+The ranks get the run's environment (``kilocard.plan``: layout defaults, ``cluster.env``,
+``launcher.env``; secrets by name). The launcher holds the run directory's lock
+(``kilocard.runlock``) while the ranks run, so a second ``kilocard run --resume`` of the same
+directory is refused. TERM or INT to the launcher asks the ranks to save and stop; it waits for
+them (bounded by the save time plus a margin) and no rank outlives it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -17,7 +24,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kilocard import exitcodes
+from kilocard import exitcodes, runlock
+from kilocard.config.schema import RunConfig
+from kilocard.perf.goodput import checkpoint_bytes
+from kilocard.plan import build_plan
 from kilocard.train.dist_env import free_port
 from kilocard.train.metrics import read_metrics
 from kilocard.train.progress import progress_line, summary_table
@@ -27,6 +37,10 @@ EXIT_DIR_ENV = "KILOCARD_EXIT_DIR"
 
 GRACE_S = 120.0
 """Extra seconds the launcher waits beyond trainer.hang_timeout_s before it kills silent ranks."""
+STOP_MARGIN_S = 120.0
+"""Seconds beyond the expected save time that ranks asked to stop (TERM/INT) may take: the step in flight."""
+TORCHRUN_MARGIN_S = 30.0
+"""Seconds torchrun may take to end after its ranks' stop time before the launcher kills the whole group."""
 
 
 def _validate(run_cfg) -> str | None:
@@ -105,11 +119,14 @@ def run_command(overrides: Sequence[str], nproc: int | None = None, resume: str 
     return launch(run_dir, world, max_restarts)
 
 
-def torchrun_command(run_dir: Path, nproc: int, port: int, max_restarts: int = 0) -> list[str]:
+def torchrun_command(
+    run_dir: Path, nproc: int, port: int, max_restarts: int = 0, shutdown_timeout_s: float = 30.0
+) -> list[str]:
     """The torchrun command line for ``nproc`` local ranks of ``run_dir``.
 
     With ``max_restarts`` > 0 torchrun restarts every rank after a failure; each restart resumes
-    from the last committed step (``python -m kilocard.train`` always does).
+    from the last committed step (``python -m kilocard.train`` always does). On TERM torchrun
+    passes it to the ranks and waits ``shutdown_timeout_s`` for them before it SIGKILLs them.
     """
     return [
         sys.executable,
@@ -120,16 +137,30 @@ def torchrun_command(run_dir: Path, nproc: int, port: int, max_restarts: int = 0
         "--master-addr=127.0.0.1",
         f"--master-port={port}",
         f"--max-restarts={max_restarts}",
+        f"--shutdown-timeout={math.ceil(shutdown_timeout_s)}",
         "-m",
         "kilocard.train",
         str(run_dir),
     ]
 
 
-def rank_env(run_dir: Path) -> dict:
-    """Environment of the ranks: one thread per rank, a per-run TMPDIR, exit codes written to the run dir."""
+def rank_env(run_dir: Path, run_cfg: RunConfig, lock_token: str) -> dict:
+    """Environment of the ranks: the caller's, then the run's (``kilocard.plan``), a per-run TMPDIR.
+
+    The same precedence as the batch script: the layout's defaults (they yield to a variable the
+    caller's shell already set; ``OMP_NUM_THREADS=1`` unless set), then ``cluster.env``, then
+    ``launcher.env``, which override it. Secrets (``launcher.secret_env``) pass by name from the
+    caller's environment and are never written. The ranks' exit codes go to the run dir, and the
+    launcher's lock token tells rank 0 who holds the run directory.
+    """
+    plan = build_plan(run_cfg)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
+    for name, value in plan.env.items():
+        if name in run_cfg.cluster.env or name in run_cfg.launcher.env:
+            env[name] = value
+        else:
+            env.setdefault(name, value)
     tmp = run_dir / "tmp"
     exit_dir = run_dir / "logs" / "exit"
     for d in (tmp, exit_dir):
@@ -138,27 +169,78 @@ def rank_env(run_dir: Path) -> dict:
         f.unlink()
     env["TMPDIR"] = str(tmp)
     env[EXIT_DIR_ENV] = str(exit_dir)
+    env[runlock.TOKEN_ENV] = lock_token
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
+def missing_secrets(run_cfg: RunConfig) -> list[str]:
+    """Names in ``launcher.secret_env`` that the caller's environment lacks."""
+    return [name for name in run_cfg.launcher.secret_env if name not in os.environ]
+
+
+def stop_wait_s(run_cfg: RunConfig) -> float:
+    """How long the ranks may take to stop after TERM: the step in flight, the save, a margin."""
+    if run_cfg.checkpoint.expected_save_time_s is not None:
+        save = float(run_cfg.checkpoint.expected_save_time_s)
+    else:
+        save = checkpoint_bytes(run_cfg) / (max(run_cfg.cluster.fs_write_bandwidth_gbs, 1e-9) * 1e9)
+    return save + STOP_MARGIN_S
+
+
 def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
-    """Start torchrun for ``run_dir``, show progress, guard against hangs, print the summary."""
+    """Take the run directory's lock, train on ``nproc`` local ranks, print the summary.
+
+    A run directory another writer holds is refused at once (exit 1), naming the holder.
+    """
     from kilocard.config.freeze import load_verified
 
     run_cfg, _ = load_verified(run_dir)
-    env = rank_env(run_dir)
+    missing = missing_secrets(run_cfg)
+    if missing:
+        print(
+            f"kilocard run: error: launcher.secret_env: {', '.join(missing)} not in the environment "
+            f"(export it before kilocard run)",
+            file=sys.stderr,
+        )
+        return exitcodes.BAD_CONFIG
+    lock = None
+    try:
+        lock = runlock.acquire(run_dir)
+    except runlock.RunDirBusy as e:
+        print(f"kilocard run: error: {e}", file=sys.stderr)
+        return exitcodes.CRASH  # exit 1: refused; nothing was started
+    except runlock.LockUnsupported as e:
+        print(f"kilocard run: warning: {e}", file=sys.stderr)
+    except OSError as e:
+        print(f"kilocard run: error: {run_dir}: cannot lock the run directory ({e.strerror})", file=sys.stderr)
+        return exitcodes.CRASH
+    try:
+        return _train(run_dir, run_cfg, nproc, max_restarts, lock.token if lock else "")
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, lock_token: str) -> int:
+    """Start torchrun, show progress, forward TERM/INT, guard against hangs; the run's exit code."""
+    env = rank_env(run_dir, run_cfg, lock_token)
     log = run_dir / "logs" / "train.log"
     start_step = len(read_metrics(run_dir))
+    stop_wait = stop_wait_s(run_cfg)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            torchrun_command(run_dir, nproc, free_port(), max_restarts),
+            torchrun_command(run_dir, nproc, free_port(), max_restarts, shutdown_timeout_s=stop_wait),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
         )
-        code = _watch(proc, run_dir, run_cfg.trainer.hang_timeout_s + GRACE_S)
+        try:
+            with StopForwarder(proc, stop_wait) as stop:
+                code = _watch(proc, run_dir, run_cfg.trainer.hang_timeout_s + GRACE_S, stop)
+        finally:
+            _end_group(proc.pid)
     code = _rank_exit_code(run_dir / "logs" / "exit", proc.returncode if code is None else code)
     records = read_metrics(run_dir)
     print(summary_table(records, run_dir, code, first_new_step=start_step), flush=True)
@@ -167,25 +249,73 @@ def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     return code
 
 
-def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float) -> int | None:
-    """Show a live line until the ranks exit; kill them and return FAULT if the metrics go silent."""
+class StopForwarder:
+    """While active, TERM and INT to ``kilocard run`` ask the ranks to save and stop instead of orphaning them.
+
+    The first one is forwarded as TERM to torchrun, which passes it to every rank and SIGKILLs any
+    that has not ended after ``stop_wait`` s; the ranks stop at the same step boundary, commit a
+    save and exit RETRY. Later signals only say that the launcher is still waiting: a second
+    Ctrl-C never leaves ranks behind while they save.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, proc: subprocess.Popen, stop_wait: float) -> None:
+        self.proc = proc
+        self.stop_wait = stop_wait
+        self.since: float | None = None
+        """``time.monotonic()`` of the first forwarded signal, or ``None``."""
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopForwarder:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def overdue(self) -> bool:
+        """Whether the ranks have had their stop time (plus torchrun's own margin) and are still there."""
+        return self.since is not None and time.monotonic() - self.since > self.stop_wait + TORCHRUN_MARGIN_S
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.since is None:
+            self.since = time.monotonic()
+            print(f"\nkilocard run: {name}: asking the ranks to save and stop", file=sys.stderr, flush=True)
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        else:
+            print(
+                f"\nkilocard run: {name}: still waiting for the ranks to save and stop "
+                f"(at most {self.stop_wait + TORCHRUN_MARGIN_S:.0f}s after the first signal)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopForwarder) -> int | None:
+    """Show a live line until the ranks exit; kill them and return FAULT if they go silent or overstay a stop."""
     tty = sys.stdout.isatty()
     seen, last_change = 0, time.monotonic()
-    try:
-        while proc.poll() is None:
-            time.sleep(0.5)
-            records = read_metrics(run_dir)
-            if len(records) != seen:
-                seen, last_change = len(records), time.monotonic()
-                print(("\r" if tty else "") + progress_line(records[-1]), end="" if tty else "\n", flush=True)
-            elif time.monotonic() - last_change > silence_s:
-                print(f"\nkilocard run: no progress for {silence_s:.0f}s; stopping the ranks (FAULT)", file=sys.stderr)
-                _kill(proc)
-                return exitcodes.FAULT
-    except KeyboardInterrupt:
-        print("\nkilocard run: interrupted; asking the ranks to save and stop", file=sys.stderr)
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
+    while proc.poll() is None:
+        time.sleep(0.5)
+        records = read_metrics(run_dir)
+        if len(records) != seen:
+            seen, last_change = len(records), time.monotonic()
+            print(("\r" if tty else "") + progress_line(records[-1]), end="" if tty else "\n", flush=True)
+        elif time.monotonic() - last_change > silence_s:
+            print(f"\nkilocard run: no progress for {silence_s:.0f}s; stopping the ranks (FAULT)", file=sys.stderr)
+            _kill(proc)
+            return exitcodes.FAULT
+        if stop.overdue():
+            print(f"\nkilocard run: the ranks did not stop within {stop.stop_wait:.0f}s; killing them (FAULT)")
+            _kill(proc)
+            return exitcodes.FAULT
     if tty and seen:
         print()
     return None
@@ -200,6 +330,14 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _end_group(pgid: int) -> None:
+    """SIGKILL what is left of the ranks' process group (nothing after a clean exit): no rank outlives the launcher."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _rank_exit_code(exit_dir: Path, launcher_code: int) -> int:
     """The run's exit code from the ranks' own codes (torchrun reports 1 for any failure)."""
     codes = []
@@ -211,7 +349,14 @@ def _rank_exit_code(exit_dir: Path, launcher_code: int) -> int:
         return exitcodes.FAULT
     if not codes:
         return launcher_code if launcher_code == 0 else exitcodes.CRASH
-    for severe in (exitcodes.BAD_CONFIG, exitcodes.BAD_CKPT, exitcodes.CRASH, exitcodes.FAULT, exitcodes.RETRY):
+    for severe in (
+        exitcodes.BAD_CONFIG,
+        exitcodes.BAD_CKPT,
+        exitcodes.BUSY,
+        exitcodes.CRASH,
+        exitcodes.FAULT,
+        exitcodes.RETRY,
+    ):
         if severe in codes:
             return severe
     if any(c != 0 for c in codes):

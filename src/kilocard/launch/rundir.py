@@ -22,6 +22,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from kilocard.config.freeze import write_frozen
+from kilocard.launch.abspaths import absolute_paths
 
 PROVENANCE_FILE = "provenance.json"
 LIBRARIES = ("kilocard", "megatron-core", "torch", "hydra-core", "omegaconf", "transformer-engine", "numpy")
@@ -87,9 +88,11 @@ def create_run_dir(cfg: DictConfig, overrides: Sequence[str], root: Path | None 
     """Create the run directory for ``cfg`` under ``root`` (default: ``cluster.shared_fs``).
 
     An explicit ``launcher.run_name`` that already exists is refused; an automatic name gets a
-    ``-2``, ``-3`` ... suffix instead. Returns the final path.
+    ``-2``, ``-3`` ... suffix instead. Every path of the frozen config is made absolute against the
+    cwd (``kilocard.launch.abspaths``). Returns the final path.
     """
     root = Path(root if root is not None else cfg.cluster.shared_fs).expanduser()
+    cfg = absolute_paths(cfg, Path.cwd())  # the returned path stays as given; the frozen one is absolute
     explicit = cfg.launcher.run_name
     base = explicit or default_name(cfg.launcher.job_name)
     _check_name(base)

@@ -61,7 +61,9 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     from torch.distributed.checkpoint.api import CheckpointException
 
     from kilocard.backends import select
+    from kilocard.runlock import RunDirBusy
     from kilocard.train import checkpoint as ck
+    from kilocard.train.claim import claim_run_dir
     from kilocard.train.megatron_adapter import UnsupportedConfig
     from kilocard.train.signals import Watchdog
     from kilocard.train.trainer import DiskFull, NonFiniteLoss
@@ -74,7 +76,12 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
         _deterministic(run_cfg.trainer.deterministic)
         timeout = datetime.timedelta(seconds=max(run_cfg.trainer.hang_timeout_s, 1.0) + 60)
         dist.init_process_group(backend.dist_backend, timeout=timeout)
+        claim_run_dir(run_dir)  # one writer per run directory; a lock taken here lasts until this rank exits
         return _train_in_group(run_dir, run_cfg, sha, backend, stop, watchdog, timeout)
+    except RunDirBusy as e:
+        if env.rank == 0:
+            _say(env.rank, f"error: {e}; exiting BUSY ({exitcodes.BUSY})")
+        return exitcodes.BUSY
     except FrozenConfigError as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG

@@ -1,0 +1,28 @@
+"""A run with a relative checkpoint.save resumed from another directory keeps its history."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import KilocardRun
+from faults import tracker
+from kilocard import exitcodes
+
+pytestmark = pytest.mark.slow
+
+
+def test_relative_checkpoint_save_resumed_from_elsewhere_finds_its_steps(kilocard_run, tmp_path):
+    """``checkpoint.save=ckrel``, then ``cd elsewhere && kilocard run --resume <abs run dir>``: the
+    finished run is found finished (DONE, nothing trained), its metrics and checkpoints untouched."""
+    args = ["recipe=tiny_gpt", "trainer.train_iters=2", "trainer.tensorboard=false", "checkpoint.save=ckrel"]
+    code, out, run_dir = kilocard_run(*args)
+    assert code == exitcodes.DONE, out[-3000:]
+    assert tracker(run_dir) is None and (kilocard_run.workdir / "ckrel" / "latest_committed.txt").exists()
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+
+    elsewhere = KilocardRun(tmp_path / "elsewhere")
+    elsewhere.workdir.mkdir()
+    code, out, _ = elsewhere("--resume", str(run_dir.resolve()))
+    assert code == exitcodes.DONE, out[-3000:]
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics, "the finished run's metrics were rewritten"
+    assert not (elsewhere.workdir / "ckrel").exists(), "the resume wrote checkpoints relative to its cwd"
