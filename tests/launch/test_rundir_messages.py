@@ -14,7 +14,8 @@ import pytest
 
 from kilocard.commands import exits, main
 from kilocard.config.compose import compose
-from kilocard.launch.rundir import MAX_NAME_BYTES, create_run_dir
+from kilocard.launch.rundir import create_run_dir
+from kilocard.paths import MAX_NAME_BYTES
 
 TINY = ["recipe=tiny_gpt", "cluster.nodes=2", "cluster.gpus_per_node=2", "launcher.signal_lead_s=60"]
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -40,17 +41,23 @@ def test_missing_git_records_an_unknown_version_instead_of_blaming_shared_fs(tmp
     assert code["git_commit"] is None and "git could not be run" in code["git_error"]
 
 
-@pytest.mark.parametrize("verb", ["sbatch", "run"])
+@pytest.mark.parametrize("verb", ["validate", "sbatch", "run"])
 def test_overlong_run_name_names_run_name(verb, tmp_path, capsys):
-    """300 characters used to fail as 'cluster.shared_fs: ... File name too long'."""
-    rc, out, err = run_main(
-        [verb, *TINY, f"cluster.shared_fs={tmp_path}/runs", f"launcher.run_name={'r' * 300}"], capsys
-    )
-    assert rc == exits.USAGE and "Traceback" not in err
-    assert err.strip().splitlines() == [
-        f"kilocard {verb}: error: launcher.run_name: the run directory name is 300 bytes long ({'r' * 40}...); "
-        f"use at most {MAX_NAME_BYTES} (file systems allow 255 per name)"
-    ]
+    """300 characters used to fail as 'cluster.shared_fs: ... File name too long' (and validate passed it)."""
+    argv = [verb, *TINY, f"cluster.shared_fs={tmp_path}/runs", f"launcher.run_name={'r' * 300}"]
+    rc, out, err = run_main(argv, capsys)
+    assert rc == exits.INVALID and "Traceback" not in out + err
+    assert f"RUN_NAME: launcher.run_name = '{'r' * 40}...': launcher.run_name is 300 bytes long" in out + err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_overlong_automatic_name_names_job_name(tmp_path, capsys):
+    """An automatic name (<job_name>-<UTC time>) too long for the file system names launcher.job_name."""
+    argv = ["run", "recipe=tiny_gpt", f"cluster.shared_fs={tmp_path}/runs", f"launcher.job_name={'j' * 250}"]
+    rc, out, err = run_main(argv, capsys)
+    assert rc == exits.USAGE and out == ""
+    assert err.startswith("kilocard run: error: launcher.job_name: the run directory name is 266 bytes long (")
+    assert f"use at most {MAX_NAME_BYTES} (file systems allow 255 per name)" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "runs").exists()
 
 

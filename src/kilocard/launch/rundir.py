@@ -22,6 +22,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from kilocard.config.freeze import write_frozen
+from kilocard.paths import MAX_NAME_BYTES
 
 PROVENANCE_FILE = "provenance.json"
 LIBRARIES = ("kilocard", "megatron-core", "torch", "hydra-core", "omegaconf", "transformer-engine", "numpy")
@@ -81,11 +82,6 @@ def provenance(overrides: Sequence[str], config_sha256: str) -> dict[str, object
 def default_name(job_name: str) -> str:
     """``<job_name>-<UTC timestamp>``."""
     return f"{job_name}-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
-
-
-#: Longest run directory name: file systems allow 255 bytes per name, less the temporary name's
-#: ``.`` prefix and ``.tmp-<pid>`` suffix and a ``-NNN`` suffix for automatic names.
-MAX_NAME_BYTES = 200
 
 
 def _check_name(name: str, field: str) -> None:
