@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+#: Longest run directory name kilocard creates: file systems allow 255 bytes per name, less the
+#: temporary name's ``.`` prefix and ``.tmp-<pid>`` suffix and a ``-NNN`` suffix for automatic names.
+MAX_NAME_BYTES = 200
+
 _PKG = Path(__file__).resolve().parent
 _REPO = _PKG.parent.parent
 

@@ -160,40 +160,10 @@ def human(n: float) -> str:
     return str(int(n))
 
 
-def print_recipe_table(fmt: str = "text") -> int:
-    """Print the catalog as a table or JSON; return the exit code."""
-    rows = catalog_rows()
-    if fmt == "json":
-        print(json.dumps([asdict(r) for r in rows], indent=1))
-        return 0
-    header = ("recipe", "family", "model", "params", "active", "GPUs", "cluster", "precision", "baseline")
-    table = [header] + [
-        (
-            r.name,
-            r.family,
-            r.model,
-            human(r.params),
-            human(r.active_params),
-            str(r.gpus),
-            r.cluster,
-            r.precision,
-            r.baseline or "-",
-        )
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for i, row in enumerate(table):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-    return 0
-
-
 __all__ = [
     "RecipeRow",
     "catalog_rows",
     "compose_recipes",
-    "print_recipe_table",
     "precision_label",
     "human",
     "cache_dir",

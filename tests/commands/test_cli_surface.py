@@ -10,7 +10,7 @@ import argparse
 
 import yaml
 
-from kilocard import cli
+from kilocard import cli, commands
 from kilocard.config.schema import CONFIG_GROUPS, RunConfig
 from kilocard.paths import data_dir
 
@@ -37,7 +37,15 @@ def test_root_defaults_list_selects_every_group_once_in_order() -> None:
 
 
 def test_cli_verbs_are_frozen() -> None:
-    assert cli.VERBS == FROZEN_VERBS
-    sub = next(a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert commands.VERBS == FROZEN_VERBS
+    sub = next(a for a in commands.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert tuple(sub.choices) == FROZEN_VERBS
-    assert tuple(cli.COMMANDS) == FROZEN_VERBS
+    assert tuple(commands.COMMANDS) == FROZEN_VERBS
+    assert cli.main is commands.main  # the console script's entry point dispatches through the one table
+
+
+def test_every_verb_module_owns_its_arguments_and_exit_code() -> None:
+    """Each verb is a module with HELP, add_arguments and execute (no verb logic in kilocard.cli)."""
+    for verb, module in commands.COMMANDS.items():
+        assert module.__name__ == f"kilocard.commands.{verb}"
+        assert module.HELP and callable(module.add_arguments) and callable(module.execute), verb

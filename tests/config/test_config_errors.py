@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kilocard.cli import EXIT_USAGE, main
+from kilocard.commands import main
+from kilocard.commands.exits import USAGE as EXIT_USAGE
 
 
 def kilocard_command() -> list[str]:

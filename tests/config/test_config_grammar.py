@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import yaml
 
-from kilocard.cli import EXIT_OK, main
+from kilocard.commands import main
+from kilocard.commands.exits import OK as EXIT_OK
 from kilocard.config.compose import compose, compose_many, to_run_config
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from kilocard import exitcodes
+from kilocard.commands import exits
 
 
 def test_readme_demo_trains_and_summarises(kilocard_run):
@@ -29,7 +30,8 @@ def test_readme_demo_trains_and_summarises(kilocard_run):
 
 
 def test_invalid_config_starts_nothing(kilocard_run):
+    """An invalid config exits 1 like ``validate`` and ``sbatch`` (one exit-code policy), starting nothing."""
     code, out, run_dir = kilocard_run("recipe=tiny_gpt", "parallel.tensor_model_parallel_size=3", "--nproc", "2")
-    assert code == exitcodes.BAD_CONFIG
+    assert code == exits.INVALID
     assert run_dir is None and "nothing was started" in out and "tensor_model_parallel_size" in out
     assert not (kilocard_run.workdir / "runs").exists() or not any((kilocard_run.workdir / "runs").iterdir())

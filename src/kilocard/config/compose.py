@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
+import yaml
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -25,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from kilocard.config.explain import ComposeError, explain, override_value, problem, schema_paths, suggest, unknown_field
 from kilocard.config.schema import RunConfig
+from kilocard.config.yamlcheck import check_yaml_file
 from kilocard.paths import data_dir
 
 SCHEMA_NAME = "kilocard_schema"
@@ -103,6 +105,23 @@ def _translate_recipe(override: str) -> str:
     return f"{RECIPE_GROUP}={catalog[name].parent.name}/{name}"
 
 
+def check_sources(overrides: Sequence[str]) -> None:
+    """Safe-load every config-group file and the chosen recipe before Hydra reads them (``config.yamlcheck``)."""
+    for path in sorted(data_dir("conf").rglob("*.yaml")):
+        check_yaml_file(path)
+    for o in overrides:
+        name = o.split("=", 1)[1].strip() if o.startswith("recipe=") else None
+        if name in recipe_catalog():
+            check_yaml_file(recipe_catalog()[name])
+
+
+def _yaml_error(e: yaml.YAMLError) -> ComposeError:
+    """A YAML error that got past ``check_sources`` as one line: file, line, problem."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{mark.name}:{mark.line + 1}: " if mark else ""
+    return ComposeError(f"{where}not valid YAML ({getattr(e, 'problem', None) or type(e).__name__}); fix the file")
+
+
 def expand_sweeps(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
     """Expand Hydra sweep overrides (``a=1,2``) into the cartesian product of override lists."""
     parser = OverridesParser.create()
@@ -142,6 +161,7 @@ def compose_each(override_lists: Sequence[Sequence[str]], return_hydra_config: b
         with initialize_config_dir(config_dir=str(data_dir("conf")), version_base="1.3", job_name="kilocard"):
             for overrides in override_lists:
                 translated = [_translate_recipe(o) for o in overrides]
+                check_sources(overrides)
                 try:
                     cfg = hydra_compose(
                         config_name="config",
@@ -150,6 +170,8 @@ def compose_each(override_lists: Sequence[Sequence[str]], return_hydra_config: b
                     )
                 except (HydraException, OmegaConfBaseException, ValueError) as e:
                     raise _located(_explain(e, translated), overrides) from None
+                except yaml.YAMLError as e:
+                    raise _yaml_error(e) from None
                 OmegaConf.set_struct(cfg, True)
                 _reject_unknown_keys(cfg, translated)
                 out.append(cfg)

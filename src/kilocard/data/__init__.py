@@ -43,7 +43,7 @@ create_attention_mask=True) -> TrainIterator``
 * Bad input raises ``DataError`` (one line: field, value, fix), never a bare traceback.
 
 Other entry points: ``get_tokenizer(name)`` (``kilocard-bytes``, or a ``kilocard-bpe`` JSON file trained
-with ``python -m kilocard.data.bpe``), ``preprocess_command`` (the
+with ``python -m kilocard.data.bpe``), ``preprocess_jsonl`` (called by the
 ``kilocard preprocess`` verb), ``resolve_data_prefix(prefix)``.
 """
 

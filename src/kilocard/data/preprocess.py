@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,6 @@ from pathlib import Path
 from kilocard.data.errors import DataError
 from kilocard.data.tokenizer import get_tokenizer
 
-EXIT_OK, EXIT_USAGE = 0, 2
 SUFFIX = "_text_document"
 
 
@@ -97,14 +95,3 @@ def preprocess_jsonl(input_path: str, output_prefix: str, tokenizer: str = "kilo
         for path in tmp:
             path.unlink(missing_ok=True)
     return PreprocessResult(prefix=prefix, documents=documents, tokens=tokens)
-
-
-def preprocess_command(input: str, output_prefix: str, tokenizer: str = "kilocard-bytes") -> int:
-    """The ``kilocard preprocess`` verb: 0 on success, 2 (one error line on stderr) on bad input."""
-    try:
-        result = preprocess_jsonl(input, output_prefix, tokenizer)
-    except DataError as err:
-        print(f"kilocard preprocess: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"wrote {result.prefix}.bin/.idx: {result.documents} documents, {result.tokens} tokens ({tokenizer})")
-    return EXIT_OK

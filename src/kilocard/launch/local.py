@@ -4,7 +4,8 @@ CPU ranks use gloo when there is no GPU. Every launch gets ``OMP_NUM_THREADS=1``
 per-run ``TMPDIR`` inside the run directory, a free rendezvous port and a hang guard: when the
 metrics stop advancing for ``trainer.hang_timeout_s`` plus a grace period, the ranks are killed
 and the run ends with FAULT. Rank output goes to ``<run_dir>/logs/train.log``; the terminal shows a
-live progress line and, at the end, a summary table.
+live progress line and, at the end, a summary table. The verb itself (arguments, validation, the
+run directory, printing, exit codes before launch) is ``kilocard.commands.run``.
 
 The ranks get the run's environment (``kilocard.plan``: layout defaults, ``cluster.env``,
 ``launcher.env``; secrets by name). The launcher holds the run directory's lock
@@ -21,7 +22,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from kilocard import exitcodes, runlock
@@ -41,82 +41,6 @@ STOP_MARGIN_S = 120.0
 """Seconds beyond the expected save time that ranks asked to stop (TERM/INT) may take: the step in flight."""
 TORCHRUN_MARGIN_S = 30.0
 """Seconds torchrun may take to end after its ranks' stop time before the launcher kills the whole group."""
-
-
-def _validate(run_cfg) -> str | None:
-    """Errors of ``kilocard.validate.validate`` as text, or ``None`` when valid (or no validator)."""
-    try:
-        from kilocard.validate import validate
-    except ImportError:
-        return None
-    report = validate(run_cfg)
-    if report.valid:
-        return None
-    return "\n".join(f"  {i.field}: {i.message} (fix: {i.hint})" for i in report.errors)
-
-
-def _new_run(overrides: Sequence[str], nproc: int | None) -> Path | None:
-    from kilocard.config.compose import compose, to_run_config
-    from kilocard.launch.rundir import RunDirError, create_run_dir
-
-    overrides = list(overrides)
-    if nproc is not None:
-        if nproc < 1:
-            print(f"kilocard run: error: --nproc {nproc}: must be >= 1", file=sys.stderr)
-            return None
-        overrides += [f"cluster.gpus_per_node={nproc}", "cluster.nodes=1", f"launcher.nproc={nproc}"]
-    cfg = compose(overrides)
-    errors = _validate(to_run_config(cfg))
-    if errors:
-        print(f"kilocard run: the config is invalid; nothing was started:\n{errors}", file=sys.stderr)
-        return None
-    try:
-        return create_run_dir(cfg, overrides)
-    except RunDirError as e:
-        print(f"kilocard run: error: {e}", file=sys.stderr)
-        return None
-
-
-def _world_and_restarts(run_dir: Path) -> tuple[int, int] | None:
-    """World size and ``launcher.max_restarts`` from the run's frozen config."""
-    from kilocard.config.freeze import FrozenConfigError, load_verified
-
-    try:
-        rc, _ = load_verified(run_dir)
-    except FrozenConfigError as e:
-        print(f"kilocard run: error: {e}", file=sys.stderr)
-        return None
-    return rc.cluster.nodes * rc.cluster.gpus_per_node, rc.launcher.max_restarts
-
-
-def run_command(overrides: Sequence[str], nproc: int | None = None, resume: str | None = None) -> int:
-    """The ``kilocard run`` verb; returns an exit code of ``kilocard.exitcodes``."""
-    if resume:
-        if overrides:
-            print("kilocard run: error: --resume takes no overrides (the run's frozen config is used)", file=sys.stderr)
-            return exitcodes.BAD_CONFIG
-        run_dir = Path(resume)
-        if not run_dir.is_dir():
-            print(f"kilocard run: error: --resume {resume}: no such run directory", file=sys.stderr)
-            return exitcodes.BAD_CONFIG
-    else:
-        made = _new_run(overrides, nproc)
-        if made is None:
-            return exitcodes.BAD_CONFIG
-        run_dir = made
-    print(f"run dir: {run_dir}", flush=True)
-    frozen = _world_and_restarts(run_dir)
-    if frozen is None:
-        return exitcodes.BAD_CONFIG
-    world, max_restarts = frozen
-    if resume and nproc is not None and nproc != world:
-        print(
-            f"kilocard run: error: --nproc {nproc} differs from the run's world size {world}; "
-            f"resume onto another layout with a new run and checkpoint.load=<dir>",
-            file=sys.stderr,
-        )
-        return exitcodes.BAD_CONFIG
-    return launch(run_dir, world, max_restarts)
 
 
 def torchrun_command(

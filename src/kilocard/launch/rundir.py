@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from kilocard.config.freeze import write_frozen
 from kilocard.launch.abspaths import absolute_paths
+from kilocard.paths import MAX_NAME_BYTES
 
 PROVENANCE_FILE = "provenance.json"
 LIBRARIES = ("kilocard", "megatron-core", "torch", "hydra-core", "omegaconf", "transformer-engine", "numpy")
@@ -44,7 +45,11 @@ def library_versions() -> dict[str, str | None]:
 
 
 def code_version() -> dict[str, object]:
-    """Git commit and dirty flag of the kilocard source tree, when it is a checkout."""
+    """Git commit and dirty flag of the kilocard source tree, when it is a checkout.
+
+    Without a usable ``git`` the version is recorded as unknown, with the reason (``git_error``):
+    that is no reason to refuse a run, and not the shared filesystem's fault.
+    """
     src = Path(__file__).resolve().parents[3]
     if not (src / ".git").exists():
         return {"git_commit": None, "dirty": None}
@@ -52,10 +57,13 @@ def code_version() -> dict[str, object]:
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True, timeout=10).stdout.strip()
 
-    return {
-        "git_commit": git("rev-parse", "HEAD") or None,
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-    }
+    try:
+        return {
+            "git_commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"git_commit": None, "dirty": None, "git_error": f"git could not be run ({e})"}
 
 
 def provenance(overrides: Sequence[str], config_sha256: str) -> dict[str, object]:
@@ -77,10 +85,15 @@ def default_name(job_name: str) -> str:
     return f"{job_name}-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
-def _check_name(name: str) -> None:
+def _check_name(name: str, field: str) -> None:
     if not name or name.startswith(".") or "/" in name or any(c.isspace() for c in name):
         raise RunDirError(
-            f"launcher.run_name: {name!r} is not a usable directory name (no '/', no whitespace, not starting with '.')"
+            f"{field}: {name!r} is not a usable directory name (no '/', no whitespace, not starting with '.')"
+        )
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise RunDirError(
+            f"{field}: the run directory name is {len(name.encode())} bytes long ({name[:40]}...); "
+            f"use at most {MAX_NAME_BYTES} (file systems allow 255 per name)"
         )
 
 
@@ -95,7 +108,7 @@ def create_run_dir(cfg: DictConfig, overrides: Sequence[str], root: Path | None 
     cfg = absolute_paths(cfg, Path.cwd())  # the returned path stays as given; the frozen one is absolute
     explicit = cfg.launcher.run_name
     base = explicit or default_name(cfg.launcher.job_name)
-    _check_name(base)
+    _check_name(base, "launcher.run_name" if explicit else "launcher.job_name")
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:

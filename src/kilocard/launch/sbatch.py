@@ -1,6 +1,6 @@
-"""``kilocard sbatch``: validate, write the run directory and batch script, optionally submit.
+"""The run directory and batch script of a Slurm run (the verb is ``kilocard.commands.sbatch``).
 
-Order (nothing is written unless every config of the sweep passes every step before it):
+Order the verb follows (nothing is written unless every config of the sweep passes every step before it):
   1. compose (``launcher=slurm`` unless the overrides choose a launcher), one config per sweep point;
   2. secret references: a ``launcher.env``/``cluster.env`` value ``${oc.env:NAME}`` under the key
      ``NAME`` becomes a pass-through name in ``launcher.secret_env`` (never resolved to disk);
@@ -8,30 +8,28 @@ Order (nothing is written unless every config of the sweep passes every step bef
      of every config is printed; any error -> exit 1, nothing written, nothing submitted;
   4. a dry render (every value quoted or rejected) -> then the run directory (frozen config,
      sha256, provenance), ``plan.json``, ``logs/`` and ``submit.sbatch``;
-  5. ``--submit``: ``sbatch --parsable`` (``--chain N``: N jobs, afterany), ids in ``jobs.json``.
+  5. ``--submit``: the ``sbatch`` client and every secret are checked before step 4; then
+     ``sbatch --parsable`` (``--chain N``: N jobs, afterany; see ``kilocard.launch.slurm``), ids in
+     ``jobs.json``.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from kilocard.config.compose import ComposeError, compose_many, to_run_config
+from kilocard.config.compose import ComposeError
 from kilocard.config.schema import RunConfig
 from kilocard.launch import shell
 from kilocard.launch.render import LOG_DIR, render_script
-from kilocard.launch.rundir import RunDirError, create_run_dir
-from kilocard.launch.slurm import SlurmError, missing_secrets, record_jobs, sbatch_argv, submit_chain
-from kilocard.plan import LaunchPlan, build_plan
-from kilocard.validate import validate
-from kilocard.validate.issues import ERROR, Issue
+from kilocard.launch.rundir import create_run_dir
+from kilocard.plan import LaunchPlan
+from kilocard.validate.issues import Issue, error
 
-EXIT_OK, EXIT_INVALID = 0, 1
 SCRIPT_FILE = "submit.sbatch"
 PLAN_FILE = "plan.json"
 ENV_REF = re.compile(r"\$\{(?:oc\.)?env:([A-Za-z_][A-Za-z0-9_]*)(?:,[^}]*)?\}")
@@ -89,30 +87,14 @@ def extract_secret_refs(cfg: DictConfig) -> list[str]:
     return moved
 
 
-def print_issues(label: str, issues: Sequence[Issue]) -> None:
-    """Every error (and warning) on stderr, one line each with its fix."""
-    for i in issues:
-        value = "<hidden>" if "secret" in i.field else i.value
-        print(f"{label}{i.severity} {i.code} {i.field}={value!r}: {i.message} (fix: {i.hint})", file=sys.stderr)
-
-
-def prepare(overrides: Sequence[str], cfg: DictConfig, chain: int, multi: bool) -> Prepared | None:
-    """Validate one sweep point and render it in memory; ``None`` (after printing why) when it fails."""
-    label = f"[{' '.join(overrides)}] " if multi else ""
-    extract_secret_refs(cfg)
-    run_cfg = to_run_config(cfg)
-    issues = list(validate(run_cfg).issues)  # the validator includes the Slurm launcher rules
-    print_issues(label, issues)
-    if any(i.severity == ERROR for i in issues):
-        return None
-    plan = build_plan(run_cfg)
+def dry_render_issues(run_cfg: RunConfig, plan: LaunchPlan, chain: int) -> list[Issue]:
+    """Render the script in memory: a value that cannot go into it safely is an ``SBATCH_VALUE`` error."""
     root = Path(run_cfg.cluster.shared_fs).expanduser().resolve()
     try:
         render_script(run_cfg, plan, root / "dry-render", chain)
     except shell.ShellValueError as e:
-        print(f"{label}error SBATCH_VALUE {e}", file=sys.stderr)
-        return None
-    return Prepared(list(overrides), cfg, run_cfg, plan)
+        return [error("SBATCH_VALUE", e.field, e.value, str(e), f"set {e.field} to a value of the allowed form")]
+    return []
 
 
 def write_run(p: Prepared, chain: int) -> Path:
@@ -125,58 +107,3 @@ def write_run(p: Prepared, chain: int) -> Path:
     script.write_text(render_script(p.run_cfg, p.plan, run_dir, chain))
     script.chmod(0o755)
     return script
-
-
-def sbatch_command(overrides: Sequence[str], multirun: bool = False, submit: bool = False, chain: int = 1) -> int:
-    """The ``kilocard sbatch`` verb; returns the process exit code."""
-    if chain < 1:
-        raise ComposeError(f"--chain: {chain} is not a job count; use 1 or more", field="--chain", value=chain)
-    points = compose_many(with_slurm_launcher(overrides), multirun)
-    prepared = [prepare(o, c, chain, multi=len(points) > 1) for o, c in points]
-    if any(p is None for p in prepared):
-        bad = sum(p is None for p in prepared)
-        print(
-            f"kilocard sbatch: {bad} of {len(prepared)} config(s) invalid; nothing written, nothing submitted",
-            file=sys.stderr,
-        )
-        return EXIT_INVALID
-    missing = (
-        sorted({n for p in prepared if p is not None for n in missing_secrets(p.plan.secret_env)}) if submit else []
-    )
-    if missing:
-        print(
-            f"kilocard sbatch: error: launcher.secret_env: {', '.join(missing)} not set in this shell; export "
-            f"them before submitting; nothing written, nothing submitted",
-            file=sys.stderr,
-        )
-        return EXIT_INVALID
-    status = EXIT_OK
-    for p in prepared:
-        assert p is not None
-        try:
-            script = write_run(p, chain)
-        except RunDirError as e:
-            print(f"kilocard sbatch: error: {e}", file=sys.stderr)
-            return EXIT_INVALID
-        argv = sbatch_argv(script, p.plan.secret_env, parsable=False)
-        print(f"run dir: {script.parent}")
-        print(f"script: {script}")
-        print(
-            f"sbatch: {' '.join(shell.quote('script', a) for a in argv)}"
-            + (f"  (x{chain}, chained afterany)" if chain > 1 else "")
-        )
-        if submit:
-            status = max(status, submit_run(p, script, chain))
-    return status
-
-
-def submit_run(p: Prepared, script: Path, chain: int) -> int:
-    """Submit one prepared run and record its job ids; print them."""
-    try:
-        ids = submit_chain(script, chain, p.plan.secret_env)
-    except SlurmError as e:
-        print(f"kilocard sbatch: error: {e}", file=sys.stderr)
-        return EXIT_INVALID
-    record_jobs(script.parent, ids, chain, sbatch_argv(script, p.plan.secret_env))
-    print(f"job id{'s' if len(ids) > 1 else ''}: {' '.join(str(i) for i in ids)}")
-    return EXIT_OK

@@ -5,6 +5,10 @@ with ``afterany`` (it starts whatever way the previous one ended: time limit, ca
 Each link is told its position (``KILOCARD_CHAIN_LINK``) so only the last link requeues itself.
 Secrets are passed by NAME with ``--export=ALL,NAME``: sbatch copies the value from this process's
 environment; it never appears on a command line or on disk.
+
+A chain is all or nothing: at most ``MAX_CHAIN`` links, and when link k is refused the k-1 links
+already queued are cancelled with ``scancel`` (``ChainError`` says whether that worked; the caller
+records the ids in ``jobs.json`` when it did not, so no queued job is ever unrecorded).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import datetime as _dt
 import json
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,10 +28,28 @@ JOBS_FILE = "jobs.json"
 #: Seconds any Slurm client call may take (a dead controller makes clients retry for minutes).
 CLIENT_TIMEOUT_S = 60
 JOB_ID = re.compile(r"(\d+)(;\S+)?")
+#: The most links one ``--chain`` may submit. Slurm's default MaxJobCount is 10,000 jobs for the
+#: whole controller and sites cap a user's queued jobs (MaxSubmitJobs) in the tens to hundreds, so a
+#: chain must stay a small share of either; 100 links of a 24 h limit are 100 days of training, and a
+#: run that needs more continues with requeues or a later chain from its run directory.
+MAX_CHAIN = 100
 
 
 class SlurmError(RuntimeError):
     """sbatch/scontrol failed or answered something unexpected."""
+
+
+class ChainError(SlurmError):
+    """Link ``link`` of a chain was refused; the links queued before it were cancelled or not."""
+
+    def __init__(self, link: int, chain: int, cause: SlurmError, queued: list[int], cancel_error: str | None):
+        self.link, self.chain, self.queued, self.cancel_error = link, chain, queued, cancel_error
+        super().__init__(f"link {link} of {chain}: {cause}")
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether every link queued before the failure was cancelled."""
+        return self.cancel_error is None
 
 
 def export_arg(secret_env: Sequence[str], chain_link: int | None = None) -> str:
@@ -81,15 +104,44 @@ def run_client(argv: Sequence[str]) -> subprocess.CompletedProcess:
     return proc
 
 
+def check_chain(chain: int) -> str | None:
+    """Why ``chain`` is not a usable number of links, or ``None``."""
+    if not 1 <= chain <= MAX_CHAIN:
+        return f"--chain: {chain} is not a usable number of links; use 1 to {MAX_CHAIN} (each link is a queued job)"
+    return None
+
+
+def missing_client(name: str = "sbatch") -> str | None:
+    """Why the Slurm client ``name`` cannot be run from here, or ``None`` when it is on the PATH."""
+    if shutil.which(name) is None:
+        return f"{name}: not found on the PATH; run on a Slurm login node (or start scripts/slurm-up.sh)"
+    return None
+
+
+def cancel_jobs(ids: Sequence[int]) -> str | None:
+    """``scancel`` the jobs; ``None`` when that worked, else why not."""
+    if not ids:
+        return None
+    try:
+        run_client(["scancel", *(str(int(i)) for i in ids)])
+    except SlurmError as e:
+        return str(e)
+    return None
+
+
 def missing_secrets(secret_env: Sequence[str]) -> list[str]:
     """Names in ``secret_env`` not set in this process's environment."""
     return [n for n in secret_env if n not in os.environ]
 
 
 def submit_chain(script: Path, chain: int, secret_env: Sequence[str] = (), dependency: str | None = None) -> list[int]:
-    """Submit ``chain`` jobs of ``script`` that continue one another; return their ids in order."""
-    if chain < 1:
-        raise SlurmError(f"--chain: {chain} is not a job count; use 1 or more")
+    """Submit ``chain`` jobs of ``script`` that continue one another; return their ids in order.
+
+    When a link is refused, the links already queued are cancelled and ``ChainError`` is raised.
+    """
+    bad_chain = check_chain(chain)
+    if bad_chain:
+        raise SlurmError(bad_chain)
     missing = missing_secrets(secret_env)
     if missing:
         raise SlurmError(
@@ -99,12 +151,18 @@ def submit_chain(script: Path, chain: int, secret_env: Sequence[str] = (), depen
     for link in range(1, chain + 1):
         dep = dependency if link == 1 else f"afterany:{ids[-1]}"
         argv = sbatch_argv(script, secret_env, chain_link=link if chain > 1 else None, dependency=dep)
-        ids.append(parse_job_id(run_client(argv).stdout))
+        try:
+            ids.append(parse_job_id(run_client(argv).stdout))
+        except SlurmError as e:
+            raise ChainError(link, chain, e, ids, cancel_jobs(ids)) from None
     return ids
 
 
-def record_jobs(run_dir: Path, ids: Sequence[int], chain: int, argv: Sequence[str]) -> Path:
-    """Append this submission to ``<run_dir>/jobs.json`` (written via a temp file + rename)."""
+def record_jobs(run_dir: Path, ids: Sequence[int], chain: int, argv: Sequence[str], complete: bool = True) -> Path:
+    """Append this submission to ``<run_dir>/jobs.json`` (written via a temp file + rename).
+
+    ``complete=False`` marks a chain that broke off and whose queued links could not be cancelled.
+    """
     path = run_dir / JOBS_FILE
     data = json.loads(path.read_text()) if path.exists() else {"submissions": []}
     data["submissions"].append(
@@ -113,6 +171,7 @@ def record_jobs(run_dir: Path, ids: Sequence[int], chain: int, argv: Sequence[st
             "chain": chain,
             "submitted": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "sbatch": list(argv),
+            **({} if complete else {"complete": False}),
         }
     )
     data["job_ids"] = [j for s in data["submissions"] for j in s["job_ids"]]

@@ -14,7 +14,6 @@ optimizer, gradient/parameter/TP/pipeline overlap). A row may override either wi
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -348,14 +347,3 @@ def render_json(comps: list[Comparison]) -> str:
         "rows_included": stats["rows_included"],
     }
     return json.dumps(doc, indent=1)
-
-
-def baselines_command(file: str | None = None, fmt: str = "text") -> int:
-    """``kilocard baselines``: print the comparison; 0 on success, 2 on an unreadable file."""
-    try:
-        comps = compare_all(file)
-    except (ValueError, KeyError, TypeError) as e:
-        print(f"kilocard baselines: error: {e}", file=sys.stderr)
-        return 2
-    print(render_json(comps) if fmt == "json" else render_text(comps))
-    return 0

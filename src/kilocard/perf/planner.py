@@ -21,8 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kilocard.config.schema import RunConfig
@@ -558,29 +557,3 @@ def render_json(p: Plan) -> str:
         },
         indent=1,
     )
-
-
-def plan_command(overrides: Sequence[str], top: int = 10, plot: str | None = None, fmt: str = "text") -> int:
-    """``kilocard plan``: 0 when at least one layout is accepted, 1 when none, 2 on bad input."""
-    from kilocard.config.compose import compose, to_run_config
-
-    if top < 1:
-        print(f"kilocard plan: error: --top: {top} must be at least 1", file=sys.stderr)
-        return 2
-    cfg = to_run_config(compose(list(overrides)))
-    try:
-        result = plan(cfg, top=top)
-    except ValueError as e:
-        print(f"kilocard plan: error: {e}", file=sys.stderr)
-        return 2
-    print(render_json(result) if fmt == "json" else render_text(result))
-    if plot:
-        from kilocard.perf.plots import plot_plan, plot_schedule, schedule_path
-
-        plot_plan(result, plot)
-        # The schedule of the layout the overrides chose, when the validator accepts it; else the best.
-        shown = result.recipe or (result.top[0] if result.top else None)
-        if shown is not None:
-            plot_schedule(shown.candidate, apply(cfg, shown.candidate), schedule_path(plot))
-        print(f"wrote {plot}" + (f" and {schedule_path(plot)}" if shown is not None else ""), file=sys.stderr)
-    return 0 if result.top else 1

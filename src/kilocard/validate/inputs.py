@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from kilocard.config.schema import RunConfig
 from kilocard.launch import shell
 from kilocard.layout import Layout
+from kilocard.paths import MAX_NAME_BYTES
 from kilocard.validate.issues import Issue, error
 
 #: (field, lowest allowed value, whether the lowest is allowed, what it means): numbers with a floor.
@@ -152,6 +153,15 @@ def rule_run_name(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             name,
             f"launcher.run_name={name!r} is not a plain directory name; expected {expected}",
             "set launcher.run_name=my-run-1 (or leave it null for <job_name>-<UTC time>)",
+        )
+    elif len(str(name).encode()) > MAX_NAME_BYTES:
+        yield error(
+            "RUN_NAME",
+            "launcher.run_name",
+            f"{str(name)[:40]}...",
+            f"launcher.run_name is {len(str(name).encode())} bytes long; a directory name may have at most "
+            f"{MAX_NAME_BYTES} (file systems allow 255)",
+            f"a launcher.run_name of at most {MAX_NAME_BYTES} characters",
         )
 
 

@@ -1,18 +1,29 @@
-"""``kilocard validate``: compose, validate, print a layout summary, a memory table and every issue."""
+"""``kilocard validate``: compose, validate, print a layout summary, a memory table and every issue.
+
+Exit 0 when no config has an error (warnings allowed), 1 when any has one, 2 when a config cannot
+be composed. ``--format json`` prints ``Report.to_json()`` (a list with ``--multirun``).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
-from collections.abc import Sequence
 
+from kilocard.commands import exits
+from kilocard.commands.common import add_config_args, check_config
+from kilocard.commands.report import count_line, issue_line
 from kilocard.config.compose import compose_many, to_run_config
 from kilocard.topology import GiB
-from kilocard.validate import validate
-from kilocard.validate.issues import ERROR, Report
+from kilocard.validate.issues import Report
 
-EXIT_OK, EXIT_INVALID = 0, 1
+HELP = "check layout, batch, precision, topology and memory"
 MEMORY_ROWS = ("weights", "gradients", "optimizer", "activations", "total")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Overrides, ``-m``, ``--format``."""
+    add_config_args(p)
+    p.add_argument("--format", choices=("text", "json"), default="text")
 
 
 def _scope_text(g) -> str:
@@ -82,16 +93,10 @@ def human_bytes(b: float) -> str:
 
 
 def issue_lines(report: Report) -> list[str]:
-    """Every issue: severity, code, field = value, message, and the fix."""
+    """Every issue (the shared one-line form), then the count; or ``no problems found``."""
     if not report.issues:
         return ["no problems found"]
-    out = []
-    for i in report.issues:
-        out.append(f"{i.severity.upper()} {i.code}: {i.field} = {i.value!r}: {i.message}")
-        out.append(f"    fix: {i.hint}")
-    n_err = sum(i.severity == ERROR for i in report.issues)
-    out.append(f"{n_err} error(s), {len(report.issues) - n_err} warning(s)")
-    return out
+    return [issue_line(i) for i in report.issues] + [count_line(report.issues)]
 
 
 def render_text(report: Report) -> str:
@@ -99,20 +104,17 @@ def render_text(report: Report) -> str:
     return "\n".join(layout_lines(report) + memory_lines(report) + issue_lines(report))
 
 
-def validate_command(overrides: Sequence[str], multirun: bool = False, fmt: str = "text") -> int:
+def execute(args: argparse.Namespace) -> int:
     """Compose each config, validate it, print; 0 when no errors, 1 when any config has one."""
-    reports = []
-    for combo, cfg in compose_many(overrides, multirun=multirun):
-        reports.append((combo, validate(to_run_config(cfg))))
-    if fmt == "json":
-        if multirun:
+    reports = [(combo, check_config(to_run_config(cfg))) for combo, cfg in compose_many(args.overrides, args.multirun)]
+    if args.format == "json":
+        if args.multirun:
             print(json.dumps([{"overrides": c, **r.to_dict()} for c, r in reports], indent=2))
         else:
             print(reports[0][1].to_json())
     else:
         for combo, r in reports:
-            if multirun:
+            if args.multirun:
                 print(f"# overrides: {' '.join(combo)}")
             print(render_text(r))
-    sys.stdout.flush()
-    return EXIT_OK if all(r.valid for _, r in reports) else EXIT_INVALID
+    return exits.OK if all(r.valid for _, r in reports) else exits.INVALID

@@ -1,0 +1,21 @@
+"""The exit-code policy of every ``kilocard`` verb (one table; README "Exit codes" says the same).
+
+| code | name    | meaning                                                                        |
+|------|---------|--------------------------------------------------------------------------------|
+| 0    | OK      | the verb did its job                                                           |
+| 1    | INVALID | the input was understood but refused (an invalid config, no layout fits, a     |
+|      |         | submission that Slurm refused) or the verb's job failed                        |
+| 2    | USAGE   | the input cannot be used: a bad flag, a config that does not compose, an       |
+|      |         | unreadable or unsafe file, a run directory that cannot be resumed              |
+| 130  | INTERRUPTED | Ctrl-C before anything was started                                         |
+
+``kilocard run`` returns these until the ranks start; from then on it returns the trainer's own
+codes (``kilocard.exitcodes``: 0 DONE, 75 RETRY, 76 FAULT, 2 BAD_CONFIG, 3 BAD_CKPT, 1 CRASH).
+"""
+
+from __future__ import annotations
+
+OK = 0
+INVALID = 1
+USAGE = 2
+INTERRUPTED = 130

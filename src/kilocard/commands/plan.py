@@ -1,0 +1,53 @@
+"""``kilocard plan``: rank the layouts the validator accepts by predicted throughput.
+
+Exit 0 when at least one layout is accepted, 1 when none is, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kilocard.commands import exits
+from kilocard.commands.common import add_config_args
+from kilocard.commands.report import fail
+from kilocard.config.compose import compose, to_run_config
+from kilocard.config.schema import RunConfig
+from kilocard.perf.planner import Plan, apply, plan, render_json, render_text
+
+HELP = "rank the layouts that fit by predicted throughput"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Overrides, ``--top``, ``--plot``, ``--format``."""
+    add_config_args(p, multirun=False)
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--plot", default=None, metavar="PNG")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def write_plots(result: Plan, cfg: RunConfig, png: str) -> None:
+    """The ranking plot, and the schedule of the chosen layout (the overrides' own when valid, else the best)."""
+    # matplotlib costs about a second to import: only ``--plot`` pays for it.
+    from kilocard.perf.plots import plot_plan, plot_schedule, schedule_path
+
+    plot_plan(result, png)
+    shown = result.recipe or (result.top[0] if result.top else None)
+    if shown is not None:
+        plot_schedule(shown.candidate, apply(cfg, shown.candidate), schedule_path(png))
+    print(f"wrote {png}" + (f" and {schedule_path(png)}" if shown is not None else ""), file=sys.stderr)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Search, print the ranking, optionally plot."""
+    if args.top < 1:
+        return fail("plan", f"--top: {args.top} must be at least 1", exits.USAGE)
+    cfg = to_run_config(compose(list(args.overrides)))
+    try:
+        result = plan(cfg, top=args.top)
+    except ValueError as e:
+        return fail("plan", str(e), exits.USAGE)
+    print(render_json(result) if args.format == "json" else render_text(result))
+    if args.plot:
+        write_plots(result, cfg, args.plot)
+    return exits.OK if result.top else exits.INVALID

@@ -1,0 +1,49 @@
+"""``kilocard recipes``: the table of recipes (model, parameters, GPUs, precision, baseline)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+from kilocard.commands import exits
+from kilocard.recipes import RecipeRow, catalog_rows, human
+
+HELP = "table of the recipes: model, params, GPUs, precision, baseline"
+HEADER = ("recipe", "family", "model", "params", "active", "GPUs", "cluster", "precision", "baseline")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``--format text|json``."""
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def table_lines(rows: list[RecipeRow]) -> list[str]:
+    """The catalog as aligned text columns under a header."""
+    table = [HEADER] + [
+        (
+            r.name,
+            r.family,
+            r.model,
+            human(r.params),
+            human(r.active_params),
+            str(r.gpus),
+            r.cluster,
+            r.precision,
+            r.baseline or "-",
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
+    return [lines[0], "  ".join("-" * w for w in widths), *lines[1:]]
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Print the catalog."""
+    rows = catalog_rows()
+    if args.format == "json":
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print("\n".join(table_lines(rows)))
+    return exits.OK

@@ -1,0 +1,96 @@
+"""``kilocard run``: validate, write a run directory (or resume one), train on local ranks.
+
+Before the ranks start it exits with the command codes (``kilocard.commands.exits``): 1 for an
+invalid config (all its issues printed, nothing written), 2 for input it cannot use (a bad flag, a
+config that does not compose, a run directory that is missing, altered or not writable). Once the
+ranks start it returns the trainer's code (``kilocard.exitcodes``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from kilocard.commands import exits
+from kilocard.commands.common import add_config_args, check_config
+from kilocard.commands.report import count_line, fail, print_issues
+from kilocard.config.compose import compose, to_run_config
+from kilocard.config.freeze import FrozenConfigError, load_verified
+from kilocard.launch.local import launch
+from kilocard.launch.rundir import RunDirError, create_run_dir
+
+HELP = "validate, write a run dir and train on local ranks (torchrun)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Overrides, ``--nproc``, ``--resume``."""
+    add_config_args(p, multirun=False)
+    p.add_argument("--nproc", type=int, default=None, help="local ranks (default: launcher.nproc)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a stopped run")
+
+
+def nproc_overrides(nproc: int | None) -> list[str]:
+    """``--nproc N``: one node of N ranks."""
+    if nproc is None:
+        return []
+    return [f"cluster.gpus_per_node={nproc}", "cluster.nodes=1", f"launcher.nproc={nproc}"]
+
+
+def new_run(overrides: list[str]) -> Path | int:
+    """Compose, validate and write a new run directory; its path, or the exit code after printing why not."""
+    cfg = compose(overrides)
+    report = check_config(to_run_config(cfg))
+    if not report.valid:
+        print_issues(report.issues)
+        return fail("run", f"the config is invalid ({count_line(report.issues)}); nothing was started", exits.INVALID)
+    try:
+        return create_run_dir(cfg, overrides)
+    except RunDirError as e:
+        return fail("run", str(e), exits.USAGE)
+
+
+def unwritable(run_dir: Path) -> str | None:
+    """Why the ranks could not write into ``run_dir`` (checkpoints, logs, metrics), or ``None``."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".kilocard-probe-"):
+            pass
+    except OSError as e:
+        return f"--resume {run_dir}: the run directory is not writable ({e.strerror}); make it writable or copy it"
+    return None
+
+
+def resumable(resume: str, overrides: list[str]) -> Path | int:
+    """The run directory to resume, or the exit code after printing why it cannot be resumed."""
+    if overrides:
+        return fail("run", "--resume takes no overrides (the run's frozen config is used)", exits.USAGE)
+    run_dir = Path(resume)
+    if not run_dir.is_dir():
+        return fail("run", f"--resume {resume}: no such run directory", exits.USAGE)
+    problem = unwritable(run_dir)
+    return fail("run", problem, exits.USAGE) if problem else run_dir
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Prepare the run directory, then hand it to the local launcher."""
+    if args.nproc is not None and args.nproc < 1:
+        return fail("run", f"--nproc {args.nproc}: must be >= 1", exits.USAGE)
+    overrides = list(args.overrides)
+    made = resumable(args.resume, overrides) if args.resume else new_run(overrides + nproc_overrides(args.nproc))
+    if isinstance(made, int):
+        return made
+    run_dir = made
+    print(f"run dir: {run_dir}", flush=True)
+    try:
+        frozen, _ = load_verified(run_dir)
+    except FrozenConfigError as e:
+        return fail("run", str(e), exits.USAGE)
+    world = frozen.cluster.nodes * frozen.cluster.gpus_per_node
+    if args.resume and args.nproc is not None and args.nproc != world:
+        return fail(
+            "run",
+            f"--nproc {args.nproc} differs from the run's world size {world}; resume onto another layout with a new "
+            "run and checkpoint.load=<dir>",
+            exits.USAGE,
+        )
+    return launch(run_dir, world, frozen.launcher.max_restarts)

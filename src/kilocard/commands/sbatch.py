@@ -1,0 +1,139 @@
+"""``kilocard sbatch``: validate, write the run directory and batch script, optionally submit.
+
+Nothing is written unless every sweep point passes validation and a dry render, and, with
+``--submit``, unless ``sbatch`` is on the PATH and every secret is set. Exit 0 when every run was
+written (and submitted), 1 when a config is invalid or Slurm refused a submission, 2 on bad input
+(``--chain`` outside 1..``MAX_CHAIN``, a config that does not compose, an unwritable run directory).
+A chain that breaks off at link k cancels its first k-1 links (see ``kilocard.launch.slurm``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from kilocard.commands import exits
+from kilocard.commands.common import add_config_args, check_config
+from kilocard.commands.report import fail, print_issues
+from kilocard.config.compose import compose_many, to_run_config
+from kilocard.launch import shell
+from kilocard.launch.rundir import RunDirError
+from kilocard.launch.sbatch import Prepared, dry_render_issues, extract_secret_refs, with_slurm_launcher, write_run
+from kilocard.launch.slurm import (
+    ChainError,
+    SlurmError,
+    check_chain,
+    missing_client,
+    missing_secrets,
+    record_jobs,
+    sbatch_argv,
+    submit_chain,
+)
+from kilocard.plan import build_plan
+from kilocard.validate.issues import ERROR, Issue
+
+HELP = "validate and render (optionally submit) a Slurm batch script"
+NOTHING_DONE = "nothing written, nothing submitted"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Overrides, ``-m``, ``--submit``, ``--chain``."""
+    add_config_args(p)
+    p.add_argument("--submit", action="store_true", help="submit with sbatch --parsable")
+    p.add_argument("--chain", type=int, default=1, help="submit N jobs that continue one another (N <= 100)")
+
+
+def prepare(overrides: list[str], cfg: DictConfig, chain: int) -> tuple[Prepared | None, list[Issue]]:
+    """Validate one sweep point and render it in memory: the point (``None`` on any error) and its issues."""
+    extract_secret_refs(cfg)
+    run_cfg = to_run_config(cfg)
+    issues = list(check_config(run_cfg).issues)
+    if any(i.severity == ERROR for i in issues):
+        return None, issues
+    plan = build_plan(run_cfg)
+    issues += dry_render_issues(run_cfg, plan, chain)
+    if any(i.severity == ERROR for i in issues):
+        return None, issues
+    return Prepared(overrides, cfg, run_cfg, plan), issues
+
+
+def submit_problems(points: list[Prepared]) -> list[str]:
+    """What stops a submission before anything is written: no ``sbatch`` client, secrets not exported."""
+    problems = [p for p in (missing_client("sbatch"),) if p]
+    missing = sorted({n for p in points for n in missing_secrets(p.plan.secret_env)})
+    if missing:
+        problems.append(
+            f"launcher.secret_env: {', '.join(missing)} not set in this shell; export them before submitting"
+        )
+    return problems
+
+
+def print_written(script: Path, p: Prepared, chain: int) -> None:
+    """``run dir:``, ``script:`` and the ``sbatch`` line."""
+    argv = sbatch_argv(script, p.plan.secret_env, parsable=False)
+    print(f"run dir: {script.parent}")
+    print(f"script: {script}")
+    print(
+        f"sbatch: {' '.join(shell.quote('script', a) for a in argv)}"
+        + (f"  (x{chain}, chained afterany)" if chain > 1 else "")
+    )
+
+
+def submit_run(p: Prepared, script: Path, chain: int) -> int:
+    """Submit one written run, record its job ids in ``jobs.json`` and print them."""
+    argv = sbatch_argv(script, p.plan.secret_env)
+    try:
+        ids = submit_chain(script, chain, p.plan.secret_env)
+    except ChainError as e:
+        return fail("sbatch", chain_failure(e, script, chain, argv), exits.INVALID)
+    except SlurmError as e:
+        return fail("sbatch", str(e), exits.INVALID)
+    record_jobs(script.parent, ids, chain, argv)
+    print(f"job id{'s' if len(ids) > 1 else ''}: {' '.join(str(i) for i in ids)}")
+    return exits.OK
+
+
+def chain_failure(e: ChainError, script: Path, chain: int, argv: list[str]) -> str:
+    """The error line of a broken chain; records the queued links when they could not be cancelled."""
+    ids = " ".join(str(i) for i in e.queued)
+    if not e.queued:
+        return f"{e}; nothing is queued (the run directory {script.parent} stays: fix the cause and resubmit)"
+    if e.cancelled:
+        return f"{e}; cancelled the {len(e.queued)} link(s) already queued ({ids}): nothing is queued"
+    record_jobs(script.parent, e.queued, chain, argv, complete=False)
+    return (
+        f"{e}; could not cancel the {len(e.queued)} link(s) already queued ({e.cancel_error}); "
+        f"recorded them in {script.parent / 'jobs.json'}: run `scancel {ids}`"
+    )
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Validate every sweep point, check the submission, then write (and submit) each run."""
+    bad_chain = check_chain(args.chain)
+    if bad_chain:
+        return fail("sbatch", f"{bad_chain}; {NOTHING_DONE}", exits.USAGE)
+    points = compose_many(with_slurm_launcher(args.overrides), args.multirun)
+    prepared: list[Prepared] = []
+    for overrides, cfg in points:
+        p, issues = prepare(overrides, cfg, args.chain)
+        print_issues(issues, label=f"[{' '.join(overrides)}] " if len(points) > 1 else "")
+        if p is not None:
+            prepared.append(p)
+    if len(prepared) < len(points):
+        bad = len(points) - len(prepared)
+        return fail("sbatch", f"{bad} of {len(points)} config(s) invalid; {NOTHING_DONE}", exits.INVALID)
+    problems = submit_problems(prepared) if args.submit else []
+    if problems:
+        return fail("sbatch", f"{'; '.join(problems)}; {NOTHING_DONE}", exits.INVALID)
+    status = exits.OK
+    for p in prepared:
+        try:
+            script = write_run(p, args.chain)
+        except RunDirError as e:
+            return fail("sbatch", str(e), exits.USAGE)
+        print_written(script, p, args.chain)
+        if args.submit:
+            status = max(status, submit_run(p, script, args.chain))
+    return status
