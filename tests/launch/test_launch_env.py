@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from kilocard.config.compose import compose
 from kilocard.config.freeze import load_verified
-from kilocard.launch.local import missing_secrets, rank_env
+from kilocard.launch.local import rank_env
 from kilocard.launch.rundir import create_run_dir
+from kilocard.launch.slurm import missing_secrets
 from kilocard.runlock import TOKEN_ENV
 
 
@@ -29,6 +30,16 @@ def test_rank_env_has_cluster_and_launcher_env_with_the_batch_scripts_precedence
     assert env["OMP_NUM_THREADS"] == "3", "a layout default never overrides the caller's setting"
     assert env["KC_SECRET"] == "s3cret" and "s3cret" not in (run_dir / "config.yaml").read_text()
     assert env[TOKEN_ENV] == "tok"
-    assert missing_secrets(run_cfg) == []
+    assert missing_secrets(run_cfg.launcher.secret_env) == []
     monkeypatch.delenv("KC_SECRET")
-    assert missing_secrets(run_cfg) == ["KC_SECRET"]
+    assert missing_secrets(run_cfg.launcher.secret_env) == ["KC_SECRET"]
+
+
+def test_run_with_a_missing_secret_is_refused_before_the_run_dir_is_written(tmp_path, monkeypatch):
+    from kilocard.commands import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KC_ABSENT_SECRET", raising=False)
+    code = main(["run", "recipe=tiny_gpt", "launcher.secret_env=[KC_ABSENT_SECRET]", "cluster.shared_fs=runs"])
+    assert code == 2
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -19,6 +19,7 @@ from kilocard.config.compose import compose, to_run_config
 from kilocard.config.freeze import FrozenConfigError, load_verified
 from kilocard.launch.local import launch
 from kilocard.launch.rundir import RunDirError, create_run_dir
+from kilocard.launch.slurm import missing_secrets
 
 HELP = "validate, write a run dir and train on local ranks (torchrun)"
 
@@ -40,10 +41,16 @@ def nproc_overrides(nproc: int | None) -> list[str]:
 def new_run(overrides: list[str]) -> Path | int:
     """Compose, validate and write a new run directory; its path, or the exit code after printing why not."""
     cfg = compose(overrides)
-    report = check_config(to_run_config(cfg))
+    run_cfg = to_run_config(cfg)
+    report = check_config(run_cfg)
     if not report.valid:
         print_issues(report.issues)
         return fail("run", f"the config is invalid ({count_line(report.issues)}); nothing was started", exits.INVALID)
+    missing = missing_secrets(run_cfg.launcher.secret_env)
+    if missing:
+        return fail(
+            "run", f"launcher.secret_env: {', '.join(missing)} not in the environment (export it first)", exits.USAGE
+        )
     try:
         return create_run_dir(cfg, overrides)
     except RunDirError as e:

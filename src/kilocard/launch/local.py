@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kilocard import exitcodes, runlock
 from kilocard.config.schema import RunConfig
+from kilocard.launch.slurm import missing_secrets
 from kilocard.perf.goodput import checkpoint_bytes
 from kilocard.plan import build_plan
 from kilocard.train.dist_env import free_port
@@ -98,11 +99,6 @@ def rank_env(run_dir: Path, run_cfg: RunConfig, lock_token: str) -> dict:
     return env
 
 
-def missing_secrets(run_cfg: RunConfig) -> list[str]:
-    """Names in ``launcher.secret_env`` that the caller's environment lacks."""
-    return [name for name in run_cfg.launcher.secret_env if name not in os.environ]
-
-
 def stop_wait_s(run_cfg: RunConfig) -> float:
     """How long the ranks may take to stop after TERM: the step in flight, the save, a margin."""
     if run_cfg.checkpoint.expected_save_time_s is not None:
@@ -120,7 +116,7 @@ def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     from kilocard.config.freeze import load_verified
 
     run_cfg, _ = load_verified(run_dir)
-    missing = missing_secrets(run_cfg)
+    missing = missing_secrets(run_cfg.launcher.secret_env)  # a resume's shell may lack them
     if missing:
         print(
             f"kilocard run: error: launcher.secret_env: {', '.join(missing)} not in the environment "
