@@ -16,8 +16,7 @@ def _commit(root: Path, step: int, payload: bytes = b"weights") -> Path:
     (d / "rng").mkdir(parents=True)
     (d / "__0_0.distcp").write_bytes(payload * 100)
     (d / "rng" / "rank_00000.pt").write_bytes(b"rng")
-    ck.write_manifest(d)
-    ck._fsync_write(root / ck.TRACKER, f"{step}\n")
+    ck.commit_step(root, step, keep_last=10)
     return d
 
 
@@ -86,7 +85,7 @@ def test_prune_keeps_last_committed_only_after_commit(tmp_path):
 
 
 def test_tracker_write_is_atomic_and_validated(tmp_path):
-    ck._fsync_write(tmp_path / ck.TRACKER, "12\n")
+    ck.atomic_write(tmp_path / ck.TRACKER, "12\n")
     assert ck.latest_committed(tmp_path) == 12
     assert not list(tmp_path.glob(".*tmp*"))
     (tmp_path / ck.TRACKER).write_text("garbage")

@@ -18,12 +18,10 @@ from typing import Any
 from kilocard.config.schema import RunConfig
 from kilocard.perf.flops import flops_per_iteration
 from kilocard.topology import compute_dtype, gpu_spec
+from kilocard.train.names import METRICS_FILE
 
 FLOPS_CONVENTION = "megatron_current"
 """FLOPs convention of every TFLOP/s and MFU figure the trainer reports."""
-
-METRICS_FILE = "metrics.jsonl"
-"""One JSON object per optimizer step, in the run directory."""
 
 
 @dataclass(frozen=True)
