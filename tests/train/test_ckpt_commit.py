@@ -97,3 +97,35 @@ def test_model_differences_name_shape_fields_only():
     saved = ck.asdict(ModelConfig(num_layers=4, hidden_size=64))
     now = ModelConfig(num_layers=2, hidden_size=64, name="renamed", hidden_dropout=0.1)
     assert ck.model_differences(saved, now) == ["model.num_layers: 4 -> 2"]
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_dot_files_like_torch_dist_metadata_are_in_the_manifest(tmp_path):
+    """torch_dist's ``.metadata`` (which shard holds which tensor) is hashed like every other file:
+    altered or deleted, the step fails its check naming it, and fallback takes the step before."""
+    _commit(tmp_path, 5)
+    d = ck.step_dir(tmp_path, 10)
+    d.mkdir(parents=True)
+    (d / ".metadata").write_bytes(b"which shard holds which tensor" * 10)
+    d10 = _commit(tmp_path, 10)
+    assert ".metadata" in json.loads((d10 / ck.MANIFEST).read_text())["files"]
+    _flip_byte(d10 / ".metadata")
+    with pytest.raises(ck.CheckpointError, match=r"checkpoint step 10: file .*/\.metadata fails its sha256"):
+        ck.verify_step(d10)
+    (d10 / ".metadata").unlink()
+    with pytest.raises(ck.CheckpointError, match=r"checkpoint step 10: file .*/\.metadata is missing"):
+        ck.verify_step(d10)
+    assert ck.load_root_and_step(tmp_path, None, fallback=True) == (tmp_path, 5)
+
+
+def test_file_added_after_the_commit_fails_the_check(tmp_path):
+    """A file the manifest does not list (added after the commit, or by a writer that skipped it) is refused."""
+    d = _commit(tmp_path, 10)
+    (d / ".metadata").write_bytes(b"unverified")
+    with pytest.raises(ck.CheckpointError, match=rf"checkpoint step 10: file .*/\.metadata is not in {ck.MANIFEST}"):
+        ck.verify_step(d)

@@ -4,15 +4,15 @@ Layout of ``<checkpoint dir>``::
 
     step_0000010/             one step: dist_checkpointing files (.metadata, *.distcp, common.pt, ...)
                               + rng/rank_*.pt + trainer_state.json
-    step_0000010/manifest.json   size and sha256 of every file of the step (written last)
+    step_0000010/manifest.json   size and sha256 of every other file of the step, dot-files included
     latest_committed.txt      the newest committed step (temp file + fsync + rename)
 
 A step counts only once committed (``commit_step``, on rank 0 after every rank has written): the
 manifest, then the tracker, then older steps are pruned to ``checkpoint.keep_last``. A step
 directory without a manifest, or newer than the tracker, is never loaded. On load the manifest is
-verified first; a missing or altered file is an error naming the step and the file (or, with
-``checkpoint.fallback_to_previous``, the previous committed step is used). Torch-free: the ranks'
-side is ``kilocard.train.ckpt_manager``.
+verified first; a missing, altered or unlisted file is an error naming the step and the file (or,
+with ``checkpoint.fallback_to_previous``, the previous committed step is used). Torch-free: the
+ranks' side is ``kilocard.train.ckpt_manager``.
 """
 
 from __future__ import annotations
@@ -85,12 +85,8 @@ def _sha256(path: Path) -> str:
 
 
 def _step_files(sdir: Path) -> list[str]:
-    """Every file of a step directory but its manifest and dot-files."""
-    return [
-        str(p.relative_to(sdir))
-        for p in sorted(sdir.rglob("*"))
-        if p.is_file() and p != sdir / MANIFEST and not p.name.startswith(".")
-    ]
+    """Every file of a step directory but its manifest, dot-files (torch_dist's ``.metadata``) included."""
+    return [str(p.relative_to(sdir)) for p in sorted(sdir.rglob("*")) if p.is_file() and p != sdir / MANIFEST]
 
 
 def write_manifest(sdir: Path) -> dict[str, Any]:
@@ -102,7 +98,7 @@ def write_manifest(sdir: Path) -> dict[str, Any]:
 
 
 def verify_step(sdir: Path) -> None:
-    """Raise ``CheckpointError`` naming the step and file unless every manifest entry matches."""
+    """Raise ``CheckpointError`` naming the step and file unless the files are exactly the manifest's."""
     mpath = sdir / MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"{sdir}: no {MANIFEST}; the step was never committed")
@@ -119,6 +115,12 @@ def verify_step(sdir: Path) -> None:
             )
         if _sha256(p) != meta["sha256"]:
             raise CheckpointError(f"checkpoint step {step}: file {p} fails its sha256 check (corrupted)")
+    for rel in _step_files(sdir):
+        if rel not in manifest["files"]:
+            raise CheckpointError(
+                f"checkpoint step {step}: file {sdir / rel} is not in {MANIFEST} "
+                f"(added after the commit, or written by a kilocard that did not hash it)"
+            )
 
 
 def latest_committed(root: Path) -> int | None:
