@@ -129,3 +129,24 @@ def test_file_added_after_the_commit_fails_the_check(tmp_path):
     (d / ".metadata").write_bytes(b"unverified")
     with pytest.raises(ck.CheckpointError, match=rf"checkpoint step 10: file .*/\.metadata is not in {ck.MANIFEST}"):
         ck.verify_step(d)
+
+
+def test_bad_step_error_names_the_intact_step_and_a_fix_that_works_with_resume(tmp_path):
+    """Without fallback the error names the newest intact committed step and how to resume from it:
+    rewrite the tracker of the run's own checkpoints (``kilocard run --resume`` takes no overrides),
+    or ``checkpoint.ckpt_step`` for a ``checkpoint.load`` directory; and says when no step is intact."""
+    for s in (4, 8, 12):
+        _commit(tmp_path, s)
+    _flip_byte(ck.step_dir(tmp_path, 12) / "__0_0.distcp")
+    tracker = tmp_path / ck.TRACKER
+    with pytest.raises(ck.CheckpointError) as e:
+        ck.load_root_and_step(tmp_path, None, fallback=False)
+    assert "checkpoint step 12: file" in str(e.value)
+    assert f"step 8 is the newest committed step that passes; to resume from it, write 8 into {tracker}" in str(e.value)
+    assert "fallback_to_previous" not in str(e.value)
+    with pytest.raises(ck.CheckpointError, match=r"start a new run with checkpoint.ckpt_step=8"):
+        ck.load_root_and_step(tmp_path / "own", tmp_path, fallback=False)
+    for s in (4, 8):
+        _flip_byte(ck.step_dir(tmp_path, s) / "__0_0.distcp")
+    with pytest.raises(ck.CheckpointError, match=r"no older committed step under .* passes its integrity check"):
+        ck.load_root_and_step(tmp_path, None, fallback=False)

@@ -142,8 +142,16 @@ def test_corrupted_byte_in_committed_shard_is_bad_ckpt_naming_step_and_file(refe
     code, out, _ = KilocardRun(tmp_path)("--resume", str(run_dir))
     assert code == exitcodes.BAD_CKPT, out[-3000:]
     assert f"checkpoint step {ITERS}: file {shard} fails its sha256 check" in out
-    assert "checkpoint.fallback_to_previous=true" in out
+    tracker_file = run_dir / "checkpoints" / ck.TRACKER
+    assert f"step {ITERS - EVERY} is the newest committed step that passes; to resume from it, write " in out
+    assert f"{ITERS - EVERY} into {tracker_file}" in out
     assert records(run_dir) == before
+
+    # the fix the message names works with --resume (which takes no overrides)
+    tracker_file.write_text(f"{ITERS - EVERY}\n")
+    code, out, _ = KilocardRun(tmp_path)("--resume", str(run_dir))
+    assert code == exitcodes.DONE, out[-3000:]
+    assert losses(run_dir) == reference[1]
 
 
 def _swap_two_weights(metadata: Path) -> None:

@@ -10,9 +10,10 @@ Layout of ``<checkpoint dir>``::
 A step counts only once committed (``commit_step``, on rank 0 after every rank has written): the
 manifest, then the tracker, then older steps are pruned to ``checkpoint.keep_last``. A step
 directory without a manifest, or newer than the tracker, is never loaded. On load the manifest is
-verified first; a missing, altered or unlisted file is an error naming the step and the file (or,
-with ``checkpoint.fallback_to_previous``, the previous committed step is used). Torch-free: the
-ranks' side is ``kilocard.train.ckpt_manager``.
+verified first; a missing, altered or unlisted file is an error naming the step and the file, with
+the newest intact committed step and how to resume from it (or, with
+``checkpoint.fallback_to_previous``, that step is used). Torch-free: the ranks' side is
+``kilocard.train.ckpt_manager``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,10 +228,10 @@ def load_root_and_step(
     (its step ``ckpt_step`` when given). Returns ``(None, None)`` for a fresh start.
 
     Verifies the manifest (the caller runs this on rank 0 only). Raises ``CheckpointError`` naming the
-    step and file, unless ``fallback`` finds an older committed step that passes.
+    step and file and the newest intact committed step, unless ``fallback`` lets that step be used.
     """
     if save_root is not None and latest_committed(save_root) is not None:
-        return save_root, _pick(save_root, committed_steps(save_root), fallback)
+        return save_root, _pick(save_root, committed_steps(save_root), fallback, latest_committed(save_root), _own_fix)
     if load_root is None or latest_committed(load_root) is None:
         if load_root is not None:
             raise CheckpointError(f"checkpoint.load: {load_root} holds no committed step ({TRACKER} missing)")
@@ -242,26 +244,43 @@ def load_root_and_step(
                 f"(committed: {sorted(steps)})"
             )
         steps = [s for s in steps if s <= ckpt_step]
-    return load_root, _pick(load_root, steps, fallback, ckpt_step)
+    wanted = latest_committed(load_root) if ckpt_step is None else ckpt_step
+    return load_root, _pick(load_root, steps, fallback, wanted, _load_fix)
 
 
-def _pick(root: Path, steps: list[int], fallback: bool, wanted: int | None = None) -> int:
-    """The newest of ``steps`` (newest first) that passes verification; ``wanted`` defaults to the tracker's."""
-    wanted = latest_committed(root) if wanted is None else wanted
+def _own_fix(root: Path, step: int) -> str:
+    """How to resume a run from its own committed ``step``: ``kilocard run --resume`` takes no overrides,
+    so the tracker is pointed at it (as Megatron-LM users edit ``latest_checkpointed_iteration.txt``)."""
+    return (
+        f"to resume from it, write {step} into {root / TRACKER} and resume again "
+        f"(kilocard run --resume RUN_DIR, or resubmit the job); the steps after it are then trained again"
+    )
+
+
+def _load_fix(root: Path, step: int) -> str:
+    """How to start from ``step`` of a ``checkpoint.load`` directory (which is not the run's own to rewrite)."""
+    return f"to start from it, start a new run with checkpoint.ckpt_step={step} (checkpoint.load={root})"
+
+
+def _pick(root: Path, steps: list[int], fallback: bool, wanted: int, fix: Callable[[Path, int], str]) -> int:
+    """``wanted`` when it is the newest of ``steps`` (newest first) and passes verification.
+
+    Otherwise the newest step that passes when ``fallback`` is on; when it is off, a ``CheckpointError``
+    naming the failing file, that step and how to resume from it (``fix``).
+    """
     first_error: CheckpointError | None = None
     if not steps or steps[0] != wanted:
         first_error = CheckpointError(
             f"checkpoint step {wanted}: {step_dir(root, wanted)} has no {MANIFEST} "
             f"although it is committed (deleted or moved?)"
         )
-        if not fallback or not steps:
-            raise first_error
     for s in steps:
         try:
             verify_step(step_dir(root, s))
-            return s
         except CheckpointError as e:
-            if not fallback:
-                raise
             first_error = first_error or e
+            continue
+        if first_error is None or fallback:
+            return s
+        raise CheckpointError(f"{first_error}; step {s} is the newest committed step that passes; {fix(root, s)}")
     raise CheckpointError(f"{first_error}; and no older committed step under {root} passes its integrity check")

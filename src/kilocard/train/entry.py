@@ -78,8 +78,8 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag) -> in
     except (ck.DiskFull, NonFiniteLoss) as e:  # a person must look, but the message says it all
         _say(env.rank, f"error: {e}")
         return exitcodes.CRASH
-    except ck.CheckpointError as e:
-        _say(env.rank, f"error: {e} (set checkpoint.fallback_to_previous=true to resume from the step before)")
+    except ck.CheckpointError as e:  # the message names the file, the intact step and how to resume from it
+        _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CKPT
     except (Exception, CheckpointException) as e:  # torch's CheckpointException is a BaseException
         if peer_lost(e):  # another rank died mid-collective: the committed steps are intact
