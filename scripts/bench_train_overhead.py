@@ -220,6 +220,8 @@ def rank_main(run_dir: Path, blocks: int, block_steps: int, out: Path) -> None:
     """One rank (under torchrun): the trainer's run, with a bare block after each ours block; rank 0 writes periods."""
     import torch.distributed as dist
 
+    from kilocard.train.trainer import Outcome
+
     trainer, writer, ours_stamps = build_ours(run_dir)
     bare = build_bare(run_dir)
     results: list[dict[str, Any]] = []
@@ -237,7 +239,7 @@ def rank_main(run_dir: Path, blocks: int, block_steps: int, out: Path) -> None:
 
     trainer._settle = settle_then_bare  # the loop reads each step's loss here, one step late, on every rank
     try:
-        if trainer.run(writer) != "done":
+        if trainer.run(writer) is not Outcome.DONE:
             raise SystemExit("the trainer stopped early")
     finally:
         if writer is not None:

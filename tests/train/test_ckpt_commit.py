@@ -19,8 +19,7 @@ def _commit(root: Path, step: int, payload: bytes = b"weights") -> Path:
     (d / "rng").mkdir(parents=True)
     (d / "__0_0.distcp").write_bytes(payload * 100)
     (d / "rng" / "rank_00000.pt").write_bytes(b"rng")
-    ck.write_manifest(d)
-    ck._fsync_write(root / ck.TRACKER, f"{step}\n")
+    ck.commit_step(root, step, keep_last=10)
     return d
 
 
@@ -89,7 +88,7 @@ def test_prune_keeps_last_committed_only_after_commit(tmp_path):
 
 
 def test_tracker_write_is_atomic_and_validated(tmp_path):
-    ck._fsync_write(tmp_path / ck.TRACKER, "12\n")
+    ck.atomic_write(tmp_path / ck.TRACKER, "12\n")
     assert ck.latest_committed(tmp_path) == 12
     assert not list(tmp_path.glob(".*tmp*"))
     (tmp_path / ck.TRACKER).write_text("garbage")
@@ -101,3 +100,56 @@ def test_model_differences_name_shape_fields_only():
     saved = ck.asdict(ModelConfig(num_layers=4, hidden_size=64))
     now = ModelConfig(num_layers=2, hidden_size=64, name="renamed", hidden_dropout=0.1)
     assert ck.model_differences(saved, now) == ["model.num_layers: 4 -> 2"]
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_dot_files_like_torch_dist_metadata_are_in_the_manifest(tmp_path):
+    """torch_dist's ``.metadata`` (which shard holds which tensor) is hashed like every other file:
+    altered or deleted, the step fails its check naming it, and fallback takes the step before."""
+    _commit(tmp_path, 5)
+    d = ck.step_dir(tmp_path, 10)
+    d.mkdir(parents=True)
+    (d / ".metadata").write_bytes(b"which shard holds which tensor" * 10)
+    d10 = _commit(tmp_path, 10)
+    assert ".metadata" in json.loads((d10 / ck.MANIFEST).read_text())["files"]
+    _flip_byte(d10 / ".metadata")
+    with pytest.raises(ck.CheckpointError, match=r"checkpoint step 10: file .*/\.metadata fails its sha256"):
+        ck.verify_step(d10)
+    (d10 / ".metadata").unlink()
+    with pytest.raises(ck.CheckpointError, match=r"checkpoint step 10: file .*/\.metadata is missing"):
+        ck.verify_step(d10)
+    assert ck.load_root_and_step(tmp_path, None, fallback=True) == (tmp_path, 5)
+
+
+def test_file_added_after_the_commit_fails_the_check(tmp_path):
+    """A file the manifest does not list (added after the commit, or by a writer that skipped it) is refused."""
+    d = _commit(tmp_path, 10)
+    (d / ".metadata").write_bytes(b"unverified")
+    with pytest.raises(ck.CheckpointError, match=rf"checkpoint step 10: file .*/\.metadata is not in {ck.MANIFEST}"):
+        ck.verify_step(d)
+
+
+def test_bad_step_error_names_the_intact_step_and_a_fix_that_works_with_resume(tmp_path):
+    """Without fallback the error names the newest intact committed step and how to resume from it:
+    rewrite the tracker of the run's own checkpoints (``kilocard run --resume`` takes no overrides),
+    or ``checkpoint.ckpt_step`` for a ``checkpoint.load`` directory; and says when no step is intact."""
+    for s in (4, 8, 12):
+        _commit(tmp_path, s)
+    _flip_byte(ck.step_dir(tmp_path, 12) / "__0_0.distcp")
+    tracker = tmp_path / ck.TRACKER
+    with pytest.raises(ck.CheckpointError) as e:
+        ck.load_root_and_step(tmp_path, None, fallback=False)
+    assert "checkpoint step 12: file" in str(e.value)
+    assert f"step 8 is the newest committed step that passes; to resume from it, write 8 into {tracker}" in str(e.value)
+    assert "fallback_to_previous" not in str(e.value)
+    with pytest.raises(ck.CheckpointError, match=r"start a new run with checkpoint.ckpt_step=8"):
+        ck.load_root_and_step(tmp_path / "own", tmp_path, fallback=False)
+    for s in (4, 8):
+        _flip_byte(ck.step_dir(tmp_path, s) / "__0_0.distcp")
+    with pytest.raises(ck.CheckpointError, match=r"no older committed step under .* passes its integrity check"):
+        ck.load_root_and_step(tmp_path, None, fallback=False)

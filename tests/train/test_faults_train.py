@@ -9,11 +9,13 @@ uninterrupted run's step for step (deterministic mode, so equal means bit-equal)
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -140,8 +142,60 @@ def test_corrupted_byte_in_committed_shard_is_bad_ckpt_naming_step_and_file(refe
     code, out, _ = KilocardRun(tmp_path)("--resume", str(run_dir))
     assert code == exitcodes.BAD_CKPT, out[-3000:]
     assert f"checkpoint step {ITERS}: file {shard} fails its sha256 check" in out
-    assert "checkpoint.fallback_to_previous=true" in out
+    tracker_file = run_dir / "checkpoints" / ck.TRACKER
+    assert f"step {ITERS - EVERY} is the newest committed step that passes; to resume from it, write " in out
+    assert f"{ITERS - EVERY} into {tracker_file}" in out
     assert records(run_dir) == before
+
+    # the fix the message names works with --resume (which takes no overrides)
+    tracker_file.write_text(f"{ITERS - EVERY}\n")
+    code, out, _ = KilocardRun(tmp_path)("--resume", str(run_dir))
+    assert code == exitcodes.DONE, out[-3000:]
+    assert losses(run_dir) == reference[1]
+
+
+def _swap_two_weights(metadata: Path) -> None:
+    """Swap where torch_dist's ``.metadata`` says two same-sized model weights lie (pickle load, swap, dump)."""
+    md = pickle.loads(metadata.read_bytes())
+    by_fqn = {k.fqn: k for k in md.storage_data}
+    a, b = by_fqn["embedding.word_embeddings.weight"], by_fqn["output_layer.weight"]
+    assert md.storage_data[a].length == md.storage_data[b].length
+    md.storage_data[a], md.storage_data[b] = md.storage_data[b], md.storage_data[a]
+    metadata.write_bytes(pickle.dumps(md))
+
+
+def test_swapped_entries_of_torch_dist_metadata_are_bad_ckpt_naming_the_file(reference, tmp_path):
+    """Two entries of the newest step's ``.metadata`` swapped (each weight then loads from the other's
+    bytes, with no error from torch_dist): the resume stops with BAD_CKPT (3) naming ``.metadata``
+    before any training step, instead of training on the wrong weights."""
+    src, _ = reference
+    run_dir = tmp_path / "copy"
+    shutil.copytree(src, run_dir)
+    metadata = ck.step_dir(run_dir / "checkpoints", ITERS) / ".metadata"
+    _swap_two_weights(metadata)
+    before = records(run_dir)
+
+    code, out, _ = KilocardRun(tmp_path)("--resume", str(run_dir))
+    assert code == exitcodes.BAD_CKPT, out[-3000:]
+    assert f"checkpoint step {ITERS}: file {metadata} fails its sha256 check" in out
+    assert records(run_dir) == before
+
+
+def test_deleted_metadata_falls_back_and_a_torn_metrics_line_does_not_block_the_resume(reference, kilocard_run):
+    """With checkpoint.fallback_to_previous=true, the newest step's ``.metadata`` deleted and the last
+    line of metrics.jsonl torn (a rank killed mid-write): the resume loads the previous committed step,
+    drops the torn line and the records past that step, and ends DONE with the uninterrupted loss curve."""
+    code, out, run_dir = kilocard_run(*TINY, "checkpoint.fallback_to_previous=true")
+    assert code == exitcodes.DONE, out[-3000:]
+    ckpts = run_dir / "checkpoints"
+    (ck.step_dir(ckpts, ITERS) / ".metadata").unlink()
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_bytes(metrics.read_bytes()[:-40])
+
+    code, out, _ = kilocard_run("--resume", str(run_dir))
+    assert code == exitcodes.DONE, out[-3000:]
+    assert f"resumed from {ck.step_dir(ckpts, ITERS - EVERY)} (step {ITERS - EVERY}," in train_log(run_dir)
+    assert losses(run_dir) == reference[1]
 
 
 def test_hung_rank_is_detected_within_hang_timeout(kilocard_run):

@@ -127,3 +127,26 @@ def test_forked_helpers_die_with_their_rank(guard, tmp_path):
     if alive:
         psutil.Process(child).kill()
     assert alive is not guard
+
+
+def test_checkpoint_files_and_names_import_without_torch():
+    """The launchers and the progress table read what the ranks write (tracker, manifest, metrics, exit
+    codes) by the same names, without importing torch: ``kilocard.train.names`` and the file layer."""
+    code = (
+        "import sys, kilocard.train.names, kilocard.train.checkpoint, kilocard.train.progress, kilocard.train.signals;"
+        "print('torch' in sys.modules)"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr
+
+
+def test_recorded_exit_code_is_what_the_launcher_reads(tmp_path, monkeypatch):
+    """A rank's ``record_exit`` (entry and watchdog alike) lands where ``kilocard run`` looks for it."""
+    from kilocard.train.names import EXIT_DIR_ENV
+    from kilocard.train.signals import record_exit
+
+    monkeypatch.setenv(EXIT_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    record_exit(exitcodes.BAD_CKPT)
+    assert (tmp_path / "rank_3").read_text() == "3\n"
+    assert _rank_exit_code(tmp_path, 1) == exitcodes.BAD_CKPT

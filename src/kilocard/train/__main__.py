@@ -10,5 +10,4 @@ _early.install()
 
 from kilocard.train import entry  # noqa: E402
 
-entry._EARLY_STOP = _early
-sys.exit(entry.main())
+sys.exit(entry.main(stop=_early))

@@ -1,16 +1,19 @@
-"""Checkpoints: save with ``megatron.core.dist_checkpointing`` (torch_dist), commit, verify, resume.
+"""Checkpoint files: the commit protocol on disk, the integrity check, and the choice of step to resume.
 
 Layout of ``<checkpoint dir>``::
 
-    step_0000010/             one step: dist_checkpointing files + rng/rank_*.pt + trainer_state.json
-    step_0000010/manifest.json   size and sha256 of every file of the step (written last)
+    step_0000010/             one step: dist_checkpointing files (.metadata, *.distcp, common.pt, ...)
+                              + rng/rank_*.pt + trainer_state.json
+    step_0000010/manifest.json   size and sha256 of every other file of the step, dot-files included
     latest_committed.txt      the newest committed step (temp file + fsync + rename)
 
-A step counts only once committed, in this order: every rank has finished writing (barrier) →
-rank 0 writes the manifest → rank 0 writes the tracker → only then older steps are pruned to
-``checkpoint.keep_last``. A step directory without a manifest, or newer than the tracker, is never
-loaded. On load the manifest is verified first; a missing or altered file is an error naming the
-step and the file (or, with ``checkpoint.fallback_to_previous``, the previous committed step is used).
+A step counts only once committed (``commit_step``, on rank 0 after every rank has written): the
+manifest, then the tracker, then older steps are pruned to ``checkpoint.keep_last``. A step
+directory without a manifest, or newer than the tracker, is never loaded. On load the manifest is
+verified first; a missing, altered or unlisted file is an error naming the step and the file, with
+the newest intact committed step and how to resume from it (or, with
+``checkpoint.fallback_to_previous``, that step is used). Torch-free: the ranks' side is
+``kilocard.train.ckpt_manager``.
 """
 
 from __future__ import annotations
@@ -18,25 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from kilocard.config.schema import ModelConfig, RunConfig
-
-TRACKER = "latest_committed.txt"
-"""Name of the tracker file holding the newest committed step."""
-MANIFEST = "manifest.json"
-"""Per-step integrity manifest (relative path -> size, sha256)."""
-STATE = "trainer_state.json"
-"""Per-step trainer state: step, data position, LR scheduler, model config, layout."""
-OPTIM_SHARDING = "fully_reshardable"
-"""DistributedOptimizer sharding type: reloadable onto any TP/PP/DP layout."""
+from kilocard.train.names import MANIFEST, TRACKER
 
 NON_SHAPE_FIELDS = frozenset(
     {
@@ -62,12 +54,16 @@ class ModelMismatch(Exception):
     """The checkpoint holds a model of another shape than the config (exit BAD_CONFIG)."""
 
 
+class DiskFull(Exception):
+    """A checkpoint could not be written: no space left (exit CRASH; the last committed step is intact)."""
+
+
 def step_dir(root: Path, step: int) -> Path:
     """Directory of ``step`` under the checkpoint root."""
     return root / f"step_{step:07d}"
 
 
-def _fsync_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically: temp file, fsync, rename, fsync the directory."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
@@ -90,35 +86,43 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _step_files(sdir: Path) -> list[str]:
+    """Every file of a step directory but its manifest, dot-files (torch_dist's ``.metadata``) included."""
+    return [str(p.relative_to(sdir)) for p in sorted(sdir.rglob("*")) if p.is_file() and p != sdir / MANIFEST]
+
+
 def write_manifest(sdir: Path) -> dict[str, Any]:
     """Hash every file of a step directory into its manifest; return the manifest."""
-    files = {}
-    for p in sorted(sdir.rglob("*")):
-        if p.is_file() and p.name != MANIFEST and not p.name.startswith("."):
-            rel = str(p.relative_to(sdir))
-            files[rel] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+    files = {rel: {"size": (sdir / rel).stat().st_size, "sha256": _sha256(sdir / rel)} for rel in _step_files(sdir)}
     manifest = {"step": int(sdir.name.split("_")[-1]), "files": files}
-    _fsync_write(sdir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    atomic_write(sdir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 
 def verify_step(sdir: Path) -> None:
-    """Raise ``CheckpointError`` naming the step and file unless every manifest entry matches."""
+    """Raise ``CheckpointError`` naming the step and file unless the files are exactly the manifest's."""
     mpath = sdir / MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"{sdir}: no {MANIFEST}; the step was never committed")
     manifest = json.loads(mpath.read_text())
+    step = manifest["step"]
     for rel, meta in manifest["files"].items():
         p = sdir / rel
         if not p.is_file():
-            raise CheckpointError(f"checkpoint step {manifest['step']}: file {p} is missing")
+            raise CheckpointError(f"checkpoint step {step}: file {p} is missing")
         if p.stat().st_size != meta["size"]:
             raise CheckpointError(
-                f"checkpoint step {manifest['step']}: file {p} has {p.stat().st_size} bytes, "
+                f"checkpoint step {step}: file {p} has {p.stat().st_size} bytes, "
                 f"manifest says {meta['size']} (truncated or altered)"
             )
         if _sha256(p) != meta["sha256"]:
-            raise CheckpointError(f"checkpoint step {manifest['step']}: file {p} fails its sha256 check (corrupted)")
+            raise CheckpointError(f"checkpoint step {step}: file {p} fails its sha256 check (corrupted)")
+    for rel in _step_files(sdir):
+        if rel not in manifest["files"]:
+            raise CheckpointError(
+                f"checkpoint step {step}: file {sdir / rel} is not in {MANIFEST} "
+                f"(added after the commit, or written by a kilocard that did not hash it)"
+            )
 
 
 def latest_committed(root: Path) -> int | None:
@@ -158,6 +162,13 @@ def prune(root: Path, keep_last: int, newest: int) -> None:
             continue
         if s not in keep and s <= newest:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def commit_step(root: Path, step: int, keep_last: int) -> None:
+    """Commit a step every rank has finished writing (rank 0): manifest, then tracker, then prune."""
+    write_manifest(step_dir(root, step))
+    atomic_write(root / TRACKER, f"{step}\n")
+    prune(root, keep_last, step)
 
 
 # --- what a step holds -------------------------------------------------------------------------------
@@ -210,73 +221,6 @@ def model_differences(saved: dict[str, Any], current: ModelConfig) -> list[str]:
     ]
 
 
-def rng_state() -> dict[str, Any]:
-    """Every RNG of this rank: python, numpy, torch, CUDA, and Megatron's model-parallel tracker."""
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-        "tracker": get_cuda_rng_tracker().get_states(),
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``rng_state`` captured."""
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-    get_cuda_rng_tracker().set_states(state["tracker"])
-
-
-def rng_file(sdir: Path, rank: int) -> Path:
-    """Per-rank RNG file of a step."""
-    return sdir / "rng" / f"rank_{rank:05d}.pt"
-
-
-def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
-    """Model chunks (``model`` or ``model0``, ``model1``.. with virtual stages) and the optimizer."""
-    if len(model) == 1:
-        sd: dict[str, Any] = {"model": model[0].module.sharded_state_dict()}
-    else:
-        sd = {f"model{i}": m.module.sharded_state_dict() for i, m in enumerate(model)}
-    sd["optimizer"] = optimizer.sharded_state_dict(
-        sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": OPTIM_SHARDING}
-    )
-    return sd
-
-
-def init_optimizer_states(optimizer: Any) -> None:
-    """Materialise empty torch-Adam states (a zero-grad step; params unchanged) before building a load dict."""
-    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if hasattr(o, "_init_optimizer_states_with_dummy_values"):
-            o._init_optimizer_states_with_dummy_values()
-        else:
-            inner = o.optimizer
-            for g in inner.param_groups:
-                for p in g["params"]:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-            saved_lr = [g["lr"] for g in inner.param_groups]
-            for g in inner.param_groups:
-                g["lr"] = 0.0
-            if not inner.state:
-                wds = [g.get("weight_decay", 0.0) for g in inner.param_groups]
-                for g in inner.param_groups:
-                    g["weight_decay"] = 0.0
-                inner.step()
-                for g, wd in zip(inner.param_groups, wds, strict=False):
-                    g["weight_decay"] = wd
-            for g, lr in zip(inner.param_groups, saved_lr, strict=False):
-                g["lr"] = lr
-
-
 def load_root_and_step(
     save_root: Path, load_root: Path | None, fallback: bool, ckpt_step: int | None = None
 ) -> tuple[Path | None, int | None]:
@@ -284,10 +228,10 @@ def load_root_and_step(
     (its step ``ckpt_step`` when given). Returns ``(None, None)`` for a fresh start.
 
     Verifies the manifest (the caller runs this on rank 0 only). Raises ``CheckpointError`` naming the
-    step and file, unless ``fallback`` finds an older committed step that passes.
+    step and file and the newest intact committed step, unless ``fallback`` lets that step be used.
     """
     if save_root is not None and latest_committed(save_root) is not None:
-        return save_root, _pick(save_root, committed_steps(save_root), fallback)
+        return save_root, _pick(save_root, committed_steps(save_root), fallback, latest_committed(save_root), _own_fix)
     if load_root is None or latest_committed(load_root) is None:
         if load_root is not None:
             raise CheckpointError(f"checkpoint.load: {load_root} holds no committed step ({TRACKER} missing)")
@@ -300,26 +244,43 @@ def load_root_and_step(
                 f"(committed: {sorted(steps)})"
             )
         steps = [s for s in steps if s <= ckpt_step]
-    return load_root, _pick(load_root, steps, fallback, ckpt_step)
+    wanted = latest_committed(load_root) if ckpt_step is None else ckpt_step
+    return load_root, _pick(load_root, steps, fallback, wanted, _load_fix)
 
 
-def _pick(root: Path, steps: list[int], fallback: bool, wanted: int | None = None) -> int:
-    """The newest of ``steps`` (newest first) that passes verification; ``wanted`` defaults to the tracker's."""
-    wanted = latest_committed(root) if wanted is None else wanted
+def _own_fix(root: Path, step: int) -> str:
+    """How to resume a run from its own committed ``step``: ``kilocard run --resume`` takes no overrides,
+    so the tracker is pointed at it (as Megatron-LM users edit ``latest_checkpointed_iteration.txt``)."""
+    return (
+        f"to resume from it, write {step} into {root / TRACKER} and resume again "
+        f"(kilocard run --resume RUN_DIR, or resubmit the job); the steps after it are then trained again"
+    )
+
+
+def _load_fix(root: Path, step: int) -> str:
+    """How to start from ``step`` of a ``checkpoint.load`` directory (which is not the run's own to rewrite)."""
+    return f"to start from it, start a new run with checkpoint.ckpt_step={step} (checkpoint.load={root})"
+
+
+def _pick(root: Path, steps: list[int], fallback: bool, wanted: int, fix: Callable[[Path, int], str]) -> int:
+    """``wanted`` when it is the newest of ``steps`` (newest first) and passes verification.
+
+    Otherwise the newest step that passes when ``fallback`` is on; when it is off, a ``CheckpointError``
+    naming the failing file, that step and how to resume from it (``fix``).
+    """
     first_error: CheckpointError | None = None
     if not steps or steps[0] != wanted:
         first_error = CheckpointError(
             f"checkpoint step {wanted}: {step_dir(root, wanted)} has no {MANIFEST} "
             f"although it is committed (deleted or moved?)"
         )
-        if not fallback or not steps:
-            raise first_error
     for s in steps:
         try:
             verify_step(step_dir(root, s))
-            return s
         except CheckpointError as e:
-            if not fallback:
-                raise
             first_error = first_error or e
+            continue
+        if first_error is None or fallback:
+            return s
+        raise CheckpointError(f"{first_error}; step {s} is the newest committed step that passes; {fix(root, s)}")
     raise CheckpointError(f"{first_error}; and no older committed step under {root} passes its integrity check")

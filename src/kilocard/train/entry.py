@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kilocard import exitcodes
 from kilocard.config.freeze import FrozenConfigError, load_verified
-from kilocard.train.signals import StopFlag, die_with_parent_in_forks
+from kilocard.train.signals import StopFlag, die_with_parent_in_forks, record_exit
 
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistNetworkError")
 """Text of a collective that failed because another rank's process went away (gloo/NCCL/TCPStore)."""
@@ -39,12 +39,8 @@ def _deterministic(on: bool) -> None:
         torch.use_deterministic_algorithms(True)
 
 
-_EARLY_STOP = StopFlag()
-"""This process's stop flag, installed as early as ``main`` runs (signals.py imports no torch)."""
-
-
-def train(run_dir: Path) -> int:
-    """Train the run in ``run_dir`` on this rank; return an exit code of ``kilocard.exitcodes``."""
+def train(run_dir: Path, stop: StopFlag) -> int:
+    """Train the run in ``run_dir`` on this rank (``stop`` installed); return an exit code of ``kilocard.exitcodes``."""
     from kilocard.train.dist_env import resolve
 
     env = resolve(os.environ)
@@ -53,10 +49,10 @@ def train(run_dir: Path) -> int:
     except FrozenConfigError as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
-    return _train_verified(run_dir, run_cfg, sha, env)
+    return _train_verified(run_dir, run_cfg, sha, env, stop)
 
 
-def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
+def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag) -> int:
     import torch.distributed as dist
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -66,10 +62,8 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     from kilocard.train.claim import claim_run_dir
     from kilocard.train.megatron_adapter import UnsupportedConfig
     from kilocard.train.signals import Watchdog
-    from kilocard.train.trainer import DiskFull, NonFiniteLoss
+    from kilocard.train.trainer import NonFiniteLoss
 
-    stop = _EARLY_STOP  # installed by main() before the heavy imports; keeps a signal that came early
-    stop.install()
     watchdog = Watchdog(run_cfg.trainer.hang_timeout_s, env.rank).start()
     try:
         backend = select(env.local_rank)
@@ -88,11 +82,11 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env) -> int:
     except (ck.ModelMismatch, UnsupportedConfig) as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
-    except (DiskFull, NonFiniteLoss) as e:  # a person must look, but the message says it all
+    except (ck.DiskFull, NonFiniteLoss) as e:  # a person must look, but the message says it all
         _say(env.rank, f"error: {e}")
         return exitcodes.CRASH
-    except ck.CheckpointError as e:
-        _say(env.rank, f"error: {e} (set checkpoint.fallback_to_previous=true to resume from the step before)")
+    except ck.CheckpointError as e:  # the message names the file, the intact step and how to resume from it
+        _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CKPT
     except (Exception, CheckpointException) as e:  # torch's CheckpointException is a BaseException
         if peer_lost(e):  # another rank died mid-collective: the committed steps are intact
@@ -125,6 +119,7 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
     import torch.distributed as dist
 
     from kilocard.train.metrics import MetricsWriter
+    from kilocard.train.trainer import Outcome
 
     trainer = build_trainer(
         run_dir, run_cfg, sha, backend, stop, watchdog, timeout_minutes=max(1, int(timeout.total_seconds() // 60))
@@ -138,7 +133,7 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
     finally:
         if writer is not None:
             writer.close()
-    if outcome == "stopped":
+    if outcome is Outcome.STOPPED:
         if dist.get_rank() == 0:
             print(
                 f"kilocard.train: stop requested; committed step {trainer.step}; exiting RETRY ({exitcodes.RETRY})",
@@ -163,9 +158,11 @@ def _shutdown() -> None:
         dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m kilocard.train RUN_DIR``."""
-    _EARLY_STOP.install()  # a USR1/TERM during start-up (imports, rendezvous) must not kill the rank
+def main(argv: list[str] | None = None, stop: StopFlag | None = None) -> int:
+    """Command line: ``python -m kilocard.train RUN_DIR``; ``stop`` is the flag ``__main__`` installed before
+    the heavy imports (it keeps a signal that came early)."""
+    stop = stop or StopFlag()
+    stop.install()  # a USR1/TERM during start-up (imports, rendezvous) must not kill the rank
     die_with_parent_in_forks()  # a killed rank's checkpoint writers must not keep its sockets open
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0].startswith("-"):
@@ -175,13 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     if not run_dir.is_dir():
         print(f"kilocard.train: error: run directory {run_dir} does not exist", file=sys.stderr)
         return exitcodes.BAD_CONFIG
-    code = train(run_dir)
-    _record_exit(code)
+    code = train(run_dir, stop)
+    record_exit(code)
     return code
-
-
-def _record_exit(code: int) -> None:
-    """Write this rank's exit code where ``kilocard run`` reads it (torchrun reports only 0/1)."""
-    exit_dir = os.environ.get("KILOCARD_EXIT_DIR")
-    if exit_dir:
-        Path(exit_dir, f"rank_{os.environ.get('RANK', '0')}").write_text(f"{code}\n")

@@ -18,12 +18,10 @@ from typing import Any
 from kilocard.config.schema import RunConfig
 from kilocard.perf.flops import flops_per_iteration
 from kilocard.topology import compute_dtype, gpu_spec
+from kilocard.train.names import METRICS_FILE
 
 FLOPS_CONVENTION = "megatron_current"
 """FLOPs convention of every TFLOP/s and MFU figure the trainer reports."""
-
-METRICS_FILE = "metrics.jsonl"
-"""One JSON object per optimizer step, in the run directory."""
 
 
 @dataclass(frozen=True)
@@ -98,16 +96,12 @@ class MetricsWriter:
             self._summary = Summary
 
     def _truncate_after(self, step: int) -> None:
-        """Drop records of steps after the resumed one (they are trained again)."""
+        """Drop records of steps after the resumed one (they are trained again) and a torn last line."""
         if not self.path.exists():
             return
-        keep = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
+        keep = [r for r in _parse(self.path.read_text()) if r.get("step", 0) <= step]
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, self.path)
 
     def write(self, record: dict[str, Any]) -> None:
@@ -135,8 +129,12 @@ class MetricsWriter:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """All records of a run's metrics.jsonl (empty when absent)."""
+    """All records of a run's metrics.jsonl (empty when absent); a torn last line is not a record."""
     path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _parse(path.read_text()) if path.exists() else []
+
+
+def _parse(text: str) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl text: its whole lines. The text after the last newline is the torn
+    tail of a write that a killed rank never finished (or one still being written); it is dropped."""
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]

@@ -8,6 +8,7 @@ from typing import Any
 
 from kilocard import exitcodes
 from kilocard.train.metrics import FLOPS_CONVENTION
+from kilocard.train.names import CHECKPOINTS_DIR, TRACKER
 
 _CODE_NAMES = {
     exitcodes.DONE: "DONE",
@@ -40,7 +41,7 @@ def progress_line(r: dict[str, Any]) -> str:
 
 def summary_table(records: list[dict[str, Any]], run_dir: Path, code: int, first_new_step: int = 0) -> str:
     """The table ``kilocard run`` ends with (medians over this launch's steps, first step excluded)."""
-    tracker = run_dir / "checkpoints" / "latest_committed.txt"  # kilocard.train.checkpoint.TRACKER
+    tracker = run_dir / CHECKPOINTS_DIR / TRACKER
     committed = tracker.read_text().strip() if tracker.is_file() else None
     rows = [
         ("run dir", str(run_dir)),

@@ -6,6 +6,7 @@ only some of them. The watchdog thread ends a rank that makes no progress for
 ``trainer.hang_timeout_s`` with exit code FAULT and a message saying where it stalled.
 ``die_with_parent_in_forks`` makes every process a rank forks (Megatron-Core's checkpoint writer
 processes) die when the rank dies, so a killed rank's sockets close and its peers fail fast.
+``record_exit`` leaves the rank's exit code where ``kilocard run`` reads it (the watchdog's too).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 import time
 
 from kilocard.exitcodes import FAULT
+from kilocard.train.names import EXIT_DIR_ENV
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 """Signals that request a save-and-stop at the next step boundary."""
@@ -87,13 +89,14 @@ class Watchdog:
                     file=sys.stderr,
                     flush=True,
                 )
-                _record_exit(FAULT)
+                record_exit(FAULT)  # os._exit skips the entry's own record
                 os._exit(FAULT)
 
 
-def _record_exit(code: int) -> None:
-    """Leave this rank's exit code where ``kilocard run`` reads it (``os._exit`` skips the normal path)."""
-    exit_dir = os.environ.get("KILOCARD_EXIT_DIR")
+def record_exit(code: int) -> None:
+    """Leave this rank's exit code in ``$KILOCARD_EXIT_DIR/rank_<RANK>``, where ``kilocard run`` reads it
+    (torchrun reports only 0 or 1); nothing when the variable is unset (Slurm reads the exit status)."""
+    exit_dir = os.environ.get(EXIT_DIR_ENV)
     if exit_dir:
         with open(os.path.join(exit_dir, f"rank_{os.environ.get('RANK', '0')}"), "w") as f:
             f.write(f"{code}\n")

@@ -1,13 +1,13 @@
 """The step loop: forward/backward through Megatron-Core's schedule, optimizer and LR step, metrics,
-checkpoint commit/resume and the stop decision at every step boundary.
+the stop decision at every step boundary, and the calls to the checkpoint manager (save, load).
 """
 
 from __future__ import annotations
 
-import json
+import enum
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,8 @@ import torch.distributed as dist
 
 from kilocard.backends import Backend
 from kilocard.config.schema import RunConfig
-from kilocard.perf.params import padded_vocab_size
-from kilocard.train import checkpoint as ck
 from kilocard.train import megatron_adapter as ma
+from kilocard.train.ckpt_manager import CheckpointManager
 from kilocard.train.metrics import MetricsWriter, Throughput, peak_memory_bytes
 from kilocard.train.signals import StopFlag, Watchdog
 
@@ -29,24 +28,13 @@ class NonFiniteLoss(Exception):
     """The loss became NaN or infinite (exit CRASH)."""
 
 
-class DiskFull(Exception):
-    """A checkpoint could not be written: no space left (exit CRASH; the last committed step is intact)."""
+class Outcome(enum.Enum):
+    """How ``Trainer.run`` ended."""
 
-
-NEARLY_FULL_BYTES = 1 << 20
-"""A save that fails with less than this free under the checkpoint directory failed for want of space."""
-
-
-def _is_disk_full(e: BaseException) -> bool:
-    """Whether ``e`` or anything it wraps is ENOSPC (the torch_dist writer re-raises it wrapped)."""
-    import errno
-
-    seen = 0
-    while e is not None and seen < 10:
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left on device" in str(e):
-            return True
-        e, seen = (e.__cause__ or e.__context__), seen + 1
-    return False
+    DONE = "done"
+    """Trained to trainer.train_iters (or found the run already there); the last step is committed."""
+    STOPPED = "stopped"
+    """A stop was requested; every rank saved and committed the same step."""
 
 
 @dataclass
@@ -81,17 +69,15 @@ class Trainer:
     ) -> None:
         from megatron.core import parallel_state as ps
 
-        self.cfg, self.run_dir, self.sha, self.backend = run_cfg, run_dir, config_sha256, backend
+        self.cfg, self.run_dir, self.backend = run_cfg, run_dir, backend
         self.stop, self.watchdog = stop, watchdog
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.ps = ps
         watchdog.beat("building the model")
         self.built = ma.build(run_cfg, backend)
-        c = run_cfg.checkpoint
-        self.save_root = Path(c.save) if c.save else run_dir / "checkpoints"
-        self.load_root = Path(c.load) if c.load else None
+        self.ckpt = CheckpointManager(run_cfg, run_dir, config_sha256, self.built, backend.is_cuda, watchdog, self.log)
+        """Saves, commits and loads this run's checkpoints."""
         self.step, self.consumed = 0, 0
-        self.last_saved: int | None = None
         t = run_cfg.trainer
         self.dp = ps.get_data_parallel_world_size()
         self.num_micro = t.global_batch_size // (t.micro_batch_size * self.dp)
@@ -99,8 +85,6 @@ class Trainer:
         self._loss_ranks = self.world // ps.get_pipeline_model_parallel_world_size()
         self._device = torch.device("cuda") if backend.is_cuda else torch.device("cpu")
         self.throughput = Throughput.for_run(run_cfg, self.world)
-        self.resumed_from: str | None = None
-        self._async_queue: Any = None
         self.log(f"built model ({self.num_micro} micro-batches per step, world {self.world}, backend {backend.name})")
 
     def log(self, msg: str) -> None:
@@ -108,172 +92,11 @@ class Trainer:
         if self.rank == 0:
             print(f"[{time.monotonic() - _T0:7.1f}s] kilocard.train: {msg}", flush=True)
 
-    # --- resume --------------------------------------------------------------------------------
-
     def resume(self) -> None:
-        """Load the newest committed step (own save dir first, then checkpoint.load), if any."""
-        self.watchdog.beat("finding the checkpoint to resume from")
-        decision: list[Any] = [None, None, None]
-        if self.rank == 0:
-            try:
-                root, step = ck.load_root_and_step(
-                    self.save_root,
-                    self.load_root,
-                    self.cfg.checkpoint.fallback_to_previous,
-                    self.cfg.checkpoint.ckpt_step,
-                )
-                decision = [str(root) if root else None, step, None]
-            except ck.CheckpointError as e:
-                decision = [None, None, str(e)]
-        dist.broadcast_object_list(decision, src=0)
-        root, step, err = decision
-        if err:
-            raise ck.CheckpointError(err)
-        if step is None:
-            return
-        self._load(ck.step_dir(Path(root), step))
-
-    def _load(self, sdir: Path) -> None:
-        self.watchdog.beat(f"loading {sdir}")
-        state = ck.TrainerState(**json.loads((sdir / ck.STATE).read_text()))
-        diffs = ck.model_differences(state.model, self.cfg.model)
-        vocab = padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size)
-        if not diffs and vocab != state.padded_vocab_size:
-            diffs = [
-                f"model.vocab_size: padded to {state.padded_vocab_size} at save, {vocab} with "
-                f"tensor_model_parallel_size={self.cfg.parallel.tensor_model_parallel_size}"
-            ]
-        if diffs:
-            raise ck.ModelMismatch(
-                f"checkpoint {sdir} holds another model shape; differing fields: "
-                + "; ".join(diffs)
-                + ". Resume with the saved model config or start a new run"
-            )
-        from megatron.core import dist_checkpointing
-
-        b = self.built
-        ck.init_optimizer_states(b.optimizer)
-        sd = ck.sharded_state_dict(b.model, b.optimizer, is_loading=True)
-        loaded = dist_checkpointing.load(sd, str(sdir))
-        keys = ["model"] if len(b.model) == 1 else [f"model{i}" for i in range(len(b.model))]
-        for m, k in zip(b.model, keys, strict=False):
-            m.module.load_state_dict(loaded[k], strict=True)
-        with torch.no_grad():
-            b.optimizer.load_state_dict(loaded["optimizer"])
-        b.scheduler.load_state_dict(state.scheduler)
-        self.step, self.consumed, self.last_saved = state.step, state.consumed_samples, state.step
-        if state.layout == ck.layout_of(self.cfg, self.world) and ck.rng_file(sdir, self.rank).is_file():
-            ck.set_rng_state(torch.load(ck.rng_file(sdir, self.rank), weights_only=False))
-            rng = "restored"
-        else:
-            rng = "re-seeded (layout changed)"
-        self.resumed_from = str(sdir)
-        self.log(f"resumed from {sdir} (step {self.step}, {self.consumed} samples; RNG {rng})")
-
-    # --- save ----------------------------------------------------------------------------------
-
-    def save(self) -> None:
-        """``_save``, turning a full disk into ``DiskFull`` naming the step, the free bytes and the intact step."""
-        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
-
-        try:
-            self._save()
-        except (Exception, CheckpointException) as e:
-            import shutil
-
-            try:
-                free = shutil.disk_usage(self.save_root).free
-            except OSError:
-                raise e from None
-            # torch.save's C++ stream reports ENOSPC only as "basic_ios::clear: iostream error"
-            if not (_is_disk_full(e) or free < NEARLY_FULL_BYTES):
-                raise
-            last = ck.latest_committed(self.save_root)
-            kept = f"the last committed step {last} is intact" if last is not None else "no step was committed yet"
-            raise DiskFull(
-                f"saving step {self.step} under {self.save_root} failed: the disk is full ({free} bytes free); {kept}"
-            ) from None
-
-    def _save(self) -> None:
-        """Write the current step on every rank, then commit it (manifest, tracker) and prune.
-
-        With ``checkpoint.async_save`` on GPUs the tensors are written in the background and the
-        commit runs when Megatron-Core's async queue finalises the save (``finalize_saves``).
-        """
-        from megatron.core import dist_checkpointing
-
-        if self.last_saved == self.step:
-            return
-        self.finalize_saves(blocking=True)  # at most one save in flight
-        self.watchdog.beat(f"saving step {self.step}")
-        t0, step = time.monotonic(), self.step
-        sdir = ck.step_dir(self.save_root, step)
-        if self.rank == 0:
-            if sdir.exists():  # an uncommitted leftover of an interrupted save of this step
-                import shutil
-
-                shutil.rmtree(sdir)
-            sdir.mkdir(parents=True)
-        dist.barrier()
-        b = self.built
-        sd = ck.sharded_state_dict(b.model, b.optimizer, is_loading=False)
-        use_async = self.cfg.checkpoint.async_save and self.backend.is_cuda
-        request = dist_checkpointing.save(
-            sd, str(sdir), sharded_strategy=self._save_strategy(), async_sharded_save=use_async
-        )
-        self._write_rank_state(sdir)
-        self.last_saved = step
-        if not use_async:
-            self._commit(sdir, step, t0)
-            return
-        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
-
-        request.add_finalize_fn(lambda: self._commit(sdir, step, t0))
-        if self._async_queue is None:
-            self._async_queue = AsyncCallsQueue()
-        self._async_queue.schedule_async_request(request)
-
-    def finalize_saves(self, blocking: bool) -> None:
-        """Commit background saves whose writes every rank has finished (collective; no-op when sync)."""
-        if self._async_queue is not None:
-            self._async_queue.maybe_finalize_async_calls(blocking=blocking)
-
-    def _write_rank_state(self, sdir: Path) -> None:
-        """This rank's RNG file, and on rank 0 the trainer state (data position, scheduler, model config)."""
-        ck.rng_file(sdir, self.rank).parent.mkdir(exist_ok=True)
-        torch.save(ck.rng_state(), ck.rng_file(sdir, self.rank))
-        if self.rank == 0:
-            b = self.built
-            state = ck.TrainerState(
-                step=self.step,
-                consumed_samples=self.consumed,
-                scheduler=b.scheduler.state_dict(),
-                model=asdict(self.cfg.model),
-                layout=ck.layout_of(self.cfg, self.world),
-                padded_vocab_size=padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size),
-                config_sha256=self.sha,
-            )
-            (sdir / ck.STATE).write_text(json.dumps(state.__dict__, indent=1) + "\n")
-
-    def _commit(self, sdir: Path, step: int, t0: float) -> None:
-        """After every rank has written: manifest, then tracker, then prune (rank 0); collective."""
-        dist.barrier()
-        if self.rank == 0:
-            ck.write_manifest(sdir)
-            ck._fsync_write(self.save_root / ck.TRACKER, f"{step}\n")
-            ck.prune(self.save_root, self.cfg.checkpoint.keep_last, step)
-        dist.barrier()
-        self.log(f"committed step {step} in {time.monotonic() - t0:.1f}s ({sdir})")
-
-    def _save_strategy(self) -> Any:
-        if not self.cfg.checkpoint.fully_parallel_save or self.dp == 1:
-            return None
-        from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
-        from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
-
-        return FullyParallelSaveStrategyWrapper(
-            get_default_save_sharded_strategy(), self.ps.get_data_parallel_group(with_context_parallel=True)
-        )
+        """Continue from the newest committed step, if any (``CheckpointManager.load``)."""
+        state = self.ckpt.load()
+        if state is not None:
+            self.step, self.consumed = state.step, state.consumed_samples
 
     # --- steps ---------------------------------------------------------------------------------
 
@@ -355,11 +178,11 @@ class Trainer:
             writer.write(self._record(f.step, f.consumed, loss, f.result, dt))
         return stops > 0
 
-    def run(self, writer: MetricsWriter | None) -> str:
-        """Train until train_iters or a stop request; returns ``"done"`` or ``"stopped"``."""
+    def run(self, writer: MetricsWriter | None) -> Outcome:
+        """Train until train_iters or a stop request, saving every ``checkpoint.save_interval`` steps and at the end."""
         t = self.cfg.trainer
         if self.step >= t.train_iters:
-            return "done"
+            return Outcome.DONE
         iterators = self._iterators()
         self.log(f"data ready; training steps {self.step + 1}..{t.train_iters}")
         interval = self.cfg.checkpoint.save_interval
@@ -377,13 +200,13 @@ class Trainer:
                 # a step is checked (finite loss) and recorded before it is saved
                 stop = self._settle(pending, writer, next_start=None) or stop
                 pending = None
-                self.save()
+                self.ckpt.save(self.step, self.consumed)
                 if stop:
-                    self.finalize_saves(blocking=True)
-                    return "stopped"
-            self.finalize_saves(blocking=False)
-        self.finalize_saves(blocking=True)
-        return "done"
+                    self.ckpt.finalize(blocking=True)
+                    return Outcome.STOPPED
+            self.ckpt.finalize(blocking=False)
+        self.ckpt.finalize(blocking=True)
+        return Outcome.DONE
 
     def _record(self, step: int, consumed: int, loss: float, r: dict[str, Any], dt: float) -> dict[str, Any]:
         gn = r["grad_norm"]

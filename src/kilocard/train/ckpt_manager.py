@@ -1,0 +1,244 @@
+"""One rank's checkpoint manager: save, commit, background finalisation, resume (cf. torchtitan's
+``CheckpointManager``). The trainer calls ``save``, ``finalize`` and ``load`` and nothing else.
+
+``save(step, consumed)`` writes the step on every rank with ``megatron.core.dist_checkpointing``
+(torch_dist; in the background on GPUs with ``checkpoint.async_save``) plus this rank's RNG file and,
+on rank 0, the trainer state; once every rank has written, rank 0 commits it between two barriers
+(``checkpoint.commit_step``: manifest, tracker, prune). A save that fails for want of space becomes
+``DiskFull``. ``load()`` lets rank 0 choose the step (own save directory first, then
+``checkpoint.load``; verified against its manifest, with ``checkpoint.fallback_to_previous``), refuses
+a model of another shape, and restores model, optimizer, scheduler and RNG on every rank.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kilocard.config.schema import RunConfig
+from kilocard.perf.params import padded_vocab_size
+from kilocard.train import checkpoint as ck
+from kilocard.train import ckpt_state as cs
+from kilocard.train.names import CHECKPOINTS_DIR, STATE
+from kilocard.train.signals import Watchdog
+
+NEARLY_FULL_BYTES = 1 << 20
+"""A save that fails with less than this free under the checkpoint directory failed for want of space."""
+
+
+def _is_disk_full(e: BaseException | None) -> bool:
+    """Whether ``e`` or anything it wraps is ENOSPC (the torch_dist writer re-raises it wrapped)."""
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left on device" in str(e):
+            return True
+        e, seen = (e.__cause__ or e.__context__), seen + 1
+    return False
+
+
+class CheckpointManager:
+    """Saves, commits and loads the checkpoints of one rank's run (collective: every rank calls the same)."""
+
+    def __init__(
+        self,
+        run_cfg: RunConfig,
+        run_dir: Path,
+        config_sha256: str,
+        built: Any,
+        use_cuda: bool,
+        watchdog: Watchdog,
+        log: Callable[[str], None],
+    ) -> None:
+        from megatron.core import parallel_state as ps
+
+        c = run_cfg.checkpoint
+        self.cfg, self.sha, self.built = run_cfg, config_sha256, built
+        self.save_root = Path(c.save) if c.save else run_dir / CHECKPOINTS_DIR
+        """Where this run's steps are committed."""
+        self.load_root = Path(c.load) if c.load else None
+        """``checkpoint.load``: where a run without committed steps of its own starts from."""
+        self.use_async = c.async_save and use_cuda
+        self.last_saved: int | None = None
+        """The newest step saved (or loaded): saving it again is a no-op."""
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._ps, self._watchdog, self._log = ps, watchdog, log
+        self._async_queue: Any = None
+
+    # --- resume --------------------------------------------------------------------------------
+
+    def load(self) -> ck.TrainerState | None:
+        """Restore the newest committed step (own save dir first, then checkpoint.load); ``None`` on a fresh start.
+
+        Raises ``ck.CheckpointError`` (on every rank) when no usable step passes its integrity check and
+        ``ck.ModelMismatch`` when the step holds another model shape.
+        """
+        self._watchdog.beat("finding the checkpoint to resume from")
+        sdir = self._choose()
+        return None if sdir is None else self._restore(sdir)
+
+    def _choose(self) -> Path | None:
+        """The step directory to resume from, decided (and verified) on rank 0 and broadcast."""
+        decision: list[Any] = [None, None, None]
+        if self.rank == 0:
+            c = self.cfg.checkpoint
+            try:
+                root, step = ck.load_root_and_step(self.save_root, self.load_root, c.fallback_to_previous, c.ckpt_step)
+                decision = [str(root) if root else None, step, None]
+            except ck.CheckpointError as e:
+                decision = [None, None, str(e)]
+        dist.broadcast_object_list(decision, src=0)
+        root, step, err = decision
+        if err:
+            raise ck.CheckpointError(err)
+        return None if step is None else ck.step_dir(Path(root), step)
+
+    def _restore(self, sdir: Path) -> ck.TrainerState:
+        from megatron.core import dist_checkpointing
+
+        self._watchdog.beat(f"loading {sdir}")
+        state = ck.TrainerState(**json.loads((sdir / STATE).read_text()))
+        self._check_model(sdir, state)
+        b = self.built
+        cs.init_optimizer_states(b.optimizer)
+        sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=True)
+        loaded = dist_checkpointing.load(sd, str(sdir))
+        keys = ["model"] if len(b.model) == 1 else [f"model{i}" for i in range(len(b.model))]
+        for m, k in zip(b.model, keys, strict=False):
+            m.module.load_state_dict(loaded[k], strict=True)
+        with torch.no_grad():
+            b.optimizer.load_state_dict(loaded["optimizer"])
+        b.scheduler.load_state_dict(state.scheduler)
+        self.last_saved = state.step
+        if state.layout == ck.layout_of(self.cfg, self.world) and cs.rng_file(sdir, self.rank).is_file():
+            cs.set_rng_state(torch.load(cs.rng_file(sdir, self.rank), weights_only=False))
+            rng = "restored"
+        else:
+            rng = "re-seeded (layout changed)"
+        self._log(f"resumed from {sdir} (step {state.step}, {state.consumed_samples} samples; RNG {rng})")
+        return state
+
+    def _check_model(self, sdir: Path, state: ck.TrainerState) -> None:
+        """Raise ``ck.ModelMismatch`` naming every shape field the step's model differs in."""
+        diffs = ck.model_differences(state.model, self.cfg.model)
+        tp = self.cfg.parallel.tensor_model_parallel_size
+        vocab = padded_vocab_size(self.cfg.model, tp)
+        if not diffs and vocab != state.padded_vocab_size:
+            diffs = [
+                f"model.vocab_size: padded to {state.padded_vocab_size} at save, {vocab} with "
+                f"tensor_model_parallel_size={tp}"
+            ]
+        if diffs:
+            raise ck.ModelMismatch(
+                f"checkpoint {sdir} holds another model shape; differing fields: "
+                + "; ".join(diffs)
+                + ". Resume with the saved model config or start a new run"
+            )
+
+    # --- save ----------------------------------------------------------------------------------
+
+    def save(self, step: int, consumed: int) -> None:
+        """Save and commit ``step`` (``consumed`` samples); a full disk becomes ``ck.DiskFull`` naming the
+        step, the free bytes and the committed step that is still intact."""
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
+        try:
+            self._save(step, consumed)
+        except (Exception, CheckpointException) as e:
+            full = self._disk_full(e, step)
+            if full is None:
+                raise
+            raise full from None
+
+    def _disk_full(self, e: BaseException, step: int) -> ck.DiskFull | None:
+        """``e`` as ``DiskFull`` when the save failed for want of space, else ``None``."""
+        try:
+            free = shutil.disk_usage(self.save_root).free
+        except OSError:
+            return None
+        # torch.save's C++ stream reports ENOSPC only as "basic_ios::clear: iostream error"
+        if not (_is_disk_full(e) or free < NEARLY_FULL_BYTES):
+            return None
+        last = ck.latest_committed(self.save_root)
+        kept = f"the last committed step {last} is intact" if last is not None else "no step was committed yet"
+        return ck.DiskFull(
+            f"saving step {step} under {self.save_root} failed: the disk is full ({free} bytes free); {kept}"
+        )
+
+    def _save(self, step: int, consumed: int) -> None:
+        """Write ``step`` on every rank, then commit it (at once, or when the background save finalises)."""
+        from megatron.core import dist_checkpointing
+
+        if self.last_saved == step:
+            return
+        self.finalize(blocking=True)  # at most one save in flight
+        self._watchdog.beat(f"saving step {step}")
+        t0, sdir = time.monotonic(), ck.step_dir(self.save_root, step)
+        if self.rank == 0:
+            if sdir.exists():  # an uncommitted leftover of an interrupted save of this step
+                shutil.rmtree(sdir)
+            sdir.mkdir(parents=True)
+        dist.barrier()
+        b = self.built
+        sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=False)
+        request = dist_checkpointing.save(
+            sd, str(sdir), sharded_strategy=self._save_strategy(), async_sharded_save=self.use_async
+        )
+        self._write_rank_state(sdir, step, consumed)
+        self.last_saved = step
+        if not self.use_async:
+            self._commit(sdir, step, t0)
+            return
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        request.add_finalize_fn(lambda: self._commit(sdir, step, t0))
+        if self._async_queue is None:
+            self._async_queue = AsyncCallsQueue()
+        self._async_queue.schedule_async_request(request)
+
+    def finalize(self, blocking: bool) -> None:
+        """Commit background saves whose writes every rank has finished (collective; no-op when sync)."""
+        if self._async_queue is not None:
+            self._async_queue.maybe_finalize_async_calls(blocking=blocking)
+
+    def _write_rank_state(self, sdir: Path, step: int, consumed: int) -> None:
+        """This rank's RNG file, and on rank 0 the trainer state (data position, scheduler, model config)."""
+        cs.rng_file(sdir, self.rank).parent.mkdir(exist_ok=True)
+        torch.save(cs.rng_state(), cs.rng_file(sdir, self.rank))
+        if self.rank == 0:
+            state = ck.TrainerState(
+                step=step,
+                consumed_samples=consumed,
+                scheduler=self.built.scheduler.state_dict(),
+                model=asdict(self.cfg.model),
+                layout=ck.layout_of(self.cfg, self.world),
+                padded_vocab_size=padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size),
+                config_sha256=self.sha,
+            )
+            (sdir / STATE).write_text(json.dumps(vars(state), indent=1) + "\n")
+
+    def _commit(self, sdir: Path, step: int, t0: float) -> None:
+        """After every rank has written: ``ck.commit_step`` on rank 0, between barriers (collective)."""
+        dist.barrier()
+        if self.rank == 0:
+            ck.commit_step(self.save_root, step, self.cfg.checkpoint.keep_last)
+        dist.barrier()
+        self._log(f"committed step {step} in {time.monotonic() - t0:.1f}s ({sdir})")
+
+    def _save_strategy(self) -> Any:
+        if not self.cfg.checkpoint.fully_parallel_save or self._ps.get_data_parallel_world_size() == 1:
+            return None
+        from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+        from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+        return FullyParallelSaveStrategyWrapper(
+            get_default_save_sharded_strategy(), self._ps.get_data_parallel_group(with_context_parallel=True)
+        )

@@ -1,0 +1,81 @@
+"""What a checkpoint step holds on each rank besides the trainer state: the sharded model and
+optimizer state dict for ``megatron.core.dist_checkpointing``, and every RNG of the rank."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+OPTIM_SHARDING = "fully_reshardable"
+"""DistributedOptimizer sharding type: reloadable onto any TP/PP/DP layout."""
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG of this rank: python, numpy, torch, CUDA, and Megatron's model-parallel tracker."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "tracker": get_cuda_rng_tracker().get_states(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``rng_state`` captured."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def rng_file(sdir: Path, rank: int) -> Path:
+    """Per-rank RNG file of a step."""
+    return sdir / "rng" / f"rank_{rank:05d}.pt"
+
+
+def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
+    """Model chunks (``model`` or ``model0``, ``model1``.. with virtual stages) and the optimizer."""
+    if len(model) == 1:
+        sd: dict[str, Any] = {"model": model[0].module.sharded_state_dict()}
+    else:
+        sd = {f"model{i}": m.module.sharded_state_dict() for i, m in enumerate(model)}
+    sd["optimizer"] = optimizer.sharded_state_dict(
+        sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": OPTIM_SHARDING}
+    )
+    return sd
+
+
+def init_optimizer_states(optimizer: Any) -> None:
+    """Materialise empty torch-Adam states (a zero-grad step; params unchanged) before building a load dict."""
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(o, "_init_optimizer_states_with_dummy_values"):
+            o._init_optimizer_states_with_dummy_values()
+        else:
+            inner = o.optimizer
+            for g in inner.param_groups:
+                for p in g["params"]:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+            saved_lr = [g["lr"] for g in inner.param_groups]
+            for g in inner.param_groups:
+                g["lr"] = 0.0
+            if not inner.state:
+                wds = [g.get("weight_decay", 0.0) for g in inner.param_groups]
+                for g in inner.param_groups:
+                    g["weight_decay"] = 0.0
+                inner.step()
+                for g, wd in zip(inner.param_groups, wds, strict=False):
+                    g["weight_decay"] = wd
+            for g, lr in zip(inner.param_groups, saved_lr, strict=False):
+                g["lr"] = lr

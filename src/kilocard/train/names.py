@@ -1,0 +1,18 @@
+"""Names of the files and environment variables the trainer shares with its launchers.
+
+Imports nothing, so the launchers (``kilocard.launch``) and the progress table read the same names
+the ranks write without importing torch.
+"""
+
+CHECKPOINTS_DIR = "checkpoints"
+"""Checkpoint directory inside the run directory when ``checkpoint.save`` is not set."""
+TRACKER = "latest_committed.txt"
+"""Tracker file in the checkpoint directory: the newest committed step (temp file + fsync + rename)."""
+MANIFEST = "manifest.json"
+"""Per-step integrity manifest (relative path -> size, sha256 of every other file of the step)."""
+STATE = "trainer_state.json"
+"""Per-step trainer state: step, data position, LR scheduler, model config, layout."""
+METRICS_FILE = "metrics.jsonl"
+"""One JSON object per optimizer step, in the run directory."""
+EXIT_DIR_ENV = "KILOCARD_EXIT_DIR"
+"""When set, every rank writes its exit code to ``$KILOCARD_EXIT_DIR/rank_<RANK>`` (torchrun reports only 0/1)."""
