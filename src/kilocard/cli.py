@@ -50,7 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("preprocess", help="turn JSONL text into Megatron .bin/.idx")
     p.add_argument("--input", required=True, help="JSONL file, one {'text': ...} per line")
     p.add_argument("--output-prefix", required=True, help="output prefix (writes PREFIX_text_document.bin/.idx)")
-    p.add_argument("--tokenizer", default="kilocard-bytes", help="kilocard-bytes or a kilocard-bpe JSON file")
+    p.add_argument(
+        "--tokenizer",
+        default="kilocard-bytes",
+        help="kilocard-bytes, a tokenizer.json, a SentencePiece or tiktoken file",
+    )
+    p.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
 
     p = sub.add_parser("sbatch", help="validate and render (optionally submit) a Slurm batch script")
     _add_config_args(p)
@@ -122,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_preprocess(args: argparse.Namespace) -> int:
     from kilocard.data.preprocess import preprocess_command
 
-    return preprocess_command(args.input, args.output_prefix, tokenizer=args.tokenizer)
+    return preprocess_command(args.input, args.output_prefix, tokenizer=args.tokenizer, workers=args.workers)
 
 
 def cmd_sbatch(args: argparse.Namespace) -> int:
