@@ -18,8 +18,10 @@ import multiprocessing
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 
 import numpy
@@ -33,6 +35,8 @@ EXIT_OK, EXIT_USAGE = 0, 2
 SUFFIX = "_text_document"
 BATCH_LINES = 64
 """Lines per task sent to a worker."""
+AHEAD_PER_WORKER = 4
+"""Batches in flight per worker."""
 
 Line = tuple[int, str]
 """``(line_number, raw_line)`` of a non-blank input line."""
@@ -127,13 +131,22 @@ def _batches(lines: Iterable[Line]) -> Iterator[list[Line]]:
 
 
 def _encoded(tokenizer: str, path: Path, workers: int) -> Iterator[tuple[list[numpy.ndarray], int]]:
-    """Encoded batches in input order: in this process, or from a pool of ``workers`` (fork) processes."""
+    """Encoded batches in input order: in this process, or from a pool of ``workers`` (fork) processes.
+
+    At most ``AHEAD_PER_WORKER * workers`` batches are in flight, so memory stays flat however large the input.
+    """
     if workers == 1:
         _start_worker(tokenizer, path)
         yield from map(_encode_batch, _batches(read_lines(path)))
         return
     with multiprocessing.get_context("fork").Pool(workers, _start_worker, (tokenizer, path)) as pool:
-        yield from pool.imap(_encode_batch, _batches(read_lines(path)))
+        pending: deque[AsyncResult] = deque()
+        for batch in _batches(read_lines(path)):
+            pending.append(pool.apply_async(_encode_batch, (batch,)))
+            if len(pending) >= AHEAD_PER_WORKER * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
 
 
 def _progress(path: Path) -> tqdm:
