@@ -78,12 +78,6 @@ def read_lines(path: Path) -> Iterator[Line]:
                 yield number, line
 
 
-def read_documents(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line_number, text)`` for every non-blank line; ``DataError`` names the file and line."""
-    for number, line in read_lines(require_input(path)):
-        yield number, text_of(line, path, number)
-
-
 def text_of(line: str, path: Path, number: int) -> str:
     """The ``"text"`` string of one JSONL line; ``DataError`` naming ``path:number`` otherwise."""
     try:
