@@ -73,9 +73,10 @@ def test_sentencepiece_goes_through_megatron_cores_tokenizer(files: dict[str, Pa
 
 def test_hugging_face_eod_comes_from_tokenizer_config_when_present(tmp_path: Path) -> None:
     path = hf_tokenizer_json(tmp_path)
-    assert get_tokenizer(str(path)).eod == 0  # <|endoftext|>, the first of the usual names
+    assert (get_tokenizer(str(path)).eod, get_tokenizer(str(path)).pad) == (0, 1)  # <|endoftext|>, <pad>
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<pad>"}}))
-    assert get_tokenizer(str(path)).eod == 1
+    tok = get_tokenizer(str(path))
+    assert (tok.eod, tok.pad) == (1, -1)  # a padding token equal to the EOD is no padding token
 
 
 @pytest.mark.parametrize("kind", sorted(BUILDERS))

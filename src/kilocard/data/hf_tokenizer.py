@@ -4,7 +4,8 @@ Megatron-Core's own ``HuggingFaceTokenizer`` goes through transformers' ``AutoTo
 extra dependency); the ``tokenizers`` library reads the same file directly. ``tokenizer.json`` does
 not say which token ends a document: like ``AutoTokenizer``, the ``eos_token`` (and ``pad_token``)
 of a ``tokenizer_config.json`` beside the file decide; without one, the first of ``EOD_NAMES``
-(``PAD_NAMES``) the file defines. Without a padding token ``pad`` is -1, Megatron-Core's "none".
+(``PAD_NAMES``) the file defines. Without a padding token (or with one equal to the EOD) ``pad`` is -1,
+Megatron-Core's "none".
 Text is encoded without added BOS/EOS (the preprocessor appends the EOD) and special-token text
 inside a document is encoded as plain text (``encode_special_tokens``), so a document cannot forge an
 end of document; decoding drops special tokens.
@@ -70,7 +71,7 @@ class HuggingFaceTokenizer(FileTokenizer):
                 f'fix: put a {CONFIG_FILE} with "eos_token" beside it'
             )
         pad = self._special_id(named.get("pad_token"), PAD_NAMES)
-        self._pad = NO_PAD if pad is None else pad
+        self._pad = NO_PAD if pad in (None, self._eod) else pad  # Megatron-Core refuses a pad equal to the EOD
         super().__init__(path)
 
     def _special_id(self, configured: str | None, names: tuple[str, ...]) -> int | None:
