@@ -73,6 +73,7 @@ def test_sentencepiece_goes_through_megatron_cores_tokenizer(files: dict[str, Pa
 
 def test_hugging_face_eod_comes_from_tokenizer_config_when_present(tmp_path: Path) -> None:
     path = hf_tokenizer_json(tmp_path)
+    assert get_tokenizer(str(tmp_path)).path == str(path)  # a model folder means its tokenizer.json
     assert (get_tokenizer(str(path)).eod, get_tokenizer(str(path)).pad) == (0, 1)  # <|endoftext|>, <pad>
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<pad>"}}))
     tok = get_tokenizer(str(path))

@@ -1,9 +1,10 @@
 """Tokenizers for Megatron-Core datasets, all offline: ``get_tokenizer(data.tokenizer)``.
 
 ``data.tokenizer`` (``--tokenizer`` of ``kilocard preprocess``) is ``kilocard-bytes`` (the built-in
-byte tokenizer of the tiny recipes) or the path of a local tokenizer file, looked up in the current
-directory, then under kilocard's shipped root. The file's kind is recognised from its content and
-named with Megatron-LM's ``--tokenizer-type`` values:
+byte tokenizer of the tiny recipes) or the path of a local tokenizer file (or of a Hugging Face
+model folder: its ``tokenizer.json``), looked up in the current directory, then under kilocard's
+shipped root. The file's kind is recognised from its content and named with Megatron-LM's
+``--tokenizer-type`` values:
 
 - ``HuggingFaceTokenizer``: a Hugging Face ``tokenizer.json`` (``kilocard.data.hf_tokenizer``);
 - ``SentencePieceTokenizer``: a SentencePiece model (Llama 2, Mistral ``tokenizer.model``), loaded by
@@ -27,6 +28,7 @@ from kilocard.data.paths import find_file
 from kilocard.data.tiktoken_tokenizer import TikTokenizer
 
 HF, SENTENCEPIECE, TIKTOKEN = "HuggingFaceTokenizer", "SentencePieceTokenizer", "TikTokenizer"
+HF_FILE = "tokenizer.json"
 KINDS = "a Hugging Face tokenizer.json, a SentencePiece model or a tiktoken BPE file"
 _TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+=* \d+\r?\n?")
 _SENTENCEPIECE_FIRST_BYTE = 0x0A  # protobuf field 1 (the pieces), length-delimited
@@ -74,7 +76,7 @@ def get_tokenizer(name: str) -> MegatronTokenizerBase:
     """The tokenizer ``name``: ``kilocard-bytes`` or the path of a tokenizer file (see the module docstring)."""
     if name == BYTES_TOKENIZER:
         return ByteTokenizer()
-    path = find_file(name)
+    path = find_file(name) or find_file(str(Path(name) / HF_FILE))  # a model folder: its tokenizer.json
     if path is None:
         raise DataError(
             f"data.tokenizer: unknown tokenizer {name!r} (no such file in {Path.cwd()} or kilocard's shipped root); "
