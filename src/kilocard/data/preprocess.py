@@ -124,13 +124,17 @@ def _batches(lines: Iterable[Line]) -> Iterator[list[Line]]:
         yield batch
 
 
-def _encoded(tokenizer: str, path: Path, workers: int) -> Iterator[tuple[list[numpy.ndarray], int]]:
-    """Encoded batches in input order: in this process, or from a pool of ``workers`` (fork) processes.
+def _encoded(
+    tok: MegatronTokenizerBase, tokenizer: str, path: Path, workers: int
+) -> Iterator[tuple[list[numpy.ndarray], int]]:
+    """Encoded batches in input order: in this process (with ``tok``), or from a pool of ``workers`` (fork)
+    processes that each load ``tokenizer``.
 
     At most ``AHEAD_PER_WORKER * workers`` batches are in flight, so memory stays flat however large the input.
     """
+    global _worker
     if workers == 1:
-        _start_worker(tokenizer, path)
+        _worker = (tok, path)
         yield from map(_encode_batch, _batches(read_lines(path)))
         return
     with multiprocessing.get_context("fork").Pool(workers, _start_worker, (tokenizer, path)) as pool:
@@ -184,7 +188,7 @@ def preprocess_jsonl(
     documents = tokens = 0
     try:
         with _progress(path) as bar:
-            for docs, size in _encoded(tokenizer, path, workers):
+            for docs, size in _encoded(tok, tokenizer, path, workers):
                 for ids in docs:
                     builder.add_document(ids, [len(ids)])
                     tokens += len(ids)
