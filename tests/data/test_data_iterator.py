@@ -91,7 +91,10 @@ def test_relative_data_path_resolves_from_any_directory(tmp_path: Path, monkeypa
         (["data.type=indexed", "data.data_path=[no/such/prefix]"], "data.data_path: 'no/such/prefix' not found"),
         (["data.type=indexed", "data.data_path=[]"], "data.data_path: empty"),
         (["data=tiny_corpus", "data.split='0,1,0'"], "gives the train split no share"),
-        (["data=tiny_corpus", "model.vocab_size=256"], "model.vocab_size: 256 is smaller than tokenizer"),
+        (
+            ["data=tiny_corpus", "model.vocab_size=256"],
+            "model.vocab_size: 256 (padded to 256) is smaller than tokenizer",
+        ),
         (
             ["trainer.global_batch_size=6", "trainer.micro_batch_size=4"],
             "trainer.global_batch_size: 6 is not a multiple",

@@ -9,7 +9,8 @@ import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from kilocard.cli import main
-from kilocard.data.tokenizer import ByteTokenizer, get_tokenizer
+from kilocard.data.byte_tokenizer import ByteTokenizer
+from kilocard.data.tokenizer import get_tokenizer
 from kilocard.paths import data_dir
 
 TEXTS = ["The river rose in the night.", "Zoë's café serves crème brûlée — 5 €.", "", "line one\nline two\ttab"]

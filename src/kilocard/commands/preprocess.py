@@ -11,10 +11,15 @@ HELP = "turn JSONL text into Megatron .bin/.idx"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``--input``, ``--output-prefix``, ``--tokenizer``."""
+    """``--input``, ``--output-prefix``, ``--tokenizer``, ``--workers``."""
     p.add_argument("--input", required=True, help="JSONL file, one {'text': ...} per line")
     p.add_argument("--output-prefix", required=True, help="output prefix (writes PREFIX_text_document.bin/.idx)")
-    p.add_argument("--tokenizer", default="kilocard-bytes", help="kilocard-bytes or a kilocard-bpe JSON file")
+    p.add_argument(
+        "--tokenizer",
+        default="kilocard-bytes",
+        help="kilocard-bytes, or a local tokenizer.json / SentencePiece model / tiktoken BPE file (or its folder)",
+    )
+    p.add_argument("--workers", type=int, default=1, help="tokenizer processes (output identical for any count)")
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -24,8 +29,11 @@ def execute(args: argparse.Namespace) -> int:
     from kilocard.data.preprocess import preprocess_jsonl
 
     try:
-        result = preprocess_jsonl(args.input, args.output_prefix, args.tokenizer)
+        result = preprocess_jsonl(args.input, args.output_prefix, args.tokenizer, args.workers)
     except DataError as err:
         return fail("preprocess", str(err), exits.USAGE)
-    print(f"wrote {result.prefix}.bin/.idx: {result.documents} documents, {result.tokens} tokens ({args.tokenizer})")
+    print(
+        f"wrote {result.prefix}.bin/.idx: {result.documents} documents, {result.tokens} tokens ({args.tokenizer}) "
+        f"in {result.seconds:.1f} s, {result.documents_per_second:.0f} documents/s with {args.workers} worker(s)"
+    )
     return exits.OK

@@ -40,11 +40,13 @@ create_attention_mask=True) -> TrainIterator``
   in the current directory first, then under kilocard's shipped root (the repository in a source
   checkout, the package in a wheel), so ``data/tiny_corpus/tiny_corpus_text_document`` works from
   anywhere.
+* The padded vocabulary (``model.vocab_size`` rounded up to ``make_vocab_size_divisible_by * TP``)
+  must cover the tokenizer's ids.
 * Bad input raises ``DataError`` (one line: field, value, fix), never a bare traceback.
 
-Other entry points: ``get_tokenizer(name)`` (``kilocard-bytes``, or a ``kilocard-bpe`` JSON file trained
-with ``python -m kilocard.data.bpe``), ``preprocess_jsonl`` (called by the
-``kilocard preprocess`` verb), ``resolve_data_prefix(prefix)``.
+Other entry points: ``get_tokenizer(name)`` (``kilocard-bytes``, or a local Hugging Face
+``tokenizer.json``, SentencePiece model or tiktoken BPE file: ``kilocard.data.tokenizer``),
+``preprocess_jsonl`` (called by the ``kilocard preprocess`` verb), ``resolve_data_prefix(prefix)``.
 """
 
 from __future__ import annotations

@@ -48,9 +48,12 @@ def _check_batch_and_vocab(run_cfg: RunConfig, dp_size: int, tokenizer_vocab: in
             f"trainer.global_batch_size: {t.global_batch_size} is not a multiple of "
             f"micro_batch_size({t.micro_batch_size}) * dp({dp_size}); fix: adjust one of them"
         )
-    if run_cfg.model.vocab_size < tokenizer_vocab:
+    m = run_cfg.model
+    multiple = m.make_vocab_size_divisible_by * run_cfg.parallel.tensor_model_parallel_size
+    padded = -(-m.vocab_size // multiple) * multiple  # Megatron-LM's padding (kilocard.perf.params.padded_vocab_size)
+    if padded < tokenizer_vocab:
         raise DataError(
-            f"model.vocab_size: {run_cfg.model.vocab_size} is smaller than tokenizer "
+            f"model.vocab_size: {m.vocab_size} (padded to {padded}) is smaller than tokenizer "
             f"{run_cfg.data.tokenizer!r} ({tokenizer_vocab} ids); fix: model.vocab_size={tokenizer_vocab}"
         )
 

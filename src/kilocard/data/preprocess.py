@@ -1,24 +1,44 @@
 """``kilocard preprocess``: JSONL text -> Megatron-Core indexed dataset ``PREFIX_text_document.bin/.idx``.
 
 Each input line is one JSON object with a string ``"text"``; blank lines are skipped. Every
-document is tokenized, followed by the tokenizer's EOD id, and written with Megatron-Core's
-``IndexedDatasetBuilder`` (one sequence per document, the smallest integer dtype that holds the
-vocabulary, as Megatron-LM's ``preprocess_data.py`` does). Output goes to temporary names that
-are renamed into place only after the whole input was read: a bad line leaves no output behind.
+document is tokenized (``data.tokenizer`` kinds: ``kilocard.data.tokenizer``), followed by the
+tokenizer's EOD id, and written with Megatron-Core's ``IndexedDatasetBuilder`` (one sequence per
+document, the smallest integer dtype that holds the vocabulary), as Megatron-LM's
+``tools/preprocess_data.py`` does. With ``workers > 1`` a pool of processes parses and tokenizes
+batches of lines, each loading the tokenizer once; results are written in input order, so the
+output is the same for any number of workers. A progress bar (input bytes, documents/s) goes to
+stderr on a terminal. Output goes to temporary names that are renamed into place only after the
+whole input was read: a bad line leaves no output behind.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-from collections.abc import Iterator
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 
+import numpy
+from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+from tqdm import tqdm
+
 from kilocard.data.errors import DataError
-from kilocard.data.tokenizer import get_tokenizer
+from kilocard.data.tokenizer import MegatronTokenizerBase, get_tokenizer
 
 SUFFIX = "_text_document"
+BATCH_LINES = 64
+"""Lines per task sent to a worker."""
+AHEAD_PER_WORKER = 4
+"""Batches in flight per worker."""
+
+Line = tuple[int, str]
+"""``(line_number, raw_line)`` of a non-blank input line."""
 
 
 @dataclass(kw_only=True)
@@ -31,22 +51,34 @@ class PreprocessResult:
     """Documents written (one per non-blank input line)."""
     tokens: int
     """Token ids written, EODs included."""
+    seconds: float
+    """Wall time of reading, tokenizing and writing."""
+
+    @property
+    def documents_per_second(self) -> float:
+        """Throughput over the whole run."""
+        return self.documents / max(self.seconds, 1e-9)
 
 
-def read_documents(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line_number, text)`` for every non-blank line; ``DataError`` names the file and line."""
+def require_input(path: Path) -> Path:
+    """``path`` if it is a file; ``DataError`` naming ``--input`` otherwise."""
     if not path.is_file():
         raise DataError(
             f'--input: {path} does not exist or is not a file; fix: pass a JSONL file, one {{"text": ...}} per line'
         )
+    return path
+
+
+def read_lines(path: Path) -> Iterator[Line]:
+    """``(line_number, line)`` for every non-blank line."""
     with path.open("r", encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            yield number, _text_of(line, path, number)
+            if line.strip():
+                yield number, line
 
 
-def _text_of(line: str, path: Path, number: int) -> str:
+def text_of(line: str, path: Path, number: int) -> str:
+    """The ``"text"`` string of one JSONL line; ``DataError`` naming ``path:number`` otherwise."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
@@ -63,11 +95,84 @@ def _text_of(line: str, path: Path, number: int) -> str:
     return record["text"]
 
 
-def preprocess_jsonl(input_path: str, output_prefix: str, tokenizer: str = "kilocard-bytes") -> PreprocessResult:
-    """Tokenize ``input_path`` into ``output_prefix + "_text_document"`` ``.bin/.idx`` (atomically)."""
-    import numpy
-    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+_worker: tuple[MegatronTokenizerBase, Path] | None = None
+"""This process's tokenizer and input path (set once per worker by ``_start_worker``)."""
 
+
+def _start_worker(tokenizer: str, path: Path) -> None:
+    global _worker
+    _worker = (get_tokenizer(tokenizer), path)
+
+
+def _encode_batch(batch: list[Line]) -> tuple[list[numpy.ndarray], int]:
+    """Token ids (EOD appended) of each line of ``batch``, and the batch's size in bytes."""
+    assert _worker is not None, "_start_worker runs first"
+    tok, path = _worker
+    docs = [numpy.asarray(tok.tokenize(text_of(line, path, n)) + [tok.eod], dtype=numpy.int64) for n, line in batch]
+    return docs, sum(len(line.encode("utf-8")) for _, line in batch)
+
+
+def _batches(lines: Iterable[Line]) -> Iterator[list[Line]]:
+    batch: list[Line] = []
+    for item in lines:
+        batch.append(item)
+        if len(batch) == BATCH_LINES:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _encoded(
+    tok: MegatronTokenizerBase, tokenizer: str, path: Path, workers: int
+) -> Iterator[tuple[list[numpy.ndarray], int]]:
+    """Encoded batches in input order: in this process (with ``tok``), or from a pool of ``workers`` (fork)
+    processes that each load ``tokenizer``.
+
+    At most ``AHEAD_PER_WORKER * workers`` batches are in flight, so memory stays flat however large the input.
+    """
+    global _worker
+    if workers == 1:
+        _worker = (tok, path)
+        yield from map(_encode_batch, _batches(read_lines(path)))
+        return
+    with multiprocessing.get_context("fork").Pool(workers, _start_worker, (tokenizer, path)) as pool:
+        pending: deque[AsyncResult] = deque()
+        for batch in _batches(read_lines(path)):
+            pending.append(pool.apply_async(_encode_batch, (batch,)))
+            if len(pending) >= AHEAD_PER_WORKER * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def _progress(path: Path) -> tqdm:
+    """A bar over the input's bytes with documents/s; shown only when stderr is a terminal."""
+    return tqdm(
+        total=path.stat().st_size,
+        unit="B",
+        unit_scale=True,
+        desc="preprocess",
+        file=sys.stderr,
+        disable=not sys.stderr.isatty(),
+    )
+
+
+def _check_workers(workers: int) -> None:
+    if workers < 1:
+        raise DataError(f"--workers: {workers} is not a process count; fix: --workers 1 or more (e.g. the CPU count)")
+
+
+def preprocess_jsonl(
+    input_path: str,
+    output_prefix: str,
+    tokenizer: str = "kilocard-bytes",
+    workers: int = 1,
+) -> PreprocessResult:
+    """Tokenize ``input_path`` into ``output_prefix + "_text_document"`` ``.bin/.idx`` (atomically)."""
+    _check_workers(workers)
+    start = time.perf_counter()
+    path = require_input(Path(input_path))
     tok = get_tokenizer(tokenizer)
     prefix = f"{output_prefix}{SUFFIX}"
     final = [Path(f"{prefix}.bin"), Path(f"{prefix}.idx")]
@@ -81,17 +186,23 @@ def preprocess_jsonl(input_path: str, output_prefix: str, tokenizer: str = "kilo
     builder = IndexedDatasetBuilder(str(tmp[0]), dtype=DType.optimal_dtype(tok.vocab_size))
     documents = tokens = 0
     try:
-        for _, text in read_documents(Path(input_path)):
-            ids: list[int] = tok.tokenize(text) + [tok.eod]
-            builder.add_document(numpy.asarray(ids), [len(ids)])
-            documents, tokens = documents + 1, tokens + len(ids)
+        with _progress(path) as bar:
+            for docs, size in _encoded(tok, tokenizer, path, workers):
+                for ids in docs:
+                    builder.add_document(ids, [len(ids)])
+                    tokens += len(ids)
+                documents += len(docs)
+                bar.update(size)
+                if not bar.disable:
+                    rate = documents / max(time.perf_counter() - start, 1e-9)
+                    bar.set_postfix_str(f"{rate:.0f} documents/s", refresh=False)
         if documents == 0:
             raise DataError(f'{input_path}: no documents (every line is blank); fix: one {{"text": ...}} per line')
         builder.finalize(str(tmp[1]))
-        for src, dst in zip(tmp, final, strict=False):
+        for src, dst in zip(tmp, final, strict=True):
             os.replace(src, dst)
     finally:
         builder.data_file.close()
-        for path in tmp:
-            path.unlink(missing_ok=True)
-    return PreprocessResult(prefix=prefix, documents=documents, tokens=tokens)
+        for p in tmp:
+            p.unlink(missing_ok=True)
+    return PreprocessResult(prefix=prefix, documents=documents, tokens=tokens, seconds=time.perf_counter() - start)

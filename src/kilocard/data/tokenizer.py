@@ -1,106 +1,85 @@
-"""Offline tokenizers for Megatron-Core datasets; nothing is downloaded at run time.
+"""Tokenizers for Megatron-Core datasets, all offline: ``get_tokenizer(data.tokenizer)``.
 
-``kilocard-bytes`` maps text to its UTF-8 bytes (ids 0..255) and adds two special tokens,
-``eod`` (256) and ``pad`` (257): ``vocab_size`` is 258, which ``model.vocab_size`` must cover
-(Megatron pads the embedding further, to a multiple of ``make_vocab_size_divisible_by * TP``).
-It implements what Megatron-Core's ``GPTDataset``/``MockGPTDataset`` use from a tokenizer
-(``vocab_size``, ``eod``, ``pad``, ``unique_identifiers`` for the index-cache hash) and the rest
-of ``MegatronTokenizerBase`` (``tokenize``, ``detokenize``, ``vocab``, ``inv_vocab``).
+``data.tokenizer`` (``--tokenizer`` of ``kilocard preprocess``) is ``kilocard-bytes`` (the built-in
+byte tokenizer of the tiny recipes) or the path of a local tokenizer file (or of a Hugging Face
+model folder: its ``tokenizer.json``), looked up in the current directory, then under kilocard's
+shipped root. The file's kind is recognised from its content and named with Megatron-LM's
+``--tokenizer-type`` values:
+
+- ``HuggingFaceTokenizer``: a Hugging Face ``tokenizer.json`` (``kilocard.data.hf_tokenizer``);
+- ``SentencePieceTokenizer``: a SentencePiece model (Llama 2, Mistral ``tokenizer.model``), loaded by
+  Megatron-Core's own ``megatron.core.tokenizers`` (library ``sentencepiece``);
+- ``TikTokenizer``: a tiktoken BPE file (Llama 3 ``original/tokenizer.model``;
+  ``kilocard.data.tiktoken_tokenizer``).
+
+Nothing is downloaded. Every failure is one ``DataError`` line naming ``data.tokenizer``, the file
+and the fix.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections import OrderedDict
-from collections.abc import Iterable
+import re
+from pathlib import Path
 
-import numpy
-
-with warnings.catch_warnings():
-    # Importing Megatron-Core on a machine without Transformer Engine/Apex warns that it falls back
-    # to its local implementations; expected on CPU ranks and irrelevant to tokenizing.
-    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed", category=UserWarning)
-    from megatron.core.tokenizers import MegatronTokenizerBase
-
+from kilocard.data.byte_tokenizer import BYTES_TOKENIZER, ByteTokenizer, MegatronTokenizerBase
 from kilocard.data.errors import DataError
+from kilocard.data.hf_tokenizer import HuggingFaceTokenizer
+from kilocard.data.paths import find_file
+from kilocard.data.tiktoken_tokenizer import TikTokenizer
 
-BYTES_TOKENIZER = "kilocard-bytes"
-
-
-class ByteTokenizer(MegatronTokenizerBase):
-    """UTF-8 byte tokenizer: ids 0..255 are bytes, 256 is end-of-document, 257 is padding."""
-
-    NUM_BYTES = 256
-    EOD_ID = 256
-    PAD_ID = 257
-
-    def __init__(self) -> None:
-        super().__init__(path="", config={"library": "kilocard", "class_name": type(self).__name__})
-        self.unique_identifiers: dict[str, object] = OrderedDict(
-            [("class", type(self).__name__), ("name", BYTES_TOKENIZER), ("vocab_size", self.vocab_size)]
-        )
-
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text``: its UTF-8 bytes (no EOD; the preprocessor appends it)."""
-        return list(text.encode("utf-8"))
-
-    def detokenize(self, ids: Iterable[int]) -> str:
-        """Text of ``ids``; special tokens (EOD, padding) are dropped, broken UTF-8 is replaced."""
-        data = bytes(int(i) for i in numpy.asarray(ids).reshape(-1) if 0 <= int(i) < self.NUM_BYTES)
-        return data.decode("utf-8", errors="replace")
-
-    @property
-    def vocab(self) -> dict[str, int]:
-        """Token text -> id: ``<0xNN>`` for bytes, ``<eod>`` and ``<pad>`` for the specials."""
-        table = {f"<0x{b:02X}>": b for b in range(self.NUM_BYTES)}
-        table.update({"<eod>": self.EOD_ID, "<pad>": self.PAD_ID})
-        return table
-
-    @property
-    def inv_vocab(self) -> dict[int, str]:
-        """Id -> token text (the inverse of ``vocab``)."""
-        return {i: t for t, i in self.vocab.items()}
-
-    @property
-    def vocab_size(self) -> int:
-        """256 bytes + EOD + padding."""
-        return self.NUM_BYTES + 2
-
-    @property
-    def eod(self) -> int:
-        """End-of-document id, appended after every document by ``kilocard preprocess``."""
-        return self.EOD_ID
-
-    @property
-    def pad(self) -> int:
-        """Padding id (GPTDataset masks the loss on it)."""
-        return self.PAD_ID
-
-    def apply_chat_template(self, *args: object, **kwargs: object) -> str:
-        """Chat templates are not part of a pretraining byte tokenizer."""
-        raise DataError(f"tokenizer {BYTES_TOKENIZER!r} has no chat template; use a chat tokenizer for chat data")
+HF, SENTENCEPIECE, TIKTOKEN = "HuggingFaceTokenizer", "SentencePieceTokenizer", "TikTokenizer"
+HF_FILE = "tokenizer.json"
+KINDS = "a Hugging Face tokenizer.json, a SentencePiece model or a tiktoken BPE file"
+_TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+=* \d+\r?\n?")
+_SENTENCEPIECE_FIRST_BYTE = 0x0A  # protobuf field 1 (the pieces), length-delimited
 
 
-TOKENIZERS = {BYTES_TOKENIZER: ByteTokenizer}
-"""Built-in tokenizer name (``data.tokenizer`` / ``--tokenizer``) -> class; a file path loads a BPE."""
+def tokenizer_type(path: Path) -> str:
+    """Megatron-LM's ``--tokenizer-type`` name for the file at ``path``, from its first bytes."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError as err:
+        raise DataError(f"data.tokenizer: cannot read {path} ({err.strerror}); fix: a readable file") from err
+    if head.lstrip()[:1] == b"{":
+        return HF
+    if _TIKTOKEN_LINE.fullmatch(head.split(b"\n", 1)[0] + b"\n"):
+        return TIKTOKEN
+    if head[:1] == bytes([_SENTENCEPIECE_FIRST_BYTE]):
+        return SENTENCEPIECE
+    raise DataError(f"data.tokenizer: {path} is not {KINDS}; fix: point data.tokenizer at one of them")
+
+
+def load_sentencepiece(path: Path) -> MegatronTokenizerBase:
+    """A SentencePiece model through Megatron-Core's tokenizer (EOD = ``</s>``, pad -1 unless the model has one)."""
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    try:
+        tok = MegatronTokenizer.from_pretrained(tokenizer_path=str(path), metadata_path={"library": "sentencepiece"})
+    except ModuleNotFoundError as err:
+        raise DataError(
+            f"data.tokenizer: {path} is a SentencePiece model but sentencepiece is not installed; "
+            f"fix: pip install 'kilocard[tokenizers]'"
+        ) from err
+    except (OSError, RuntimeError) as err:
+        raise DataError(f"data.tokenizer: {path} is not a SentencePiece model ({err}); fix: {KINDS}") from err
+    if tok.eod < 0:
+        raise DataError(f"data.tokenizer: {path} has no end-of-sentence piece (</s>); fix: train it with eos_id >= 0")
+    return tok
+
+
+LOADERS = {HF: HuggingFaceTokenizer, SENTENCEPIECE: load_sentencepiece, TIKTOKEN: TikTokenizer}
+"""Tokenizer type -> loader taking the file's path."""
 
 
 def get_tokenizer(name: str) -> MegatronTokenizerBase:
-    """The tokenizer ``name``: a built-in (``kilocard-bytes``) or a ``kilocard-bpe`` JSON file.
-
-    A relative file path is looked up in the current directory, then under kilocard's shipped root.
-    Anything else raises ``DataError`` listing the choices.
-    """
-    if name in TOKENIZERS:
-        return TOKENIZERS[name]()
-    from kilocard.data.paths import find_file
-
-    path = find_file(name)
+    """The tokenizer ``name``: ``kilocard-bytes`` or the path of a tokenizer file (see the module docstring)."""
+    if name == BYTES_TOKENIZER:
+        return ByteTokenizer()
+    path = find_file(name) or find_file(str(Path(name) / HF_FILE))  # a model folder: its tokenizer.json
     if path is None:
-        known = ", ".join(sorted(TOKENIZERS))
         raise DataError(
-            f"data.tokenizer: unknown tokenizer {name!r}; fix: use {known} or the path of a kilocard-bpe JSON file"
+            f"data.tokenizer: unknown tokenizer {name!r} (no such file in {Path.cwd()} or kilocard's shipped root); "
+            f"fix: {BYTES_TOKENIZER} or the path of {KINDS}"
         )
-    from kilocard.data.bpe import BpeTokenizer
-
-    return BpeTokenizer.load(path)
+    return LOADERS[tokenizer_type(path)](path)

@@ -14,6 +14,7 @@ from typing import Any
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
 from kilocard.validate import batch, inputs, launcher, model, optimizer, parallel, precision, recompute, topology
+from kilocard.validate import tokenizer as tokenizer_rules
 from kilocard.validate.issues import ERROR, WARNING, Issue, Report
 from kilocard.validate.memory import hbm_bytes, rule_memory_fits, usable_bytes
 
@@ -44,6 +45,7 @@ RULES: tuple[Rule, ...] = (
     + topology.RULES
     + launcher.RULES
     + inputs.RULES
+    + tokenizer_rules.RULES
     + (rule_slurm_launcher,)
 )
 

@@ -1,0 +1,49 @@
+"""What every tokenizer read from a local file shares: its identity for the dataset cache, and no chat template."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from pathlib import Path
+
+from kilocard.data.byte_tokenizer import MegatronTokenizerBase
+from kilocard.data.errors import DataError
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of the file's bytes (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class FileTokenizer(MegatronTokenizerBase):
+    """Base of the file tokenizers; a subclass sets ``TOKENIZER_TYPE`` (Megatron-LM's ``--tokenizer-type`` name).
+
+    ``unique_identifiers`` (what Megatron-Core hashes to name its dataset index caches) holds the
+    file's SHA-256, not its path: the same file anywhere shares a cache, a changed file never does.
+    """
+
+    TOKENIZER_TYPE = ""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path=str(path), config={"library": self.TOKENIZER_TYPE, "class_name": type(self).__name__})
+        self.unique_identifiers: dict[str, object] = OrderedDict(
+            [
+                ("class", type(self).__name__),
+                ("tokenizer_type", self.TOKENIZER_TYPE),
+                ("sha256", file_sha256(path)),
+                ("vocab_size", self.vocab_size),
+            ]
+        )
+
+    @property
+    def inv_vocab(self) -> dict[int, str]:
+        """Id -> token text (the inverse of ``vocab``)."""
+        return {i: t for t, i in self.vocab.items()}
+
+    def apply_chat_template(self, *args: object, **kwargs: object) -> str:
+        """kilocard tokenizes pretraining text only."""
+        raise DataError(f"tokenizer {self.path}: chat templates are not supported; kilocard tokenizes pretraining text")
