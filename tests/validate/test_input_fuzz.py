@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from kilocard.base import shell
 from kilocard.config.compose import ComposeError, compose, to_run_config
-from kilocard.launch import checks, shell
 from kilocard.launch.render import render_script
 from kilocard.plan import build_plan
 from kilocard.validate import validate
@@ -108,7 +108,7 @@ def test_validator_and_renderer_never_crash_and_accepted_scripts_parse(changes):
         return
     run_cfg = to_run_config(cfg)
     report = validate(run_cfg)
-    if not report.valid or any(i.severity == "error" for i in checks.launcher_issues(run_cfg)):
+    if not report.valid:
         for i in report.errors:
             assert i.field and i.message and i.hint
         event("refused by the validator")

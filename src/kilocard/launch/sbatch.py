@@ -4,7 +4,7 @@ Order (nothing is written unless every config of the sweep passes every step bef
   1. compose (``launcher=slurm`` unless the overrides choose a launcher), one config per sweep point;
   2. secret references: a ``launcher.env``/``cluster.env`` value ``${oc.env:NAME}`` under the key
      ``NAME`` becomes a pass-through name in ``launcher.secret_env`` (never resolved to disk);
-  3. ``kilocard.validate.validate`` + the launcher rules (``kilocard.launch.checks``): every error
+  3. ``kilocard.validate.validate`` (the Slurm launcher rules included): every error
      of every config is printed; any error -> exit 1, nothing written, nothing submitted;
   4. a dry render (every value quoted or rejected) -> then the run directory (frozen config,
      sha256, provenance), ``plan.json``, ``logs/`` and ``submit.sbatch``;
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from kilocard.base import shell
 from kilocard.config.compose import ComposeError, compose_many, to_run_config
 from kilocard.config.schema import RunConfig
-from kilocard.launch import shell
 from kilocard.launch.render import LOG_DIR, render_script
 from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import SlurmError, missing_secrets, record_jobs, sbatch_argv, submit_chain

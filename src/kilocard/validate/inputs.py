@@ -5,15 +5,16 @@ anywhere is refused before anything is written: a negative ``trainer.train_iters
 rate below zero, ``checkpoint.keep_last`` below one, a malformed ``launcher.time``, a port out of
 range, a run name that is not a plain directory name, or a value with a control character (a
 newline would start a new line in the batch script). The checks of values that reach a batch
-script are the renderer's own (``kilocard.launch.shell``), applied here to the config alone.
+script are the renderer's own (``kilocard.base.shell``), applied here to the config alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kilocard.base import shell
+from kilocard.base.slurmtime import time_limit_problem
 from kilocard.config.schema import RunConfig
-from kilocard.launch import shell
 from kilocard.layout import Layout
 from kilocard.validate.issues import Issue, error
 
@@ -52,7 +53,7 @@ ONE_LINE = (
     "data.path_to_cache",
 )
 
-#: ``#SBATCH`` values, the pattern kind each must match (``kilocard.launch.shell.SBATCH_PATTERNS``) and
+#: ``#SBATCH`` values, the pattern kind each must match (``kilocard.base.shell.SBATCH_PATTERNS``) and
 #: whether the field may be unset (null or empty: the directive is left out).
 SBATCH_FIELDS = (
     ("launcher.job_name", "name", False),
@@ -97,20 +98,6 @@ def rule_number_ranges(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
                 f"{field}={v} is a probability and must be in [0, 1)",
                 f"set {field}=0.0 (or e.g. 0.1)",
             )
-
-
-def time_limit_problem(text: str) -> str | None:
-    """Why ``text`` is not a usable Slurm time limit, or ``None`` (minutes and seconds below 60, > 0)."""
-    pattern, expected = shell.SBATCH_PATTERNS["time"]
-    if not pattern.fullmatch(text):
-        return f"not a Slurm time; expected {expected}"
-    days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if any(p >= 60 for p in parts[1:]):  # MM:SS, HH:MM:SS, D-HH:MM[:SS]: all but the first part
-        return "minutes and seconds must be below 60"
-    if int(days or 0) == 0 and all(p == 0 for p in parts):
-        return "a time limit of 0 means none, and kilocard needs one to send USR1 before it"
-    return None
 
 
 def rule_launcher_time(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -206,10 +193,16 @@ def rule_script_values(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 
 def rule_secret_names(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """``launcher.secret_env`` holds variable names (the value stays in the submitting shell)."""
-    from kilocard.launch.checks import secret_issues
-
-    return secret_issues(cfg)
+    """``SECRET_VALUE``: ``launcher.secret_env`` holds variable NAMES (the value stays in the submitting shell)."""
+    for i, name in enumerate(cfg.launcher.secret_env):
+        if not shell.ENV_NAME.fullmatch(str(name)):
+            yield error(
+                "SECRET_VALUE",
+                f"launcher.secret_env[{i}]",
+                "<hidden>",
+                "launcher.secret_env holds variable NAMES (the value is read from the submitting shell)",
+                "launcher.secret_env=[WANDB_API_KEY] and `export WANDB_API_KEY=...` before submitting",
+            )
 
 
 RULES = (rule_number_ranges, rule_launcher_time, rule_master_port, rule_run_name, rule_script_values, rule_secret_names)
