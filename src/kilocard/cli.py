@@ -138,7 +138,7 @@ def cmd_baselines(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from kilocard.perf.planner import plan_command
+    from kilocard.planner.search import plan_command
 
     return plan_command(args.overrides, top=args.top, plot=args.plot, fmt=args.format)
 
