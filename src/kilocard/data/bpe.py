@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy
 
+from kilocard.data.byte_tokenizer import ByteTokenizer
+from kilocard.data.documents import read_documents
 from kilocard.data.errors import DataError
-from kilocard.data.tokenizer import ByteTokenizer
 
 FORMAT = "kilocard-bpe"
 CHUNK = re.compile(r" ?\w+| ?[^\w\s]+|\s+")
@@ -153,8 +154,6 @@ class BpeTokenizer(ByteTokenizer):
 
 def main(argv: Sequence[str] = ()) -> int:
     """``python -m kilocard.data.bpe --input X.jsonl --output tok.json --merges N``."""
-    from kilocard.data.preprocess import read_documents
-
     ap = argparse.ArgumentParser(prog="python -m kilocard.data.bpe", description="train a kilocard-bpe tokenizer")
     ap.add_argument("--input", required=True, help="JSONL file, one {'text': ...} per line")
     ap.add_argument("--output", required=True, help="tokenizer JSON to write")

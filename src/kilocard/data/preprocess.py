@@ -9,13 +9,12 @@ are renamed into place only after the whole input was read: a bad line leaves no
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kilocard.data.documents import read_documents
 from kilocard.data.errors import DataError
 from kilocard.data.tokenizer import get_tokenizer
 
@@ -33,36 +32,6 @@ class PreprocessResult:
     """Documents written (one per non-blank input line)."""
     tokens: int
     """Token ids written, EODs included."""
-
-
-def read_documents(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line_number, text)`` for every non-blank line; ``DataError`` names the file and line."""
-    if not path.is_file():
-        raise DataError(
-            f'--input: {path} does not exist or is not a file; fix: pass a JSONL file, one {{"text": ...}} per line'
-        )
-    with path.open("r", encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            yield number, _text_of(line, path, number)
-
-
-def _text_of(line: str, path: Path, number: int) -> str:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise DataError(
-            f'{path}:{number}: not valid JSON ({err.msg}); fix: one JSON object per line, e.g. {{"text": "..."}}'
-        ) from err
-    if not isinstance(record, dict) or "text" not in record:
-        raise DataError(f'{path}:{number}: no "text" key; fix: every line needs {{"text": "..."}}')
-    if not isinstance(record["text"], str):
-        kind = type(record["text"]).__name__
-        raise DataError(
-            f'{path}:{number}: "text" is a {kind}, not a string; fix: put the document text in a JSON string'
-        )
-    return record["text"]
 
 
 def preprocess_jsonl(input_path: str, output_prefix: str, tokenizer: str = "kilocard-bytes") -> PreprocessResult:

@@ -1,85 +1,16 @@
-"""Offline tokenizers for Megatron-Core datasets; nothing is downloaded at run time.
-
-``kilocard-bytes`` maps text to its UTF-8 bytes (ids 0..255) and adds two special tokens,
-``eod`` (256) and ``pad`` (257): ``vocab_size`` is 258, which ``model.vocab_size`` must cover
-(Megatron pads the embedding further, to a multiple of ``make_vocab_size_divisible_by * TP``).
-It implements what Megatron-Core's ``GPTDataset``/``MockGPTDataset`` use from a tokenizer
-(``vocab_size``, ``eod``, ``pad``, ``unique_identifiers`` for the index-cache hash) and the rest
-of ``MegatronTokenizerBase`` (``tokenize``, ``detokenize``, ``vocab``, ``inv_vocab``).
-"""
+"""Tokenizer by name (``data.tokenizer`` / ``--tokenizer``): the built-in ``kilocard-bytes`` or a BPE file."""
 
 from __future__ import annotations
 
-import warnings
-from collections import OrderedDict
-from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import numpy
-
-with warnings.catch_warnings():
-    # Importing Megatron-Core on a machine without Transformer Engine/Apex warns that it falls back
-    # to its local implementations; expected on CPU ranks and irrelevant to tokenizing.
-    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed", category=UserWarning)
-    from megatron.core.tokenizers import MegatronTokenizerBase
-
+from kilocard.data.bpe import BpeTokenizer
+from kilocard.data.byte_tokenizer import BYTES_TOKENIZER, ByteTokenizer
 from kilocard.data.errors import DataError
+from kilocard.data.paths import find_file
 
-BYTES_TOKENIZER = "kilocard-bytes"
-
-
-class ByteTokenizer(MegatronTokenizerBase):
-    """UTF-8 byte tokenizer: ids 0..255 are bytes, 256 is end-of-document, 257 is padding."""
-
-    NUM_BYTES = 256
-    EOD_ID = 256
-    PAD_ID = 257
-
-    def __init__(self) -> None:
-        super().__init__(path="", config={"library": "kilocard", "class_name": type(self).__name__})
-        self.unique_identifiers: dict[str, object] = OrderedDict(
-            [("class", type(self).__name__), ("name", BYTES_TOKENIZER), ("vocab_size", self.vocab_size)]
-        )
-
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text``: its UTF-8 bytes (no EOD; the preprocessor appends it)."""
-        return list(text.encode("utf-8"))
-
-    def detokenize(self, ids: Iterable[int]) -> str:
-        """Text of ``ids``; special tokens (EOD, padding) are dropped, broken UTF-8 is replaced."""
-        data = bytes(int(i) for i in numpy.asarray(ids).reshape(-1) if 0 <= int(i) < self.NUM_BYTES)
-        return data.decode("utf-8", errors="replace")
-
-    @property
-    def vocab(self) -> dict[str, int]:
-        """Token text -> id: ``<0xNN>`` for bytes, ``<eod>`` and ``<pad>`` for the specials."""
-        table = {f"<0x{b:02X}>": b for b in range(self.NUM_BYTES)}
-        table.update({"<eod>": self.EOD_ID, "<pad>": self.PAD_ID})
-        return table
-
-    @property
-    def inv_vocab(self) -> dict[int, str]:
-        """Id -> token text (the inverse of ``vocab``)."""
-        return {i: t for t, i in self.vocab.items()}
-
-    @property
-    def vocab_size(self) -> int:
-        """256 bytes + EOD + padding."""
-        return self.NUM_BYTES + 2
-
-    @property
-    def eod(self) -> int:
-        """End-of-document id, appended after every document by ``kilocard preprocess``."""
-        return self.EOD_ID
-
-    @property
-    def pad(self) -> int:
-        """Padding id (GPTDataset masks the loss on it)."""
-        return self.PAD_ID
-
-    def apply_chat_template(self, *args: object, **kwargs: object) -> str:
-        """Chat templates are not part of a pretraining byte tokenizer."""
-        raise DataError(f"tokenizer {BYTES_TOKENIZER!r} has no chat template; use a chat tokenizer for chat data")
-
+if TYPE_CHECKING:
+    from megatron.core.tokenizers import MegatronTokenizerBase
 
 TOKENIZERS = {BYTES_TOKENIZER: ByteTokenizer}
 """Built-in tokenizer name (``data.tokenizer`` / ``--tokenizer``) -> class; a file path loads a BPE."""
@@ -93,14 +24,10 @@ def get_tokenizer(name: str) -> MegatronTokenizerBase:
     """
     if name in TOKENIZERS:
         return TOKENIZERS[name]()
-    from kilocard.data.paths import find_file
-
     path = find_file(name)
     if path is None:
         known = ", ".join(sorted(TOKENIZERS))
         raise DataError(
             f"data.tokenizer: unknown tokenizer {name!r}; fix: use {known} or the path of a kilocard-bpe JSON file"
         )
-    from kilocard.data.bpe import BpeTokenizer
-
     return BpeTokenizer.load(path)
