@@ -16,6 +16,9 @@ import math
 from dataclasses import dataclass
 
 from kilocard.config.schema import RunConfig
+from kilocard.perf.params import count_parameters
+from kilocard.perf.predict import predict
+from kilocard.topology import gpu_spec
 
 LLAMA3_INTERRUPTIONS = 419
 """Unexpected interruptions during Llama 3 405B pre-training."""
@@ -81,8 +84,6 @@ def goodput(
 
 def checkpoint_bytes(cfg: RunConfig) -> float:
     """Size of one checkpoint (weights + optimizer state) in bytes."""
-    from kilocard.perf.params import count_parameters
-
     return float(count_parameters(cfg.model).total) * CHECKPOINT_BYTES_PER_PARAM
 
 
@@ -105,9 +106,6 @@ def job_goodput(cfg: RunConfig, failure_rate_per_gpu_s: float = DEFAULT_FAILURE_
 
 def predicted_step_s(cfg: RunConfig) -> float | None:
     """Predicted seconds per step on the configured GPUs; ``None`` for CPU ranks, unknown GPUs or bad layouts."""
-    from kilocard.perf.predict import predict
-    from kilocard.topology import gpu_spec
-
     spec = gpu_spec(cfg.cluster.gpu)
     if spec is None or spec.vendor == "cpu":
         return None

@@ -14,6 +14,9 @@ from typing import Any
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
+from kilocard.perf.flops import flops_per_iteration
+from kilocard.perf.memory import estimate_memory
+from kilocard.perf.predict import predict
 from kilocard.validate import (
     batch,
     checkpointing,
@@ -86,8 +89,6 @@ def run_rules(cfg: RunConfig, lay: Layout, rules: Iterable[Rule] = RULES) -> lis
 
 def estimates(cfg: RunConfig, lay: Layout) -> dict[str, Any]:
     """Memory per GPU by component, HBM, FLOPs per iteration (``None`` where the shape is invalid)."""
-    from kilocard.perf.memory import estimate_memory
-
     hbm = hbm_bytes(cfg)
     out: dict[str, Any] = {
         "memory_bytes_per_gpu": None,
@@ -107,8 +108,6 @@ def estimates(cfg: RunConfig, lay: Layout) -> dict[str, Any]:
 
 
 def _flops(cfg: RunConfig) -> float | None:
-    from kilocard.perf.flops import flops_per_iteration
-
     return float(flops_per_iteration(cfg, convention="megatron_current"))
 
 
@@ -129,8 +128,6 @@ def _add_prediction(cfg: RunConfig, est: dict[str, Any], issues: list[Issue]) ->
 
     Both need a layout that Megatron-Core would build, so they run only when no rule found an error.
     """
-    from kilocard.perf.predict import predict
-
     est["prediction"] = predict(cfg).to_json()
     issues.extend(checkpointing.rule_checkpoint_interval(cfg, None))
 
