@@ -10,6 +10,8 @@ script are the renderer's own (``kilocard.base.shell``), applied here to the con
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterable
 
 from kilocard.base import shell
@@ -23,6 +25,8 @@ FLOORS: tuple[tuple[str, float, bool, str], ...] = (
     ("trainer.train_iters", 1, True, "optimizer steps to train"),
     ("trainer.log_interval", 1, True, "steps between log lines"),
     ("trainer.hang_timeout_s", 0, True, "seconds without progress before a rank is declared hung (0 = off)"),
+    ("trainer.seed", 0, True, "the seed of model init, dropout and data order (numpy takes 0 .. 2**32 - 1)"),
+    ("data.random_seed", 0, True, "the seed of Megatron-Core's dataset shuffle (numpy takes 0 .. 2**32 - 1)"),
     ("optim.lr", 0, True, "the peak learning rate"),
     ("optim.min_lr", 0, True, "the learning rate at the end of the decay"),
     ("optim.weight_decay", 0, True, "the decoupled weight decay"),
@@ -37,6 +41,16 @@ FLOORS: tuple[tuple[str, float, bool, str], ...] = (
     ("launcher.max_restarts", 0, True, "torchrun restarts of a failed local run"),
     ("launcher.max_requeues", 0, True, "times a job may requeue itself"),
 )
+
+#: Highest seed: numpy's ``RandomState`` takes 0 .. 2**32 - 1, and each pipeline stage adds 100 to it.
+SEED_MAX = 2**32 - 1
+#: Samples one run may read (``train_iters * global_batch_size``). Megatron-Core's dataset keeps a
+#: shuffle index (8 bytes) and a sample index (16 bytes) per sample on every rank: 2**36 samples is a
+#: 1.5 TiB index, and 2**36 x 8192 tokens is 40 times Llama 3's 15T-token pre-training. Above it the
+#: iterator cannot be built (it only hangs in the index build until the hang guard fires).
+MAX_TRAIN_SAMPLES = 2**36
+#: Tokens the run reads must fit Megatron-Core's int64 token counters.
+INT64_MAX = 2**63 - 1
 
 #: Probability fields: 0 <= p < 1.
 PROBABILITIES = ("model.hidden_dropout", "model.attention_dropout")
@@ -77,8 +91,8 @@ def rule_number_ranges(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """Counts, rates and durations at or above their floor; dropouts in [0, 1)."""
     for field, low, inclusive, what in FLOORS:
         v = get(cfg, field)
-        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            continue  # a non-finite number is NOT_FINITE (rule_finite_numbers)
         if v < low or (v == low and not inclusive):
             op = ">=" if inclusive else ">"
             yield error(
@@ -98,6 +112,67 @@ def rule_number_ranges(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
                 f"{field}={v} is a probability and must be in [0, 1)",
                 f"set {field}=0.0 (or e.g. 0.1)",
             )
+
+
+def float_fields(cfg: RunConfig) -> Iterable[tuple[str, float]]:
+    """``(dotted field, value)`` of every float in the config's sections."""
+    for section in dataclasses.fields(cfg):
+        node = getattr(cfg, section.name)
+        if not dataclasses.is_dataclass(node):
+            continue
+        for f in dataclasses.fields(node):
+            v = getattr(node, f.name)
+            if isinstance(v, float):
+                yield f"{section.name}.{f.name}", v
+
+
+def rule_finite_numbers(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``NOT_FINITE``: no float field is nan or infinite (a rate, a time or a bandwidth is a real number)."""
+    for field, v in float_fields(cfg):
+        if not math.isfinite(v):
+            yield error(
+                "NOT_FINITE",
+                field,
+                v,
+                f"{field}={v} is not a finite number",
+                f"set {field} to a finite number (the schema default is a good start)",
+            )
+
+
+def rule_seed_range(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``trainer.seed`` (plus 100 per pipeline stage) and ``data.random_seed`` fit numpy's 32-bit seed."""
+    top = {"trainer.seed": SEED_MAX - 100 * (max(lay.pp, 1) - 1), "data.random_seed": SEED_MAX}
+    for field, high in top.items():
+        v = get(cfg, field)
+        if isinstance(v, int) and v > high:
+            yield error(
+                "OUT_OF_RANGE",
+                field,
+                v,
+                f"{field}={v} is out of range: numpy seeds are 0 .. 2**32 - 1 (and each pipeline stage adds 100)",
+                f"set {field} to a value <= {high}, e.g. 1234",
+            )
+
+
+def rule_train_samples(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``TRAIN_SAMPLES``: ``train_iters * global_batch_size`` samples (and their tokens) can be indexed."""
+    t = cfg.trainer
+    if t.train_iters < 1 or t.global_batch_size < 1:
+        return  # OUT_OF_RANGE / the batch rules name it
+    samples = t.train_iters * t.global_batch_size
+    tokens = samples * (max(cfg.model.seq_length, 1) + 1)
+    if samples <= MAX_TRAIN_SAMPLES and tokens <= INT64_MAX:
+        return
+    most = max(1, min(MAX_TRAIN_SAMPLES, INT64_MAX // (max(cfg.model.seq_length, 1) + 1)) // t.global_batch_size)
+    yield error(
+        "TRAIN_SAMPLES",
+        "trainer.train_iters",
+        t.train_iters,
+        f"trainer.train_iters({t.train_iters}) x trainer.global_batch_size({t.global_batch_size}) = {samples} "
+        f"samples; Megatron-Core's dataset index holds at most 2**36 = {MAX_TRAIN_SAMPLES} samples "
+        "(24 bytes each on every rank) and int64 tokens",
+        f"set trainer.train_iters <= {most}",
+    )
 
 
 def rule_launcher_time(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -205,4 +280,14 @@ def rule_secret_names(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             )
 
 
-RULES = (rule_number_ranges, rule_launcher_time, rule_master_port, rule_run_name, rule_script_values, rule_secret_names)
+RULES = (
+    rule_number_ranges,
+    rule_finite_numbers,
+    rule_seed_range,
+    rule_train_samples,
+    rule_launcher_time,
+    rule_master_port,
+    rule_run_name,
+    rule_script_values,
+    rule_secret_names,
+)

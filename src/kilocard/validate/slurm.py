@@ -85,6 +85,9 @@ def rule_signal_lead(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """The USR1 lead against the save time and the time limit (Slurm launches of a valid model shape)."""
     if cfg.launcher.kind != "slurm" or not model_shape_ok(cfg):  # the save-time estimate counts parameters
         return []
+    save, bandwidth = cfg.checkpoint.expected_save_time_s, cfg.cluster.fs_write_bandwidth_gbs
+    if not math.isfinite(bandwidth) or (save is not None and not math.isfinite(save)):
+        return []  # NOT_FINITE (validate.inputs) names it
     return signal_lead_issues(cfg)
 
 
