@@ -231,10 +231,10 @@ def test_parse_job_id_rejects_garbage():
 
 def test_submit_refuses_missing_secret_before_calling_sbatch(tmp_path, capsys, monkeypatch):
     """A secret named in launcher.secret_env but not exported: one-line error, sbatch never runs."""
-    monkeypatch.delenv("KILOCARD_TEST_SECRET", raising=False)
+    monkeypatch.delenv("KC_TEST_SECRET", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch reachable: the check must come first
     rc, out, err = run_cli(
-        [*TINY, f"cluster.shared_fs={tmp_path}/runs", "launcher.secret_env=[KILOCARD_TEST_SECRET]", "--submit"], capsys
+        [*TINY, f"cluster.shared_fs={tmp_path}/runs", "launcher.secret_env=[KC_TEST_SECRET]", "--submit"], capsys
     )
-    assert rc == 1 and "KILOCARD_TEST_SECRET not set" in err and "Traceback" not in err
+    assert rc == 1 and "KC_TEST_SECRET not set" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()

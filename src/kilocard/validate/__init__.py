@@ -2,9 +2,9 @@
 
 Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
 ``model``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
-``launcher``, ``inputs``, ``slurm``, ``checkpointing`` and ``memory``. The report holds every problem
-at once, the layout and the estimates
-(memory per GPU by component against HBM, FLOPs per iteration).
+``launcher``, ``inputs``, ``environment``, ``slurm``, ``checkpointing`` and ``memory``. The report holds
+every problem at once, the layout and the estimates (memory per GPU by component against HBM, FLOPs per
+iteration).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from kilocard.perf.predict import predict
 from kilocard.validate import (
     batch,
     checkpointing,
+    environment,
     inputs,
     launcher,
     model,
@@ -41,7 +42,14 @@ STRUCTURAL_RULES: tuple[Rule, ...] = model.RULES + parallel.RULES + batch.RULES 
 
 #: Every rule except the memory fit, in report order.
 RULES: tuple[Rule, ...] = (
-    STRUCTURAL_RULES + precision.RULES + optimizer.RULES + topology.RULES + launcher.RULES + inputs.RULES + slurm.RULES
+    STRUCTURAL_RULES
+    + precision.RULES
+    + optimizer.RULES
+    + topology.RULES
+    + launcher.RULES
+    + inputs.RULES
+    + environment.RULES
+    + slurm.RULES
 )
 
 #: Issue codes for conditions Megatron-Core itself rejects (at config, group or model construction).
