@@ -11,8 +11,10 @@ import torch
 
 from kilocard.cli import main
 from kilocard.config.compose import compose, to_run_config
-from kilocard.data import DataError, build_train_iterator, get_tokenizer
 from kilocard.data.bpe import BpeTokenizer, chunks, train_merges
+from kilocard.data.errors import DataError
+from kilocard.data.iterator import build_train_iterator
+from kilocard.data.tokenizer import get_tokenizer
 from kilocard.paths import data_dir
 
 PASSAGES = (data_dir("conf").parent / "data" / "tiny_corpus" / "passages.txt").read_text().split("\n\n")

@@ -35,7 +35,10 @@ def _validate(run_cfg) -> str | None:
         from kilocard.validate import validate
     except ImportError:
         return None
+    from kilocard.validate.paths import check_paths
+
     report = validate(run_cfg)
+    report.issues.extend(check_paths(run_cfg))
     if report.valid:
         return None
     return "\n".join(f"  {i.field}: {i.message} (fix: {i.hint})" for i in report.errors)

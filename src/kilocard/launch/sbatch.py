@@ -30,6 +30,7 @@ from kilocard.launch.slurm import SlurmError, missing_secrets, record_jobs, sbat
 from kilocard.plan import LaunchPlan, build_plan
 from kilocard.validate import validate
 from kilocard.validate.issues import ERROR, Issue
+from kilocard.validate.paths import check_paths
 
 EXIT_OK, EXIT_INVALID = 0, 1
 SCRIPT_FILE = "submit.sbatch"
@@ -101,7 +102,7 @@ def prepare(overrides: Sequence[str], cfg: DictConfig, chain: int, multi: bool) 
     label = f"[{' '.join(overrides)}] " if multi else ""
     extract_secret_refs(cfg)
     run_cfg = to_run_config(cfg)
-    issues = list(validate(run_cfg).issues)  # the validator includes the Slurm launcher rules
+    issues = list(validate(run_cfg).issues) + check_paths(run_cfg)  # the Slurm launcher rules included
     print_issues(label, issues)
     if any(i.severity == ERROR for i in issues):
         return None

@@ -10,6 +10,7 @@ from kilocard.config.compose import compose_many, to_run_config
 from kilocard.topology import GiB
 from kilocard.validate import validate
 from kilocard.validate.issues import ERROR, Report
+from kilocard.validate.paths import check_paths
 
 EXIT_OK, EXIT_INVALID = 0, 1
 MEMORY_ROWS = ("weights", "gradients", "optimizer", "activations", "total")
@@ -103,7 +104,10 @@ def validate_command(overrides: Sequence[str], multirun: bool = False, fmt: str 
     """Compose each config, validate it, print; 0 when no errors, 1 when any config has one."""
     reports = []
     for combo, cfg in compose_many(overrides, multirun=multirun):
-        reports.append((combo, validate(to_run_config(cfg))))
+        run_cfg = to_run_config(cfg)
+        report = validate(run_cfg)
+        report.issues.extend(check_paths(run_cfg))
+        reports.append((combo, report))
     if fmt == "json":
         if multirun:
             print(json.dumps([{"overrides": c, **r.to_dict()} for c, r in reports], indent=2))
