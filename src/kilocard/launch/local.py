@@ -46,6 +46,7 @@ def _validate(run_cfg) -> str | None:
 
 def _new_run(overrides: Sequence[str], nproc: int | None) -> Path | None:
     from kilocard.config.compose import compose, to_run_config
+    from kilocard.config.secrets import extract_secret_refs
     from kilocard.launch.rundir import RunDirError, create_run_dir
 
     overrides = list(overrides)
@@ -55,6 +56,7 @@ def _new_run(overrides: Sequence[str], nproc: int | None) -> Path | None:
             return None
         overrides += [f"cluster.gpus_per_node={nproc}", "cluster.nodes=1", f"launcher.nproc={nproc}"]
     cfg = compose(overrides)
+    extract_secret_refs(cfg)  # before anything is resolved or written
     errors = _validate(to_run_config(cfg))
     if errors:
         print(f"kilocard run: the config is invalid; nothing was started:\n{errors}", file=sys.stderr)

@@ -2,8 +2,9 @@
 
 Order (nothing is written unless every config of the sweep passes every step before it):
   1. compose (``launcher=slurm`` unless the overrides choose a launcher), one config per sweep point;
-  2. secret references: a ``launcher.env``/``cluster.env`` value ``${oc.env:NAME}`` under the key
-     ``NAME`` becomes a pass-through name in ``launcher.secret_env`` (never resolved to disk);
+  2. secret references (``kilocard.config.secrets``): a ``launcher.env``/``cluster.env`` value
+     ``${oc.env:NAME}`` under the key ``NAME`` becomes a pass-through name in ``launcher.secret_env``
+     (never resolved to disk); any other spelling or resolver is refused;
   3. ``kilocard.validate.validate`` (the Slurm launcher rules included): every error
      of every config is printed; any error -> exit 1, nothing written, nothing submitted;
   4. a dry render (every value quoted or rejected) -> then the run directory (frozen config,
@@ -13,17 +14,17 @@ Order (nothing is written unless every config of the sweep passes every step bef
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from kilocard.base import shell
 from kilocard.config.compose import ComposeError, compose_many, to_run_config
 from kilocard.config.schema import RunConfig
+from kilocard.config.secrets import extract_secret_refs
 from kilocard.launch.render import LOG_DIR, render_script
 from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import SlurmError, missing_secrets, record_jobs, sbatch_argv, submit_chain
@@ -35,7 +36,6 @@ from kilocard.validate.paths import check_paths
 EXIT_OK, EXIT_INVALID = 0, 1
 SCRIPT_FILE = "submit.sbatch"
 PLAN_FILE = "plan.json"
-ENV_REF = re.compile(r"\$\{(?:oc\.)?env:([A-Za-z_][A-Za-z0-9_]*)(?:,[^}]*)?\}")
 
 
 @dataclass
@@ -57,37 +57,6 @@ def with_slurm_launcher(overrides: Sequence[str]) -> list[str]:
     if any(o.split("=", 1)[0].lstrip("+~") == "launcher" for o in overrides):
         return list(overrides)
     return ["launcher=slurm", *overrides]
-
-
-def extract_secret_refs(cfg: DictConfig) -> list[str]:
-    """Move ``${oc.env:NAME}`` env values into ``launcher.secret_env``; refuse them anywhere else."""
-    moved: list[str] = []
-    raw = OmegaConf.to_container(cfg, resolve=False)
-    assert isinstance(raw, dict)
-    for group in ("launcher", "cluster"):
-        env = (raw.get(group) or {}).get("env") or {}
-        for key, value in env.items():
-            m = ENV_REF.fullmatch(str(value)) if isinstance(value, str) else None
-            if m is None:
-                continue
-            if m.group(1) != key:
-                raise ComposeError(
-                    f"{group}.env.{key}: a secret is passed through under its own name; use "
-                    f"launcher.secret_env=[{m.group(1)}] and read {m.group(1)} in the job",
-                    field=f"{group}.env.{key}",
-                )
-            with open_dict(cfg):
-                del cfg[group].env[key]
-                if key not in cfg.launcher.secret_env:
-                    cfg.launcher.secret_env.append(key)
-            moved.append(key)
-    rest = OmegaConf.to_yaml(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
-    if "env:" in rest and ENV_REF.search(rest):
-        raise ComposeError(
-            "an ${oc.env:...} reference outside launcher.env/cluster.env would write the variable's "
-            "value into the run directory; pass secrets with launcher.secret_env=[NAME]"
-        )
-    return moved
 
 
 def print_issues(label: str, issues: Sequence[Issue]) -> None:

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from kilocard.config.compose import compose_many, to_run_config
+from kilocard.config.secrets import extract_secret_refs
 from kilocard.topology import GiB
 from kilocard.validate import validate
 from kilocard.validate.issues import ERROR, Report
@@ -104,6 +105,7 @@ def validate_command(overrides: Sequence[str], multirun: bool = False, fmt: str 
     """Compose each config, validate it, print; 0 when no errors, 1 when any config has one."""
     reports = []
     for combo, cfg in compose_many(overrides, multirun=multirun):
+        extract_secret_refs(cfg)  # what run and sbatch refuse, validate refuses too
         run_cfg = to_run_config(cfg)
         report = validate(run_cfg)
         report.issues.extend(check_paths(run_cfg))
