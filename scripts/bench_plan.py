@@ -13,7 +13,7 @@ import statistics
 import time
 
 from kilocard.config.compose import compose, to_run_config
-from kilocard.perf.planner import plan
+from kilocard.planner.search import plan
 
 DEFAULT = ["recipe=llama31_405b", "cluster.nodes=2048", "trainer.global_batch_size=2048"]
 

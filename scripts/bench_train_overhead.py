@@ -104,7 +104,7 @@ def build_bare(run_dir: Path) -> Callable[[int], list[Stamp]]:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from kilocard.config.freeze import load_verified
-    from kilocard.data import build_train_iterator
+    from kilocard.data.iterator import build_train_iterator
 
     rc, _ = load_verified(run_dir)
     m, p, t, o = rc.model, rc.parallel, rc.trainer, rc.optim

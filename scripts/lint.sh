@@ -6,3 +6,4 @@ cd "$(dirname "$0")/.."
 bin=.venv/bin
 "$bin/ruff" check src tests scripts
 "$bin/ruff" format --check src tests scripts
+PYTHONPATH=src "$bin/lint-imports" --no-logo

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import kilocard.data.datasets  # noqa: F401  (imported before the fork, so the ranks need not)
 from kilocard.config.compose import compose, to_run_config
 from kilocard.config.schema import RunConfig
-from kilocard.data import build_train_iterator
+from kilocard.data.iterator import build_train_iterator
 
 WORLD = 2
 STEPS = 4

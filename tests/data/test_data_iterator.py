@@ -13,7 +13,9 @@ import torch
 
 from kilocard.config.compose import compose, to_run_config
 from kilocard.config.schema import RunConfig
-from kilocard.data import DataError, build_train_iterator, get_tokenizer
+from kilocard.data.errors import DataError
+from kilocard.data.iterator import build_train_iterator
+from kilocard.data.tokenizer import get_tokenizer
 
 SHAPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32, "position_ids": torch.int64}
 

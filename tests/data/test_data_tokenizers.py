@@ -18,9 +18,10 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from kilocard.cli import main
 from kilocard.config.compose import compose, to_run_config
-from kilocard.data import DataError, build_train_iterator, get_tokenizer
+from kilocard.data.errors import DataError
+from kilocard.data.iterator import build_train_iterator
 from kilocard.data.tiktoken_tokenizer import NUM_SPECIAL_TOKENS
-from kilocard.data.tokenizer import tokenizer_type
+from kilocard.data.tokenizer import get_tokenizer, tokenizer_type
 from tokenizer_files import (
     CORPUS_DIR,
     PASSAGES,

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from kilocard.base.shell import ShellValueError
 from kilocard.cli import main
 from kilocard.config.compose import compose, to_run_config
-from kilocard.launch.checks import launcher_issues
 from kilocard.launch.render import render_script
-from kilocard.launch.shell import ShellValueError
 from kilocard.plan import build_plan
+from kilocard.validate import validate
+from kilocard.validate.slurm import signal_lead_issues
 
 TINY = ["recipe=tiny_gpt", "cluster.nodes=2", "cluster.gpus_per_node=2", "launcher.signal_lead_s=60"]
 
@@ -177,21 +178,21 @@ def test_secret_reference_becomes_a_name_never_a_value(tmp_path, capsys, monkeyp
 
 def test_secret_value_in_secret_env_is_refused():
     rc = to_run_config(compose([*TINY, "launcher.secret_env=['sk-live-abc=def']"]))
-    issues = launcher_issues(rc)
+    issues = [i for i in validate(rc).issues if i.severity == "error"]
     assert [i.code for i in issues] == ["SECRET_VALUE"] and issues[0].value == "<hidden>"
 
 
 def test_signal_lead_rule_uses_save_time_and_time_limit():
     """USR1 must come before a save could finish: lead >= 1.2 x save + 30 s, and lead < time limit."""
     ok = to_run_config(compose([*TINY, "checkpoint.expected_save_time_s=20"]))
-    assert launcher_issues(ok) == []
+    assert signal_lead_issues(ok) == []
     slow = to_run_config(compose([*TINY, "checkpoint.expected_save_time_s=100"]))
-    (issue,) = launcher_issues(slow)
+    (issue,) = signal_lead_issues(slow)
     assert issue.code == "SIGNAL_LEAD_SAVE" and issue.field == "launcher.signal_lead_s" and "150" in issue.hint
     short = to_run_config(compose([*TINY, "launcher.time=00:01:00", "launcher.signal_lead_s=90"]))
-    assert [i.code for i in launcher_issues(short)] == ["SIGNAL_LEAD_TIME"]
+    assert [i.code for i in signal_lead_issues(short)] == ["SIGNAL_LEAD_TIME"]
     big = to_run_config(compose(["recipe=llama31_405b", "cluster.fs_write_bandwidth_gbs=1"]))
-    (issue,) = launcher_issues(big)
+    (issue,) = signal_lead_issues(big)
     assert issue.code == "SIGNAL_LEAD_SAVE" and "GB / cluster.fs_write_bandwidth_gbs=1" in issue.message
 
 
@@ -230,10 +231,10 @@ def test_parse_job_id_rejects_garbage():
 
 def test_submit_refuses_missing_secret_before_calling_sbatch(tmp_path, capsys, monkeypatch):
     """A secret named in launcher.secret_env but not exported: one-line error, sbatch never runs."""
-    monkeypatch.delenv("KILOCARD_TEST_SECRET", raising=False)
+    monkeypatch.delenv("KC_TEST_SECRET", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch reachable: the check must come first
     rc, out, err = run_cli(
-        [*TINY, f"cluster.shared_fs={tmp_path}/runs", "launcher.secret_env=[KILOCARD_TEST_SECRET]", "--submit"], capsys
+        [*TINY, f"cluster.shared_fs={tmp_path}/runs", "launcher.secret_env=[KC_TEST_SECRET]", "--submit"], capsys
     )
-    assert rc == 1 and "KILOCARD_TEST_SECRET not set" in err and "Traceback" not in err
+    assert rc == 1 and "KC_TEST_SECRET not set" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()

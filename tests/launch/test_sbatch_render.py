@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from kilocard.base.shell import ShellValueError
+from kilocard.base.slurmtime import time_to_seconds
 from kilocard.config.compose import compose, to_run_config
-from kilocard.launch.render import render_script, time_to_seconds
-from kilocard.launch.shell import ShellValueError
+from kilocard.launch.render import render_script
 from kilocard.plan import build_plan
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "sbatch"

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from kilocard.config.compose import compose, to_run_config
-from kilocard.perf.goodput import goodput, job_goodput, lost_fraction, rule_checkpoint_interval
+from kilocard.perf.goodput import goodput, job_goodput, lost_fraction
+from kilocard.validate.checkpointing import rule_checkpoint_interval
 
 
 def test_llama3_rate_gives_its_job_mtbf():

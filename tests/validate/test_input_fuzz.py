@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from kilocard.base import shell
 from kilocard.config.compose import ComposeError, compose, to_run_config
-from kilocard.launch import checks, shell
+from kilocard.config.secrets import extract_secret_refs
 from kilocard.launch.render import render_script
 from kilocard.plan import build_plan
 from kilocard.validate import validate
@@ -108,7 +109,7 @@ def test_validator_and_renderer_never_crash_and_accepted_scripts_parse(changes):
         return
     run_cfg = to_run_config(cfg)
     report = validate(run_cfg)
-    if not report.valid or any(i.severity == "error" for i in checks.launcher_issues(run_cfg)):
+    if not report.valid:
         for i in report.errors:
             assert i.field and i.message and i.hint
         event("refused by the validator")
@@ -143,3 +144,49 @@ def test_composer_returns_a_config_or_a_compose_error(overrides):
         to_run_config(compose(["recipe=tiny_gpt", *overrides]))
     except ComposeError as e:
         assert str(e).strip() and "Traceback" not in str(e)
+
+
+SECRET_NAME, SECRET_VALUE = "KC_FUZZ_SECRET", "fuzz-s3cr3t-9f1"
+SPACE = st.sampled_from(["", " ", "  "])
+QUOTED_NAME = st.sampled_from([SECRET_NAME, f"'{SECRET_NAME}'", f'"{SECRET_NAME}"'])
+RESOLVER = st.builds(
+    lambda s1, name, s2, default: f"${{oc.env:{s1}{name}{s2}{default}}}",
+    SPACE,
+    QUOTED_NAME,
+    SPACE,
+    st.sampled_from(["", ",x", ", null"]),
+)
+SPELLING = st.one_of(
+    RESOLVER,
+    RESOLVER.map(lambda r: f"${{oc.decode:{r}}}"),
+    st.tuples(st.sampled_from(["", "pre", "/a/"]), RESOLVER, st.sampled_from(["", "-post", "/b"])).map("".join),
+)
+SECRET_FIELDS = [
+    f"launcher.env.{SECRET_NAME}",
+    "launcher.env.OTHER",
+    f"cluster.env.{SECRET_NAME}",
+    "launcher.job_name",
+    "launcher.run_name",
+    "checkpoint.save",
+    "cluster.venv",
+    "data.tokenizer",
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(field=st.sampled_from(SECRET_FIELDS), text=SPELLING)
+def test_no_resolver_spelling_lets_the_environment_reach_the_config(field, text):
+    """Whatever the spelling: refused (ComposeError naming the field), or the resolved config lacks the value."""
+    cfg = copy.deepcopy(base_cfg())
+    OmegaConf.update(cfg, field, text, merge=False, force_add=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SECRET_NAME, SECRET_VALUE)
+        try:
+            extract_secret_refs(cfg)
+        except ComposeError as e:
+            assert e.field == field, (e.field, field)
+            event("refused")
+            return
+        event("became a secret name")
+        resolved = OmegaConf.to_yaml(OmegaConf.to_container(cfg, resolve=True))
+    assert SECRET_VALUE not in resolved, (field, text)

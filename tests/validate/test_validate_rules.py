@@ -286,6 +286,7 @@ CASES = [
         {P + "use_distributed_optimizer": True},
     ),
     (optimizer.rule_optimizer_name, {"optim.optimizer": "lion"}, "OPTIMIZER", {"optim.optimizer": "sgd"}),
+    (optimizer.rule_lr_order, {"optim.lr": 1e-4, "optim.min_lr": 1e-3}, "LR_ORDER", {"optim.min_lr": 1e-5}),
     (
         optimizer.rule_overlap_param_gather,
         {P + "overlap_param_gather": True, P + "overlap_grad_reduce": True},

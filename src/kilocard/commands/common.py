@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from omegaconf import DictConfig
+
+from kilocard.config.compose import to_run_config
 from kilocard.config.schema import RunConfig
+from kilocard.config.secrets import extract_secret_refs
 from kilocard.validate import validate
 from kilocard.validate.issues import Report
+from kilocard.validate.paths import check_paths
+from kilocard.validate.tokenizer import tokenizer_issues
 
 
 def add_config_args(p: argparse.ArgumentParser, multirun: bool = True) -> None:
@@ -16,6 +22,15 @@ def add_config_args(p: argparse.ArgumentParser, multirun: bool = True) -> None:
         p.add_argument("-m", "--multirun", action="store_true", help="one config per sweep point (a=1,2)")
 
 
-def check_config(run_cfg: RunConfig) -> Report:
-    """Everything checked before a config is launched: ``validate``, ``run`` and ``sbatch`` call this."""
-    return validate(run_cfg)
+def check_config(cfg: DictConfig) -> tuple[RunConfig, Report]:
+    """Everything checked before a config is launched: ``validate``, ``run`` and ``sbatch`` call this.
+
+    Secret references are moved to ``launcher.secret_env`` (any other resolver spelling is refused)
+    before anything resolves ``cfg``; then the pure ``validate`` and the checks that read files
+    (data prefixes, the tokenizer).
+    """
+    extract_secret_refs(cfg)
+    run_cfg = to_run_config(cfg)
+    report = validate(run_cfg)
+    report.issues.extend(check_paths(run_cfg) + tokenizer_issues(run_cfg))
+    return run_cfg, report

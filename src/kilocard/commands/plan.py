@@ -13,7 +13,7 @@ from kilocard.commands.common import add_config_args
 from kilocard.commands.report import fail
 from kilocard.config.compose import compose, to_run_config
 from kilocard.config.schema import RunConfig
-from kilocard.perf.planner import Plan, apply, plan, render_json, render_text
+from kilocard.planner.search import Plan, apply, plan, render_json, render_text
 
 HELP = "rank the layouts that fit by predicted throughput"
 
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def write_plots(result: Plan, cfg: RunConfig, png: str) -> None:
     """The ranking plot, and the schedule of the chosen layout (the overrides' own when valid, else the best)."""
     # matplotlib costs about a second to import: only ``--plot`` pays for it.
-    from kilocard.perf.plots import plot_plan, plot_schedule, schedule_path
+    from kilocard.planner.plots import plot_plan, plot_schedule, schedule_path
 
     plot_plan(result, png)
     shown = result.recipe or (result.top[0] if result.top else None)

@@ -15,7 +15,7 @@ from pathlib import Path
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, check_config
 from kilocard.commands.report import count_line, fail, print_issues
-from kilocard.config.compose import compose, to_run_config
+from kilocard.config.compose import compose
 from kilocard.config.freeze import FrozenConfigError, load_verified
 from kilocard.launch.local import launch
 from kilocard.launch.rundir import RunDirError, create_run_dir
@@ -41,8 +41,7 @@ def nproc_overrides(nproc: int | None) -> list[str]:
 def new_run(overrides: list[str]) -> Path | int:
     """Compose, validate and write a new run directory; its path, or the exit code after printing why not."""
     cfg = compose(overrides)
-    run_cfg = to_run_config(cfg)
-    report = check_config(run_cfg)
+    run_cfg, report = check_config(cfg)
     if not report.valid:
         print_issues(report.issues)
         return fail("run", f"the config is invalid ({count_line(report.issues)}); nothing was started", exits.INVALID)

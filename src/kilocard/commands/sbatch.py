@@ -14,13 +14,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from kilocard.base import shell
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, check_config
 from kilocard.commands.report import fail, print_issues
-from kilocard.config.compose import compose_many, to_run_config
-from kilocard.launch import shell
+from kilocard.config.compose import compose_many
 from kilocard.launch.rundir import RunDirError
-from kilocard.launch.sbatch import Prepared, dry_render_issues, extract_secret_refs, with_slurm_launcher, write_run
+from kilocard.launch.sbatch import Prepared, dry_render_issues, with_slurm_launcher, write_run
 from kilocard.launch.slurm import (
     ChainError,
     SlurmError,
@@ -47,9 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def prepare(overrides: list[str], cfg: DictConfig, chain: int) -> tuple[Prepared | None, list[Issue]]:
     """Validate one sweep point and render it in memory: the point (``None`` on any error) and its issues."""
-    extract_secret_refs(cfg)
-    run_cfg = to_run_config(cfg)
-    issues = list(check_config(run_cfg).issues)
+    run_cfg, report = check_config(cfg)
+    issues = list(report.issues)
     if any(i.severity == ERROR for i in issues):
         return None, issues
     plan = build_plan(run_cfg)

@@ -12,7 +12,7 @@ import json
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, check_config
 from kilocard.commands.report import count_line, issue_line
-from kilocard.config.compose import compose_many, to_run_config
+from kilocard.config.compose import compose_many
 from kilocard.topology import GiB
 from kilocard.validate.issues import Report
 
@@ -106,7 +106,7 @@ def render_text(report: Report) -> str:
 
 def execute(args: argparse.Namespace) -> int:
     """Compose each config, validate it, print; 0 when no errors, 1 when any config has one."""
-    reports = [(combo, check_config(to_run_config(cfg))) for combo, cfg in compose_many(args.overrides, args.multirun)]
+    reports = [(combo, check_config(cfg)[1]) for combo, cfg in compose_many(args.overrides, args.multirun)]
     if args.format == "json":
         if args.multirun:
             print(json.dumps([{"overrides": c, **r.to_dict()} for c, r in reports], indent=2))

@@ -44,16 +44,10 @@ create_attention_mask=True) -> TrainIterator``
   must cover the tokenizer's ids.
 * Bad input raises ``DataError`` (one line: field, value, fix), never a bare traceback.
 
-Other entry points: ``get_tokenizer(name)`` (``kilocard-bytes``, or a local Hugging Face
-``tokenizer.json``, SentencePiece model or tiktoken BPE file: ``kilocard.data.tokenizer``),
-``preprocess_jsonl`` (called by the ``kilocard preprocess`` verb), ``resolve_data_prefix(prefix)``.
+Modules (import each where it is used: the package itself imports nothing, so the torch-free
+ones, ``paths`` and ``errors``, stay light for the validator): ``iterator`` (``build_train_iterator``,
+``TrainIterator``), ``tokenizer`` (``get_tokenizer(name)``: ``kilocard-bytes``, or a local Hugging
+Face ``tokenizer.json``, SentencePiece model or tiktoken BPE file), ``preprocess``
+(``preprocess_jsonl``, called by the ``kilocard preprocess`` verb), ``paths``
+(``resolve_data_prefix(prefix)``), ``errors`` (``DataError``).
 """
-
-from __future__ import annotations
-
-from kilocard.data.errors import DataError
-from kilocard.data.iterator import TrainIterator, build_train_iterator
-from kilocard.data.paths import resolve_data_prefix
-from kilocard.data.tokenizer import get_tokenizer
-
-__all__ = ["DataError", "TrainIterator", "build_train_iterator", "get_tokenizer", "resolve_data_prefix"]

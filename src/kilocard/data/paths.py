@@ -48,7 +48,13 @@ def resolve_data_prefix(prefix: str) -> str:
 
 
 def parse_blend(data_path: Sequence[str | float | int]) -> tuple[list[str], list[float] | None]:
-    """Megatron's ``blend`` from ``data.data_path``: ``[p]``, ``[p1, p2]`` or ``[w1, p1, w2, p2]``."""
+    """Megatron's ``blend`` from ``data.data_path``: ``[p]``, ``[p1, p2]`` or ``[w1, p1, w2, p2]``, resolved."""
+    prefixes, weights = split_blend(data_path)
+    return [resolve_data_prefix(p) for p in prefixes], weights
+
+
+def split_blend(data_path: Sequence[str | float | int]) -> tuple[list[str], list[float] | None]:
+    """The prefixes (as given) and weights of ``data.data_path``; ``DataError`` when the form is wrong."""
     items = [str(x) for x in data_path]
     if not items:
         raise DataError("data.data_path: empty for data.type=indexed; fix: data.data_path=[PREFIX] or data=tiny_corpus")
@@ -56,14 +62,14 @@ def parse_blend(data_path: Sequence[str | float | int]) -> tuple[list[str], list
         numbers = [x for x in items if _is_number(x)]
         if numbers:
             raise DataError(f"data.data_path: {items} mixes weights and prefixes; fix: [w1, p1, w2, p2] or [p1, p2]")
-        return [resolve_data_prefix(p) for p in items], None
+        return items, None
     if len(items) % 2:
         raise DataError(f"data.data_path: {items} has an odd number of entries; fix: weighted form [w1, p1, w2, p2]")
     weights, prefixes = items[0::2], items[1::2]
     for w, p in zip(weights, prefixes, strict=False):
         if not _is_number(w) or _is_number(p) or float(w) < 0:
             raise DataError(f"data.data_path: pair ({w!r}, {p!r}) is not (weight >= 0, prefix); fix: [w1, p1, w2, p2]")
-    return [resolve_data_prefix(p) for p in prefixes], [float(w) for w in weights]
+    return prefixes, [float(w) for w in weights]
 
 
 def _is_number(text: str) -> bool:

@@ -1,7 +1,7 @@
 """Render the Slurm batch script of a run from its config and launch plan (``slurm/train.sbatch.tmpl``).
 
 The template has ``{{ name }}`` slots and no logic; this module fills each slot with text built
-from checked or quoted values (``kilocard.launch.shell``), so the script never executes a config
+from checked or quoted values (``kilocard.base.shell``), so the script never executes a config
 value. The renderer decides no sizes: processes and environment come from the ``LaunchPlan``.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from kilocard.base import shell
+from kilocard.base.slurmtime import time_to_seconds
 from kilocard.config.schema import RunConfig
-from kilocard.launch import shell
 from kilocard.paths import data_dir
 from kilocard.plan import LaunchPlan
 
@@ -31,21 +32,6 @@ def fill(template: str, values: dict[str, str]) -> str:
     if missing or unused:
         raise RenderError(f"template slots without values: {sorted(missing)}; values without slots: {sorted(unused)}")
     return SLOT.sub(lambda m: values[m.group(1)], template)
-
-
-def time_to_seconds(field: str, value: str) -> int:
-    """Slurm time (``MM``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``...) in seconds."""
-    text = shell.sbatch_value(field, value, "time")
-    days, _, rest = text.rpartition("-")
-    parts = [int(x) for x in rest.split(":")]
-    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
-        parts += [0] * (3 - len(parts))
-        return int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
-    if len(parts) == 1:  # MM
-        return parts[0] * 60
-    if len(parts) == 2:  # MM:SS
-        return parts[0] * 60 + parts[1]
-    return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
 def sbatch_lines(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> list[str]:

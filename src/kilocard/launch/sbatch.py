@@ -2,10 +2,11 @@
 
 Order the verb follows (nothing is written unless every config of the sweep passes every step before it):
   1. compose (``launcher=slurm`` unless the overrides choose a launcher), one config per sweep point;
-  2. secret references: a ``launcher.env``/``cluster.env`` value ``${oc.env:NAME}`` under the key
-     ``NAME`` becomes a pass-through name in ``launcher.secret_env`` (never resolved to disk);
-  3. ``kilocard.validate.validate`` + the launcher rules (``kilocard.launch.checks``): every error
-     of every config is printed; any error -> exit 1, nothing written, nothing submitted;
+  2. secret references (``kilocard.config.secrets``): a ``launcher.env``/``cluster.env`` value
+     ``${oc.env:NAME}`` under the key ``NAME`` becomes a pass-through name in ``launcher.secret_env``
+     (never resolved to disk); any other spelling or resolver is refused;
+  3. ``kilocard.validate.validate`` (the Slurm launcher rules included) and the input-path checks:
+     every error of every config is printed; any error -> exit 1, nothing written, nothing submitted;
   4. a dry render (every value quoted or rejected) -> then the run directory (frozen config,
      sha256, provenance), ``plan.json``, ``logs/`` and ``submit.sbatch``;
   5. ``--submit``: the ``sbatch`` client and every secret are checked before step 4; then
@@ -15,16 +16,14 @@ Order the verb follows (nothing is written unless every config of the sweep pass
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
-from kilocard.config.compose import ComposeError
+from kilocard.base import shell
 from kilocard.config.schema import RunConfig
-from kilocard.launch import shell
 from kilocard.launch.render import LOG_DIR, render_script
 from kilocard.launch.rundir import create_run_dir
 from kilocard.plan import LaunchPlan
@@ -32,7 +31,6 @@ from kilocard.validate.issues import Issue, error
 
 SCRIPT_FILE = "submit.sbatch"
 PLAN_FILE = "plan.json"
-ENV_REF = re.compile(r"\$\{(?:oc\.)?env:([A-Za-z_][A-Za-z0-9_]*)(?:,[^}]*)?\}")
 
 
 @dataclass
@@ -54,37 +52,6 @@ def with_slurm_launcher(overrides: Sequence[str]) -> list[str]:
     if any(o.split("=", 1)[0].lstrip("+~") == "launcher" for o in overrides):
         return list(overrides)
     return ["launcher=slurm", *overrides]
-
-
-def extract_secret_refs(cfg: DictConfig) -> list[str]:
-    """Move ``${oc.env:NAME}`` env values into ``launcher.secret_env``; refuse them anywhere else."""
-    moved: list[str] = []
-    raw = OmegaConf.to_container(cfg, resolve=False)
-    assert isinstance(raw, dict)
-    for group in ("launcher", "cluster"):
-        env = (raw.get(group) or {}).get("env") or {}
-        for key, value in env.items():
-            m = ENV_REF.fullmatch(str(value)) if isinstance(value, str) else None
-            if m is None:
-                continue
-            if m.group(1) != key:
-                raise ComposeError(
-                    f"{group}.env.{key}: a secret is passed through under its own name; use "
-                    f"launcher.secret_env=[{m.group(1)}] and read {m.group(1)} in the job",
-                    field=f"{group}.env.{key}",
-                )
-            with open_dict(cfg):
-                del cfg[group].env[key]
-                if key not in cfg.launcher.secret_env:
-                    cfg.launcher.secret_env.append(key)
-            moved.append(key)
-    rest = OmegaConf.to_yaml(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
-    if "env:" in rest and ENV_REF.search(rest):
-        raise ComposeError(
-            "an ${oc.env:...} reference outside launcher.env/cluster.env would write the variable's "
-            "value into the run directory; pass secrets with launcher.secret_env=[NAME]"
-        )
-    return moved
 
 
 def dry_render_issues(run_cfg: RunConfig, plan: LaunchPlan, chain: int) -> list[Issue]:

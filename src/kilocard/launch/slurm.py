@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from kilocard.launch import shell
+from kilocard.base import shell
 
 JOBS_FILE = "jobs.json"
 #: Seconds any Slurm client call may take (a dead controller makes clients retry for minutes).

@@ -13,10 +13,12 @@ The default failure rate is Llama 3's (Meta, "The Llama 3 Herd of Models", 2024,
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kilocard.config.schema import RunConfig
+from kilocard.perf.params import count_parameters
+from kilocard.perf.predict import predict
+from kilocard.topology import gpu_spec
 
 LLAMA3_INTERRUPTIONS = 419
 """Unexpected interruptions during Llama 3 405B pre-training."""
@@ -31,8 +33,6 @@ CHECKPOINT_BYTES_PER_PARAM = 14
 two Adam moments (12)."""
 HOST_COPY_BANDWIDTH = 25e9
 """Bytes/s at which an asynchronous save stages a GPU's shard to host memory (PCIe Gen4 x16, practical)."""
-INTERVAL_TOLERANCE = 2.0
-"""The rule warns when the configured interval is more than this factor away from Young/Daly's."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,6 @@ def goodput(
 
 def checkpoint_bytes(cfg: RunConfig) -> float:
     """Size of one checkpoint (weights + optimizer state) in bytes."""
-    from kilocard.perf.params import count_parameters
-
     return float(count_parameters(cfg.model).total) * CHECKPOINT_BYTES_PER_PARAM
 
 
@@ -106,55 +104,8 @@ def job_goodput(cfg: RunConfig, failure_rate_per_gpu_s: float = DEFAULT_FAILURE_
     return goodput(cfg.cluster.nodes * cfg.cluster.gpus_per_node, save_time_s(cfg), failure_rate_per_gpu_s)
 
 
-def rule_checkpoint_interval(cfg: RunConfig, layout: object = None) -> Iterable:
-    """Warn (CHECKPOINT_INTERVAL) when ``checkpoint.save_interval`` steps is far from Young/Daly's interval.
-
-    Needs a predicted step time, so it says nothing for CPU ranks or GPUs the table lacks.
-    """
-    from kilocard.validate.issues import warning
-
-    step = _step_time(cfg)
-    if step is None:
-        return
-    g = job_goodput(cfg)
-    best_steps = max(1, round(g.optimal_interval_s / step))
-    field = "checkpoint.save_interval"
-    hint = (
-        f"set {field}={best_steps} (Young/Daly: sqrt(2 x save {g.save_time_s:.0f} s x job MTBF "
-        f"{g.job_mtbf_s / 3600:.1f} h) = {g.optimal_interval_s / 60:.1f} min at {step:.2f} s/step)"
-    )
-    interval = cfg.checkpoint.save_interval
-    if interval <= 0:
-        run_s = cfg.trainer.train_iters * step
-        if run_s > INTERVAL_TOLERANCE * g.optimal_interval_s:
-            yield warning(
-                "CHECKPOINT_INTERVAL",
-                field,
-                interval,
-                f"no periodic checkpoint in a {run_s / 3600:.1f} h run whose "
-                f"{cfg.cluster.nodes * cfg.cluster.gpus_per_node} "
-                f"GPUs fail every {g.job_mtbf_s / 3600:.1f} h on average",
-                hint,
-            )
-        return
-    tau = interval * step
-    ratio = tau / g.optimal_interval_s
-    if ratio > INTERVAL_TOLERANCE or ratio < 1 / INTERVAL_TOLERANCE:
-        loss_cfg, loss_best = g.lost_at(tau), g.lost_fraction
-        yield warning(
-            "CHECKPOINT_INTERVAL",
-            field,
-            interval,
-            f"saving every {interval} steps ({tau / 60:.1f} min) loses {loss_cfg:.1%} of the time to saves "
-            f"and rework; the Young/Daly interval loses {loss_best:.1%}",
-            hint,
-        )
-
-
-def _step_time(cfg: RunConfig) -> float | None:
-    from kilocard.perf.predict import predict
-    from kilocard.topology import gpu_spec
-
+def predicted_step_s(cfg: RunConfig) -> float | None:
+    """Predicted seconds per step on the configured GPUs; ``None`` for CPU ranks, unknown GPUs or bad layouts."""
     spec = gpu_spec(cfg.cluster.gpu)
     if spec is None or spec.vendor == "cpu":
         return None

@@ -48,7 +48,7 @@ from types import SimpleNamespace
 
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.layout import Layout, compute_layout
-from kilocard.perf.params import padded_vocab_size
+from kilocard.perf.params import count_parameters, padded_vocab_size
 
 
 @dataclass(frozen=True)
@@ -502,3 +502,11 @@ def weight_and_optimizer_bytes(cfg: RunConfig, layout: Layout | None = None) -> 
 
 def _round(x: float) -> int:
     return int(math.ceil(x)) if math.isfinite(x) else 0
+
+
+def checkpoint_bytes(cfg: RunConfig) -> int:
+    """Bytes of one checkpoint: weights + Adam moments (fp32) + fp32 main params when mixed precision."""
+    params = count_parameters(cfg.model).total
+    mixed = cfg.precision.bf16 or cfg.precision.fp16
+    per_param = (2 + 4 if mixed else 4) + (8 if cfg.optim.optimizer == "adam" else 4)
+    return params * per_param

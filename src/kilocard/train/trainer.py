@@ -101,7 +101,7 @@ class Trainer:
     # --- steps ---------------------------------------------------------------------------------
 
     def _iterators(self) -> list[Any]:
-        from kilocard.data import build_train_iterator
+        from kilocard.data.iterator import build_train_iterator
 
         self.watchdog.beat("building the data iterator")
         dp_rank = self.ps.get_data_parallel_rank()

@@ -2,8 +2,9 @@
 
 Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
 ``model``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
-``launcher`` and ``memory``. The report holds every problem at once, the layout and the estimates
-(memory per GPU by component against HBM, FLOPs per iteration).
+``launcher``, ``inputs``, ``environment``, ``slurm``, ``checkpointing`` and ``memory``. The report holds
+every problem at once, the layout and the estimates (memory per GPU by component against HBM, FLOPs per
+iteration).
 """
 
 from __future__ import annotations
@@ -13,7 +14,23 @@ from typing import Any
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
-from kilocard.validate import batch, inputs, launcher, model, optimizer, parallel, precision, recompute, topology
+from kilocard.perf.flops import flops_per_iteration
+from kilocard.perf.memory import estimate_memory
+from kilocard.perf.predict import predict
+from kilocard.validate import (
+    batch,
+    checkpointing,
+    environment,
+    inputs,
+    launcher,
+    model,
+    optimizer,
+    parallel,
+    precision,
+    recompute,
+    slurm,
+    topology,
+)
 from kilocard.validate import tokenizer as tokenizer_rules
 from kilocard.validate.issues import ERROR, WARNING, Issue, Report
 from kilocard.validate.memory import hbm_bytes, rule_memory_fits, usable_bytes
@@ -25,19 +42,6 @@ STRUCTURAL_RULES: tuple[Rule, ...] = model.RULES + parallel.RULES + batch.RULES 
 
 
 #: Every rule except the memory fit, in report order.
-def rule_slurm_launcher(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """The Slurm launcher's own rules (USR1 lead vs save time, secrets by name): ``launch.checks``.
-
-    Imported at call time: ``launch.checks`` builds its issues with this package's ``issues`` module.
-    """
-    from kilocard.launch import checks
-
-    if not model.model_shape_ok(cfg):  # the save-time estimate counts parameters
-        return
-    for rule in checks.RULES:
-        yield from rule(cfg, lay)
-
-
 RULES: tuple[Rule, ...] = (
     STRUCTURAL_RULES
     + precision.RULES
@@ -46,7 +50,8 @@ RULES: tuple[Rule, ...] = (
     + launcher.RULES
     + inputs.RULES
     + tokenizer_rules.RULES
-    + (rule_slurm_launcher,)
+    + environment.RULES
+    + slurm.RULES
 )
 
 #: Issue codes for conditions Megatron-Core itself rejects (at config, group or model construction).
@@ -94,8 +99,6 @@ def run_rules(cfg: RunConfig, lay: Layout, rules: Iterable[Rule] = RULES) -> lis
 
 def estimates(cfg: RunConfig, lay: Layout) -> dict[str, Any]:
     """Memory per GPU by component, HBM, FLOPs per iteration (``None`` where the shape is invalid)."""
-    from kilocard.perf.memory import estimate_memory
-
     hbm = hbm_bytes(cfg)
     out: dict[str, Any] = {
         "memory_bytes_per_gpu": None,
@@ -115,8 +118,6 @@ def estimates(cfg: RunConfig, lay: Layout) -> dict[str, Any]:
 
 
 def _flops(cfg: RunConfig) -> float | None:
-    from kilocard.perf.flops import flops_per_iteration
-
     return float(flops_per_iteration(cfg, convention="megatron_current"))
 
 
@@ -137,11 +138,8 @@ def _add_prediction(cfg: RunConfig, est: dict[str, Any], issues: list[Issue]) ->
 
     Both need a layout that Megatron-Core would build, so they run only when no rule found an error.
     """
-    from kilocard.perf.goodput import rule_checkpoint_interval
-    from kilocard.perf.predict import predict
-
     est["prediction"] = predict(cfg).to_json()
-    issues.extend(rule_checkpoint_interval(cfg, None))
+    issues.extend(checkpointing.rule_checkpoint_interval(cfg, None))
 
 
 __all__ = ["validate", "Report", "Issue", "RULES", "MCORE_CODES", "ERROR", "WARNING", "compute_layout"]

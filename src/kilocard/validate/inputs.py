@@ -5,15 +5,18 @@ anywhere is refused before anything is written: a negative ``trainer.train_iters
 rate below zero, ``checkpoint.keep_last`` below one, a malformed ``launcher.time``, a port out of
 range, a run name that is not a plain directory name, or a value with a control character (a
 newline would start a new line in the batch script). The checks of values that reach a batch
-script are the renderer's own (``kilocard.launch.shell``), applied here to the config alone.
+script are the renderer's own (``kilocard.base.shell``), applied here to the config alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterable
 
+from kilocard.base import shell
+from kilocard.base.slurmtime import time_limit_problem
 from kilocard.config.schema import RunConfig
-from kilocard.launch import shell
 from kilocard.layout import Layout
 from kilocard.paths import MAX_NAME_BYTES
 from kilocard.validate.issues import Issue, error
@@ -23,6 +26,8 @@ FLOORS: tuple[tuple[str, float, bool, str], ...] = (
     ("trainer.train_iters", 1, True, "optimizer steps to train"),
     ("trainer.log_interval", 1, True, "steps between log lines"),
     ("trainer.hang_timeout_s", 0, True, "seconds without progress before a rank is declared hung (0 = off)"),
+    ("trainer.seed", 0, True, "the seed of model init, dropout and data order (numpy takes 0 .. 2**32 - 1)"),
+    ("data.random_seed", 0, True, "the seed of Megatron-Core's dataset shuffle (numpy takes 0 .. 2**32 - 1)"),
     ("optim.lr", 0, True, "the peak learning rate"),
     ("optim.min_lr", 0, True, "the learning rate at the end of the decay"),
     ("optim.weight_decay", 0, True, "the decoupled weight decay"),
@@ -37,6 +42,16 @@ FLOORS: tuple[tuple[str, float, bool, str], ...] = (
     ("launcher.max_restarts", 0, True, "torchrun restarts of a failed local run"),
     ("launcher.max_requeues", 0, True, "times a job may requeue itself"),
 )
+
+#: Highest seed: numpy's ``RandomState`` takes 0 .. 2**32 - 1, and each pipeline stage adds 100 to it.
+SEED_MAX = 2**32 - 1
+#: Samples one run may read (``train_iters * global_batch_size``). Megatron-Core's dataset keeps a
+#: shuffle index (8 bytes) and a sample index (16 bytes) per sample on every rank: 2**36 samples is a
+#: 1.5 TiB index, and 2**36 x 8192 tokens is 40 times Llama 3's 15T-token pre-training. Above it the
+#: iterator cannot be built (it only hangs in the index build until the hang guard fires).
+MAX_TRAIN_SAMPLES = 2**36
+#: Tokens the run reads must fit Megatron-Core's int64 token counters.
+INT64_MAX = 2**63 - 1
 
 #: Probability fields: 0 <= p < 1.
 PROBABILITIES = ("model.hidden_dropout", "model.attention_dropout")
@@ -53,7 +68,7 @@ ONE_LINE = (
     "data.path_to_cache",
 )
 
-#: ``#SBATCH`` values, the pattern kind each must match (``kilocard.launch.shell.SBATCH_PATTERNS``) and
+#: ``#SBATCH`` values, the pattern kind each must match (``kilocard.base.shell.SBATCH_PATTERNS``) and
 #: whether the field may be unset (null or empty: the directive is left out).
 SBATCH_FIELDS = (
     ("launcher.job_name", "name", False),
@@ -77,8 +92,8 @@ def rule_number_ranges(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """Counts, rates and durations at or above their floor; dropouts in [0, 1)."""
     for field, low, inclusive, what in FLOORS:
         v = get(cfg, field)
-        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            continue  # a non-finite number is NOT_FINITE (rule_finite_numbers)
         if v < low or (v == low and not inclusive):
             op = ">=" if inclusive else ">"
             yield error(
@@ -100,18 +115,65 @@ def rule_number_ranges(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             )
 
 
-def time_limit_problem(text: str) -> str | None:
-    """Why ``text`` is not a usable Slurm time limit, or ``None`` (minutes and seconds below 60, > 0)."""
-    pattern, expected = shell.SBATCH_PATTERNS["time"]
-    if not pattern.fullmatch(text):
-        return f"not a Slurm time; expected {expected}"
-    days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if any(p >= 60 for p in parts[1:]):  # MM:SS, HH:MM:SS, D-HH:MM[:SS]: all but the first part
-        return "minutes and seconds must be below 60"
-    if int(days or 0) == 0 and all(p == 0 for p in parts):
-        return "a time limit of 0 means none, and kilocard needs one to send USR1 before it"
-    return None
+def float_fields(cfg: RunConfig) -> Iterable[tuple[str, float]]:
+    """``(dotted field, value)`` of every float in the config's sections."""
+    for section in dataclasses.fields(cfg):
+        node = getattr(cfg, section.name)
+        if not dataclasses.is_dataclass(node):
+            continue
+        for f in dataclasses.fields(node):
+            v = getattr(node, f.name)
+            if isinstance(v, float):
+                yield f"{section.name}.{f.name}", v
+
+
+def rule_finite_numbers(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``NOT_FINITE``: no float field is nan or infinite (a rate, a time or a bandwidth is a real number)."""
+    for field, v in float_fields(cfg):
+        if not math.isfinite(v):
+            yield error(
+                "NOT_FINITE",
+                field,
+                v,
+                f"{field}={v} is not a finite number",
+                f"set {field} to a finite number (the schema default is a good start)",
+            )
+
+
+def rule_seed_range(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``trainer.seed`` (plus 100 per pipeline stage) and ``data.random_seed`` fit numpy's 32-bit seed."""
+    top = {"trainer.seed": SEED_MAX - 100 * (max(lay.pp, 1) - 1), "data.random_seed": SEED_MAX}
+    for field, high in top.items():
+        v = get(cfg, field)
+        if isinstance(v, int) and v > high:
+            yield error(
+                "OUT_OF_RANGE",
+                field,
+                v,
+                f"{field}={v} is out of range: numpy seeds are 0 .. 2**32 - 1 (and each pipeline stage adds 100)",
+                f"set {field} to a value <= {high}, e.g. 1234",
+            )
+
+
+def rule_train_samples(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``TRAIN_SAMPLES``: ``train_iters * global_batch_size`` samples (and their tokens) can be indexed."""
+    t = cfg.trainer
+    if t.train_iters < 1 or t.global_batch_size < 1:
+        return  # OUT_OF_RANGE / the batch rules name it
+    samples = t.train_iters * t.global_batch_size
+    tokens = samples * (max(cfg.model.seq_length, 1) + 1)
+    if samples <= MAX_TRAIN_SAMPLES and tokens <= INT64_MAX:
+        return
+    most = max(1, min(MAX_TRAIN_SAMPLES, INT64_MAX // (max(cfg.model.seq_length, 1) + 1)) // t.global_batch_size)
+    yield error(
+        "TRAIN_SAMPLES",
+        "trainer.train_iters",
+        t.train_iters,
+        f"trainer.train_iters({t.train_iters}) x trainer.global_batch_size({t.global_batch_size}) = {samples} "
+        f"samples; Megatron-Core's dataset index holds at most 2**36 = {MAX_TRAIN_SAMPLES} samples "
+        "(24 bytes each on every rank) and int64 tokens",
+        f"set trainer.train_iters <= {most}",
+    )
 
 
 def rule_launcher_time(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -216,10 +278,26 @@ def rule_script_values(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 
 def rule_secret_names(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """``launcher.secret_env`` holds variable names (the value stays in the submitting shell)."""
-    from kilocard.launch.checks import secret_issues
+    """``SECRET_VALUE``: ``launcher.secret_env`` holds variable NAMES (the value stays in the submitting shell)."""
+    for i, name in enumerate(cfg.launcher.secret_env):
+        if not shell.ENV_NAME.fullmatch(str(name)):
+            yield error(
+                "SECRET_VALUE",
+                f"launcher.secret_env[{i}]",
+                "<hidden>",
+                "launcher.secret_env holds variable NAMES (the value is read from the submitting shell)",
+                "launcher.secret_env=[WANDB_API_KEY] and `export WANDB_API_KEY=...` before submitting",
+            )
 
-    return secret_issues(cfg)
 
-
-RULES = (rule_number_ranges, rule_launcher_time, rule_master_port, rule_run_name, rule_script_values, rule_secret_names)
+RULES = (
+    rule_number_ranges,
+    rule_finite_numbers,
+    rule_seed_range,
+    rule_train_samples,
+    rule_launcher_time,
+    rule_master_port,
+    rule_run_name,
+    rule_script_values,
+    rule_secret_names,
+)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
@@ -73,4 +74,17 @@ def rule_tp_comm_overlap(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
 
 
-RULES = (rule_optimizer_name, rule_overlap_param_gather, rule_overlap_p2p, rule_tp_comm_overlap)
+def rule_lr_order(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``optim.min_lr <= optim.lr`` (Megatron-Core's OptimizerParamScheduler asserts it at start-up)."""
+    o = cfg.optim
+    if math.isfinite(o.lr) and math.isfinite(o.min_lr) and o.min_lr > o.lr:
+        yield error(
+            "LR_ORDER",
+            "optim.min_lr",
+            o.min_lr,
+            f"optim.min_lr({o.min_lr}) > optim.lr({o.lr}): the decay would end above the peak",
+            f"set optim.min_lr <= {o.lr} (e.g. optim.min_lr={o.lr / 10:g})",
+        )
+
+
+RULES = (rule_optimizer_name, rule_lr_order, rule_overlap_param_gather, rule_overlap_p2p, rule_tp_comm_overlap)

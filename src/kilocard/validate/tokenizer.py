@@ -60,7 +60,8 @@ def tokenizer_issues(cfg: RunConfig) -> list[Issue]:
     """
     if cfg.data.tokenizer == BYTES_TOKENIZER:
         return []
-    from kilocard.data import DataError, get_tokenizer
+    from kilocard.data.errors import DataError
+    from kilocard.data.tokenizer import get_tokenizer
 
     try:
         tok = get_tokenizer(cfg.data.tokenizer)

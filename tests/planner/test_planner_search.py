@@ -10,9 +10,9 @@ from kilocard.cli import main
 from kilocard.config.compose import compose, compose_each, to_run_config
 from kilocard.layout import compute_layout
 from kilocard.perf.baselines import load_rows, recipe_index
-from kilocard.perf.planner import apply, current_candidate, enumerate_candidates, plan
-from kilocard.perf.plots import simulate
 from kilocard.perf.predict import predict
+from kilocard.planner.plots import simulate
+from kilocard.planner.search import apply, current_candidate, enumerate_candidates, plan
 from kilocard.validate import validate
 
 

@@ -25,9 +25,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kilocard.config.schema import RunConfig
+from kilocard.layout import compute_layout
 from kilocard.perf.flops import flops_per_iteration, shape_from_model
+from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import hardware_for, layout_of, precision_of
 from kilocard.perf.steptime import Hardware, predict_step_time
+from kilocard.validate import validate
+from kilocard.validate.memory import hbm_bytes, usable_bytes
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 MBS_CHOICES = (1, 2, 4, 8, 16)
@@ -324,8 +328,6 @@ def _predictor(cfg: RunConfig, hw: Hardware):
 
 def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
     """Rank the accepted layouts of ``cfg``'s model on its cluster by predicted throughput."""
-    from kilocard.validate.memory import hbm_bytes, usable_bytes
-
     hw = hardware_for(cfg.cluster)
     world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     step, flops = _predictor(cfg, hw)
@@ -384,10 +386,6 @@ class _Walk:
 
     def run(self, timed, top: int, max_validations: int) -> bool:
         """Walk until ``top`` layouts and the config's own are known; True when the budget ran out."""
-        from kilocard.layout import compute_layout
-        from kilocard.perf.memory import estimate_memory
-        from kilocard.validate import validate
-
         for t, _, c in timed:
             is_own = c == self.own
             if c.layout_key in self.accepted and not is_own:

@@ -1,0 +1,1 @@
+"""The bottom layer: dependency-free helpers every other layer may use (shell quoting, Slurm times)."""

@@ -1,0 +1,113 @@
+"""Reserved environment names: ``cluster.env``, ``launcher.env`` and ``launcher.secret_env`` may not set them.
+
+The batch script (``slurm/train.sbatch.tmpl``) exports the config's environment before its own
+logic runs, and the ranks inherit it: a ``+launcher.env.RUN_DIR=/other`` or ``MAX_REQUEUES`` would
+change where the job runs or how often it requeues, ``IFS`` or ``PATH`` how the script itself
+parses and finds ``srun``, ``SLURM_RESTART_COUNT`` or ``RANK`` where a rank thinks it sits. Every
+name the script assigns or reads, the trainer reads, or the shell treats specially is refused.
+``tests/validate/test_validate_environment.py`` checks that every variable the template assigns is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kilocard.config.schema import RunConfig
+from kilocard.layout import Layout
+from kilocard.validate.issues import Issue, error
+
+#: Names the batch script assigns or reads for its own logic.
+SCRIPT_NAMES = frozenset(
+    {
+        "RUN_DIR",
+        "CHAIN_LENGTH",
+        "CHAIN_LINK",
+        "REQUEUE",
+        "MAX_REQUEUES",
+        "EXIT_DONE",
+        "EXIT_RETRY",
+        "EXIT_FAULT",
+        "GOT_TERM",
+        "rc",
+        "VIRTUAL_ENV",
+    }
+)
+#: Names torch.distributed / torchrun and the trainer read to place a rank.
+RANK_NAMES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"})
+#: Shell variables that change how bash parses, finds commands or starts (PATH-like and specials).
+SHELL_NAMES = frozenset(
+    {
+        "IFS",
+        "PATH",
+        "CDPATH",
+        "ENV",
+        "SHELLOPTS",
+        "GLOBIGNORE",
+        "PS4",
+        "PWD",
+        "OLDPWD",
+        "HOME",
+        "UID",
+        "EUID",
+        "PPID",
+        "RANDOM",
+        "SECONDS",
+        "LINENO",
+        "OPTIND",
+        "OPTARG",
+    }
+)
+#: Prefixes of names owned by kilocard, Slurm (job facts and srun/sbatch input variables), the
+#: rendezvous, torchrun, PMI and bash itself (BASH_ENV, BASH_FUNC_*, BASH_XTRACEFD...).
+RESERVED_PREFIXES = (
+    "KILOCARD_",
+    "SLURM_",
+    "SRUN_",
+    "SBATCH_",
+    "SALLOC_",
+    "MASTER_",
+    "TORCHELASTIC_",
+    "PMI_",
+    "PMIX_",
+    "BASH",
+)
+
+
+def reserved_reason(name: str) -> str | None:
+    """Why ``name`` may not be set from the config, or ``None`` when it may."""
+    if name in SCRIPT_NAMES:
+        return "the batch script assigns it for its own logic"
+    if name in RANK_NAMES:
+        return "torchrun / the batch script set it to place each rank"
+    if name in SHELL_NAMES:
+        return "the shell uses it to parse the script and find commands"
+    prefix = next((p for p in RESERVED_PREFIXES if name.startswith(p)), None)
+    if prefix:
+        return f"names starting with {prefix} belong to kilocard, Slurm, the rendezvous or the shell"
+    return None
+
+
+def _configured_names(cfg: RunConfig) -> Iterable[tuple[str, str]]:
+    """``(field, name)`` of every variable the config would set in the ranks' environment."""
+    for group, env in (("cluster", cfg.cluster.env), ("launcher", cfg.launcher.env)):
+        for name in env:
+            yield f"{group}.env.{name}", str(name)
+    for i, name in enumerate(cfg.launcher.secret_env):
+        yield f"launcher.secret_env[{i}]", str(name)
+
+
+def rule_reserved_env(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``RESERVED_ENV``: no configured variable overrides one the script, the trainer or the shell owns."""
+    for field, name in _configured_names(cfg):
+        why = reserved_reason(name)
+        if why:
+            yield error(
+                "RESERVED_ENV",
+                field,
+                name,
+                f"{name} is reserved: {why}; setting it would override kilocard's own value",
+                f"remove {name} from launcher.secret_env" if "secret" in field else f"remove it ('~{field}')",
+            )
+
+
+RULES = (rule_reserved_env,)
