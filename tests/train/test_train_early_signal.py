@@ -12,11 +12,24 @@ import time
 from kilocard.launch.local import torchrun_command
 
 
+def wait_for_usr1_handler(pid: int, timeout_s: float = 60.0) -> None:
+    """Until ``pid`` catches SIGUSR1 (its ``SigCgt`` mask): a fixed sleep raced a loaded machine's start-up."""
+    bit = 1 << (signal.SIGUSR1 - 1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = open(f"/proc/{pid}/status").read()
+        caught = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), 16)
+        if caught & bit:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} never installed a SIGUSR1 handler")
+
+
 def test_usr1_while_importing_does_not_kill_the_rank(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "kilocard.train", str(tmp_path / "missing")], stderr=subprocess.PIPE, text=True
     )
-    time.sleep(0.4)  # inside the module imports
+    wait_for_usr1_handler(proc.pid)  # the entry installs it first, then imports torch and Megatron-Core
     proc.send_signal(signal.SIGUSR1)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, (proc.returncode, err)  # BAD_CONFIG for the missing dir, not -SIGUSR1
