@@ -24,6 +24,14 @@ def _add_config_args(p: argparse.ArgumentParser, multirun: bool = True) -> None:
         p.add_argument("-m", "--multirun", action="store_true", help="one config per sweep point (a=1,2)")
 
 
+def _add_path_check_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--skip-path-checks",
+        action="store_true",
+        help="do not check input paths (checkpoint.load) on this machine: they exist only on the cluster",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kilocard", description="Recipe -> validated Megatron-Core run on Slurm.")
     sub = ap.add_subparsers(dest="verb", metavar="VERB")
@@ -40,10 +48,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check layout, batch, precision, topology and memory")
     _add_config_args(p)
+    _add_path_check_arg(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
 
     p = sub.add_parser("run", help="validate, write a run dir and train on local ranks (torchrun)")
     _add_config_args(p, multirun=False)
+    _add_path_check_arg(p)
     p.add_argument("--nproc", type=int, default=None, help="local ranks (default: launcher.nproc)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a stopped run")
 
@@ -54,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sbatch", help="validate and render (optionally submit) a Slurm batch script")
     _add_config_args(p)
+    _add_path_check_arg(p)
     p.add_argument("--submit", action="store_true", help="submit with sbatch --parsable")
     p.add_argument("--chain", type=int, default=1, help="submit N jobs that continue one another")
 
@@ -110,13 +121,15 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from kilocard.validate.cli import validate_command
 
-    return validate_command(args.overrides, multirun=args.multirun, fmt=args.format)
+    return validate_command(
+        args.overrides, multirun=args.multirun, fmt=args.format, skip_path_checks=args.skip_path_checks
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from kilocard.launch.local import run_command
 
-    return run_command(args.overrides, nproc=args.nproc, resume=args.resume)
+    return run_command(args.overrides, nproc=args.nproc, resume=args.resume, skip_path_checks=args.skip_path_checks)
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
@@ -128,7 +141,13 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
 def cmd_sbatch(args: argparse.Namespace) -> int:
     from kilocard.launch.sbatch import sbatch_command
 
-    return sbatch_command(args.overrides, multirun=args.multirun, submit=args.submit, chain=args.chain)
+    return sbatch_command(
+        args.overrides,
+        multirun=args.multirun,
+        submit=args.submit,
+        chain=args.chain,
+        skip_path_checks=args.skip_path_checks,
+    )
 
 
 def cmd_baselines(args: argparse.Namespace) -> int:

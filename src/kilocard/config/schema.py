@@ -323,6 +323,9 @@ class ClusterConfig:
     """Root for run directories on a filesystem every node sees."""
     fs_write_bandwidth_gbs: float = 1.0
     """Aggregate checkpoint write bandwidth of the shared filesystem, GB/s."""
+    check_paths: bool = True
+    """Check before submit that input paths (``checkpoint.load``) exist on this machine; ``false`` for paths
+    that only exist on the cluster (the same as ``--skip-path-checks``)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for every rank (NCCL and site settings)."""
 

@@ -43,19 +43,25 @@ TORCHRUN_MARGIN_S = 30.0
 """Seconds torchrun may take to end after its ranks' stop time before the launcher kills the whole group."""
 
 
-def _validate(run_cfg) -> str | None:
-    """Errors of ``kilocard.validate.validate`` as text, or ``None`` when valid (or no validator)."""
+def _validate(run_cfg, skip_path_checks: bool = False) -> str | None:
+    """Errors of ``kilocard.validate.validate`` and the input-path checks as text, or ``None`` when valid."""
     try:
         from kilocard.validate import validate
+        from kilocard.validate.inputpaths import input_path_issues
     except ImportError:
         return None
     report = validate(run_cfg)
+    path_issues = input_path_issues(run_cfg, skip_path_checks)
+    for i in path_issues:
+        if i.severity == "warning":  # e.g. the paths --skip-path-checks left unchecked
+            print(f"kilocard run: warning: {i.message}", file=sys.stderr)
+    report.issues.extend(path_issues)
     if report.valid:
         return None
     return "\n".join(f"  {i.field}: {i.message} (fix: {i.hint})" for i in report.errors)
 
 
-def _new_run(overrides: Sequence[str], nproc: int | None) -> Path | None:
+def _new_run(overrides: Sequence[str], nproc: int | None, skip_path_checks: bool = False) -> Path | None:
     from kilocard.config.compose import compose, to_run_config
     from kilocard.launch.rundir import RunDirError, create_run_dir
 
@@ -66,7 +72,7 @@ def _new_run(overrides: Sequence[str], nproc: int | None) -> Path | None:
             return None
         overrides += [f"cluster.gpus_per_node={nproc}", "cluster.nodes=1", f"launcher.nproc={nproc}"]
     cfg = compose(overrides)
-    errors = _validate(to_run_config(cfg))
+    errors = _validate(to_run_config(cfg), skip_path_checks)
     if errors:
         print(f"kilocard run: the config is invalid; nothing was started:\n{errors}", file=sys.stderr)
         return None
@@ -89,7 +95,9 @@ def _world_and_restarts(run_dir: Path) -> tuple[int, int] | None:
     return rc.cluster.nodes * rc.cluster.gpus_per_node, rc.launcher.max_restarts
 
 
-def run_command(overrides: Sequence[str], nproc: int | None = None, resume: str | None = None) -> int:
+def run_command(
+    overrides: Sequence[str], nproc: int | None = None, resume: str | None = None, skip_path_checks: bool = False
+) -> int:
     """The ``kilocard run`` verb; returns an exit code of ``kilocard.exitcodes``."""
     if resume:
         if overrides:
@@ -100,7 +108,7 @@ def run_command(overrides: Sequence[str], nproc: int | None = None, resume: str 
             print(f"kilocard run: error: --resume {resume}: no such run directory", file=sys.stderr)
             return exitcodes.BAD_CONFIG
     else:
-        made = _new_run(overrides, nproc)
+        made = _new_run(overrides, nproc, skip_path_checks)
         if made is None:
             return exitcodes.BAD_CONFIG
         run_dir = made

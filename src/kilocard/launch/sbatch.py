@@ -29,6 +29,7 @@ from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import SlurmError, missing_secrets, record_jobs, sbatch_argv, submit_chain
 from kilocard.plan import LaunchPlan, build_plan
 from kilocard.validate import validate
+from kilocard.validate.inputpaths import input_path_issues
 from kilocard.validate.issues import ERROR, Issue
 
 EXIT_OK, EXIT_INVALID = 0, 1
@@ -96,12 +97,15 @@ def print_issues(label: str, issues: Sequence[Issue]) -> None:
         print(f"{label}{i.severity} {i.code} {i.field}={value!r}: {i.message} (fix: {i.hint})", file=sys.stderr)
 
 
-def prepare(overrides: Sequence[str], cfg: DictConfig, chain: int, multi: bool) -> Prepared | None:
+def prepare(
+    overrides: Sequence[str], cfg: DictConfig, chain: int, multi: bool, skip_path_checks: bool = False
+) -> Prepared | None:
     """Validate one sweep point and render it in memory; ``None`` (after printing why) when it fails."""
     label = f"[{' '.join(overrides)}] " if multi else ""
     extract_secret_refs(cfg)
     run_cfg = to_run_config(cfg)
     issues = list(validate(run_cfg).issues)  # the validator includes the Slurm launcher rules
+    issues += input_path_issues(run_cfg, skip_path_checks)
     print_issues(label, issues)
     if any(i.severity == ERROR for i in issues):
         return None
@@ -127,12 +131,18 @@ def write_run(p: Prepared, chain: int) -> Path:
     return script
 
 
-def sbatch_command(overrides: Sequence[str], multirun: bool = False, submit: bool = False, chain: int = 1) -> int:
+def sbatch_command(
+    overrides: Sequence[str],
+    multirun: bool = False,
+    submit: bool = False,
+    chain: int = 1,
+    skip_path_checks: bool = False,
+) -> int:
     """The ``kilocard sbatch`` verb; returns the process exit code."""
     if chain < 1:
         raise ComposeError(f"--chain: {chain} is not a job count; use 1 or more", field="--chain", value=chain)
     points = compose_many(with_slurm_launcher(overrides), multirun)
-    prepared = [prepare(o, c, chain, multi=len(points) > 1) for o, c in points]
+    prepared = [prepare(o, c, chain, multi=len(points) > 1, skip_path_checks=skip_path_checks) for o, c in points]
     if any(p is None for p in prepared):
         bad = sum(p is None for p in prepared)
         print(

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from kilocard.config.compose import compose_many, to_run_config
 from kilocard.topology import GiB
 from kilocard.validate import validate
+from kilocard.validate.inputpaths import input_path_issues
 from kilocard.validate.issues import ERROR, Report
 
 EXIT_OK, EXIT_INVALID = 0, 1
@@ -99,11 +100,16 @@ def render_text(report: Report) -> str:
     return "\n".join(layout_lines(report) + memory_lines(report) + issue_lines(report))
 
 
-def validate_command(overrides: Sequence[str], multirun: bool = False, fmt: str = "text") -> int:
-    """Compose each config, validate it, print; 0 when no errors, 1 when any config has one."""
+def validate_command(
+    overrides: Sequence[str], multirun: bool = False, fmt: str = "text", skip_path_checks: bool = False
+) -> int:
+    """Compose each config, validate it and its input paths, print; 0 when no errors, 1 when any config has one."""
     reports = []
     for combo, cfg in compose_many(overrides, multirun=multirun):
-        reports.append((combo, validate(to_run_config(cfg))))
+        run_cfg = to_run_config(cfg)
+        report = validate(run_cfg)
+        report.issues.extend(input_path_issues(run_cfg, skip_path_checks))
+        reports.append((combo, report))
     if fmt == "json":
         if multirun:
             print(json.dumps([{"overrides": c, **r.to_dict()} for c, r in reports], indent=2))
