@@ -205,3 +205,9 @@ def test_cli_collision_is_exit_2_one_line(tmp_path: Path) -> None:
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert str(site / "cluster" / "local_cpu.yaml") in out.stderr
     assert str(data_dir("conf") / "cluster" / "local_cpu.yaml") in out.stderr
+
+
+def test_shipped_folders_named_as_site_dirs_are_already_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Naming kilocard's own conf/ (or the folder holding recipes/) is no collision with itself."""
+    monkeypatch.setenv("KILOCARD_CONFIG_PATH", f"{data_dir('conf')}{os.pathsep}{data_dir('recipes').parent}")
+    assert to_run_config(compose(["recipe=tiny_moe"])).model.name == "tiny_moe"

@@ -45,12 +45,10 @@ def register_schema() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
 
 
-def recipe_catalog(roots: ConfigRoots | None = None) -> dict[str, Path]:
-    """Map recipe name to its YAML file: every shipped and site ``recipes/<family>/<name>.yaml``.
-
-    ``roots`` defaults to the shipped folders plus the site directories of ``KILOCARD_CONFIG_PATH``.
-    """
-    return (roots or ConfigRoots(tuple(env_site_dirs()))).recipe_catalog()
+def recipe_catalog() -> dict[str, Path]:
+    """Map recipe name to its YAML file: every ``recipes/<family>/<name>.yaml``, shipped and in the site
+    directories of ``KILOCARD_CONFIG_PATH``."""
+    return ConfigRoots(tuple(env_site_dirs())).recipe_catalog()
 
 
 def _group_options(group: str) -> list[str]:

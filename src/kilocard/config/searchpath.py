@@ -193,8 +193,9 @@ def split_searchpath(overrides: list[str]) -> tuple[list[Path], list[str]]:
 def config_roots(overrides: list[str]) -> tuple[ConfigRoots, list[str]]:
     """The search path for ``overrides`` (environment + ``hydra.searchpath``) and the remaining overrides."""
     from_override, rest = split_searchpath(overrides)
-    site = tuple(dict.fromkeys([*env_site_dirs(), *from_override]))  # a directory named twice counts once
-    return ConfigRoots(site), rest
+    shipped = {data_dir("conf").resolve(), data_dir(RECIPE_GROUP).parent.resolve()}
+    site = [d for d in dict.fromkeys([*env_site_dirs(), *from_override]) if d.resolve() not in shipped]
+    return ConfigRoots(tuple(site)), rest  # a directory named twice counts once; shipped ones are there already
 
 
 def is_recipe_path(value: str) -> bool:
