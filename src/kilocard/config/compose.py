@@ -1,8 +1,10 @@
 """Compose a run config exactly as a user asks for it: Hydra's public compose API, struct mode.
 
 ``recipe=NAME`` selects ``recipes/<family>/NAME.yaml`` (Hydra's experiment pattern, package
-``_global_``); every other override is plain Hydra grammar (``a.b=v``, ``+a.new=v``, ``~a.b``,
-``group=option``, and ``a=1,2`` sweeps with ``multirun=True``). Composition errors become one
+``_global_``), ``recipe=PATH.yaml`` a recipe file; site directories (``KILOCARD_CONFIG_PATH``,
+``hydra.searchpath``) join the search path (``kilocard.config.searchpath``); every other override
+is plain Hydra grammar (``a.b=v``, ``+a.new=v``, ``~a.b``, ``group=option``, and ``a=1,2`` sweeps
+with ``multirun=True``). Composition errors become one
 ``ComposeError`` naming the field, the value and what was expected, with the closest valid names.
 """
 
