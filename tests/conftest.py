@@ -1,6 +1,14 @@
 """Shared pytest fixtures."""
 
+import os
+
 import pytest
+
+
+def pytest_configure(config):
+    """The suite tests the shipped configs: a site's KILOCARD_CONFIG_PATH in the caller's shell would add its
+    recipes to every catalog test (tests that need a site directory set the variable themselves)."""
+    os.environ.pop("KILOCARD_CONFIG_PATH", None)
 
 
 @pytest.fixture(scope="session")

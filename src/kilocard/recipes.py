@@ -1,8 +1,9 @@
-"""The recipe catalog: every ``recipes/<family>/<name>.yaml``, composed, as a table.
+"""The recipe catalog: every ``recipes/<family>/<name>.yaml`` (shipped and ``KILOCARD_CONFIG_PATH``'s), composed,
+as a table.
 
 Composing a recipe through Hydra costs about a quarter of a second, so the table is cached on disk
 under a key that hashes every config and recipe file and the code the table depends on: any edit
-to either recomputes it. ``KILOCARD_CACHE_DIR`` moves the cache (default
+to either (or to a site directory's files) recomputes it. ``KILOCARD_CACHE_DIR`` moves the cache (default
 ``$XDG_CACHE_HOME/kilocard`` or ``~/.cache/kilocard``).
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from kilocard.config.compose import ComposeError, compose_each, recipe_catalog, to_run_config
 from kilocard.config.schema import RunConfig
+from kilocard.config.searchpath import env_site_dirs
 from kilocard.paths import data_dir
 from kilocard.perf.params import count_parameters
 
@@ -87,15 +89,23 @@ def compose_recipes(names: Sequence[str]) -> list[RunConfig]:
     raise first_error
 
 
+def _hashed_folders() -> list[tuple[str, Path]]:
+    """(label, folder) of every config source: shipped ``conf`` and ``recipes``, each ``KILOCARD_CONFIG_PATH`` dir."""
+    shipped = [(folder, data_dir(folder)) for folder in ("conf", "recipes")]
+    return shipped + [(str(site), site) for site in env_site_dirs()]
+
+
 def _cache_key() -> str:
-    """Hash of every file the table depends on: configs, recipes and the code that summarises them."""
+    """Hash of every file the table depends on: configs, recipes (shipped and site) and the code that
+    summarises them."""
     h = hashlib.sha256()
-    for folder in ("conf", "recipes"):
-        root = data_dir(folder)
+    for label, root in _hashed_folders():
         for path in sorted(root.rglob("*.yaml")):
-            h.update(f"{folder}/{path.relative_to(root)}\0".encode())
+            h.update(f"{label}/{path.relative_to(root)}\0".encode())
             h.update(path.read_bytes())
-    for module in ("kilocard.config.compose", "kilocard.config.schema", "kilocard.perf.params", __name__):
+    config_modules = ("compose", "searchpath", "schema")
+    modules = (*(f"kilocard.config.{m}" for m in config_modules), "kilocard.perf.params", __name__)
+    for module in modules:
         h.update(Path(importlib.import_module(module).__file__ or "").read_bytes())
     return h.hexdigest()[:20]
 

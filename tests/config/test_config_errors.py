@@ -96,6 +96,7 @@ def test_a_broken_recipe_is_named_in_the_catalog_error(tmp_path: Path, monkeypat
     from kilocard.recipes import compose_recipes
 
     compose = importlib.import_module("kilocard.config.compose")
+    searchpath = importlib.import_module("kilocard.config.searchpath")
 
     shutil_copy(paths.data_dir("conf"), tmp_path / "conf")
     (tmp_path / "recipes" / "tiny").mkdir(parents=True)
@@ -103,14 +104,14 @@ def test_a_broken_recipe_is_named_in_the_catalog_error(tmp_path: Path, monkeypat
         "# @package _global_\nrecipe: {name: broken, family: tiny}\ntrainer: {global_batch_size: lots}\n"
     )
     monkeypatch.setattr(paths, "_PKG", tmp_path)
-    compose.recipe_catalog.cache_clear()
+    searchpath.shipped_recipes.cache_clear()
     try:
         with pytest.raises(
             compose.ComposeError, match=r"recipe broken: trainer.global_batch_size: .*'lots'.*recipes/tiny/broken.yaml"
         ):
             compose_recipes(["broken"])
     finally:
-        compose.recipe_catalog.cache_clear()
+        searchpath.shipped_recipes.cache_clear()
 
 
 def shutil_copy(src: Path, dst: Path) -> None:

@@ -34,9 +34,10 @@ BAD = {
         "tag !!python/object/apply:os.system is not allowed",
     ),
     "alias_bomb": (
+        "# @package _global_\n"
         "a: &a [x, x, x, x, x, x, x, x, x]\n"
         + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)),
-        6,  # where the expansion first passes the bound (9**6 values)
+        7,  # where the expansion first passes the bound (9**6 values)
         f"aliases expand to more than {MAX_VALUES} values",
     ),
     "not_yaml": (HEADER + "trainer: [1, 2\n", 6, "not valid YAML"),
@@ -69,15 +70,13 @@ def test_aliases_within_the_bound_are_fine(tmp_path):
 
 @pytest.fixture
 def own_recipes(tmp_path, monkeypatch):
-    """A recipes folder of the test's own (family ``mine``), holding a good recipe ``fine``."""
+    """A site directory of the test's own (``KILOCARD_CONFIG_PATH``) whose recipes folder (family
+    ``mine``) holds a good recipe ``fine``."""
     root = tmp_path / "recipes"
     (root / "mine").mkdir(parents=True)
     (root / "mine" / "fine.yaml").write_text(HEADER + "trainer:\n  train_iters: 7\n")
-    real = compose_mod.data_dir
-    monkeypatch.setattr(compose_mod, "data_dir", lambda name: root if name == "recipes" else real(name))
-    compose_mod.recipe_catalog.cache_clear()
+    monkeypatch.setenv("KILOCARD_CONFIG_PATH", str(tmp_path))
     yield root / "mine"
-    compose_mod.recipe_catalog.cache_clear()
 
 
 def test_a_good_recipe_in_the_folder_composes(own_recipes, capsys):

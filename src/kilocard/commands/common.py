@@ -10,9 +10,8 @@ from kilocard.config.compose import to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.config.secrets import extract_secret_refs
 from kilocard.validate import validate
+from kilocard.validate.inputpaths import input_path_issues
 from kilocard.validate.issues import Report
-from kilocard.validate.paths import check_paths
-from kilocard.validate.tokenizer import tokenizer_issues
 
 
 def add_config_args(p: argparse.ArgumentParser, multirun: bool = True) -> None:
@@ -22,15 +21,25 @@ def add_config_args(p: argparse.ArgumentParser, multirun: bool = True) -> None:
         p.add_argument("-m", "--multirun", action="store_true", help="one config per sweep point (a=1,2)")
 
 
-def check_config(cfg: DictConfig) -> tuple[RunConfig, Report]:
+def add_path_check_arg(p: argparse.ArgumentParser) -> None:
+    """``--skip-path-checks``: input paths that exist only on the cluster (a warning lists them)."""
+    p.add_argument(
+        "--skip-path-checks",
+        action="store_true",
+        help="do not check input paths on this machine (they exist only where the job runs)",
+    )
+
+
+def check_config(cfg: DictConfig, skip_paths: bool = False) -> tuple[RunConfig, Report]:
     """Everything checked before a config is launched: ``validate``, ``run`` and ``sbatch`` call this.
 
     Secret references are moved to ``launcher.secret_env`` (any other resolver spelling is refused)
-    before anything resolves ``cfg``; then the pure ``validate`` and the checks that read files
-    (data prefixes, the tokenizer).
+    before anything resolves ``cfg``; then the pure ``validate`` and the input checks that read
+    files (data prefixes, the tokenizer, ``checkpoint.load``; off with ``skip_paths`` or
+    ``cluster.check_paths=false``, said in a warning).
     """
     extract_secret_refs(cfg)
     run_cfg = to_run_config(cfg)
     report = validate(run_cfg)
-    report.issues.extend(check_paths(run_cfg) + tokenizer_issues(run_cfg))
+    report.issues.extend(input_path_issues(run_cfg, skip_paths))
     return run_cfg, report

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from kilocard.commands import exits
-from kilocard.commands.common import add_config_args, check_config
+from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
 from kilocard.commands.report import count_line, fail, print_issues
 from kilocard.config.compose import compose
 from kilocard.config.freeze import FrozenConfigError, load_verified
@@ -25,8 +25,9 @@ HELP = "validate, write a run dir and train on local ranks (torchrun)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Overrides, ``--nproc``, ``--resume``."""
+    """Overrides, ``--skip-path-checks``, ``--nproc``, ``--resume``."""
     add_config_args(p, multirun=False)
+    add_path_check_arg(p)
     p.add_argument("--nproc", type=int, default=None, help="local ranks (default: launcher.nproc)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a stopped run")
 
@@ -38,12 +39,13 @@ def nproc_overrides(nproc: int | None) -> list[str]:
     return [f"cluster.gpus_per_node={nproc}", "cluster.nodes=1", f"launcher.nproc={nproc}"]
 
 
-def new_run(overrides: list[str]) -> Path | int:
+def new_run(overrides: list[str], skip_paths: bool = False) -> Path | int:
     """Compose, validate and write a new run directory; its path, or the exit code after printing why not."""
     cfg = compose(overrides)
-    run_cfg, report = check_config(cfg)
-    if not report.valid:
+    run_cfg, report = check_config(cfg, skip_paths)
+    if report.issues:  # warnings too (e.g. the paths left unchecked), on stderr
         print_issues(report.issues)
+    if not report.valid:
         return fail("run", f"the config is invalid ({count_line(report.issues)}); nothing was started", exits.INVALID)
     missing = missing_secrets(run_cfg.launcher.secret_env)
     if missing:
@@ -82,7 +84,11 @@ def execute(args: argparse.Namespace) -> int:
     if args.nproc is not None and args.nproc < 1:
         return fail("run", f"--nproc {args.nproc}: must be >= 1", exits.USAGE)
     overrides = list(args.overrides)
-    made = resumable(args.resume, overrides) if args.resume else new_run(overrides + nproc_overrides(args.nproc))
+    made = (
+        resumable(args.resume, overrides)
+        if args.resume
+        else new_run(overrides + nproc_overrides(args.nproc), args.skip_path_checks)
+    )
     if isinstance(made, int):
         return made
     run_dir = made

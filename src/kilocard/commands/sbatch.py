@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from kilocard.base import shell
 from kilocard.commands import exits
-from kilocard.commands.common import add_config_args, check_config
+from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
 from kilocard.commands.report import fail, print_issues
 from kilocard.config.compose import compose_many
 from kilocard.launch.rundir import RunDirError
@@ -39,15 +39,18 @@ NOTHING_DONE = "nothing written, nothing submitted"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Overrides, ``-m``, ``--submit``, ``--chain``."""
+    """Overrides, ``-m``, ``--skip-path-checks``, ``--submit``, ``--chain``."""
     add_config_args(p)
+    add_path_check_arg(p)
     p.add_argument("--submit", action="store_true", help="submit with sbatch --parsable")
     p.add_argument("--chain", type=int, default=1, help="submit N jobs that continue one another (N <= 100)")
 
 
-def prepare(overrides: list[str], cfg: DictConfig, chain: int) -> tuple[Prepared | None, list[Issue]]:
+def prepare(
+    overrides: list[str], cfg: DictConfig, chain: int, skip_paths: bool = False
+) -> tuple[Prepared | None, list[Issue]]:
     """Validate one sweep point and render it in memory: the point (``None`` on any error) and its issues."""
-    run_cfg, report = check_config(cfg)
+    run_cfg, report = check_config(cfg, skip_paths)
     issues = list(report.issues)
     if any(i.severity == ERROR for i in issues):
         return None, issues
@@ -116,7 +119,7 @@ def execute(args: argparse.Namespace) -> int:
     points = compose_many(with_slurm_launcher(args.overrides), args.multirun)
     prepared: list[Prepared] = []
     for overrides, cfg in points:
-        p, issues = prepare(overrides, cfg, args.chain)
+        p, issues = prepare(overrides, cfg, args.chain, args.skip_path_checks)
         print_issues(issues, label=f"[{' '.join(overrides)}] " if len(points) > 1 else "")
         if p is not None:
             prepared.append(p)

@@ -10,7 +10,7 @@ import argparse
 import json
 
 from kilocard.commands import exits
-from kilocard.commands.common import add_config_args, check_config
+from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
 from kilocard.commands.report import count_line, issue_line
 from kilocard.config.compose import compose_many
 from kilocard.topology import GiB
@@ -23,6 +23,7 @@ MEMORY_ROWS = ("weights", "gradients", "optimizer", "activations", "total")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Overrides, ``-m``, ``--format``."""
     add_config_args(p)
+    add_path_check_arg(p)
     p.add_argument("--format", choices=("text", "json"), default="text")
 
 
@@ -106,7 +107,10 @@ def render_text(report: Report) -> str:
 
 def execute(args: argparse.Namespace) -> int:
     """Compose each config, validate it, print; 0 when no errors, 1 when any config has one."""
-    reports = [(combo, check_config(cfg)[1]) for combo, cfg in compose_many(args.overrides, args.multirun)]
+    reports = [
+        (combo, check_config(cfg, args.skip_path_checks)[1])
+        for combo, cfg in compose_many(args.overrides, args.multirun)
+    ]
     if args.format == "json":
         if args.multirun:
             print(json.dumps([{"overrides": c, **r.to_dict()} for c, r in reports], indent=2))

@@ -1,8 +1,10 @@
 """Compose a run config exactly as a user asks for it: Hydra's public compose API, struct mode.
 
 ``recipe=NAME`` selects ``recipes/<family>/NAME.yaml`` (Hydra's experiment pattern, package
-``_global_``); every other override is plain Hydra grammar (``a.b=v``, ``+a.new=v``, ``~a.b``,
-``group=option``, and ``a=1,2`` sweeps with ``multirun=True``). Composition errors become one
+``_global_``), ``recipe=PATH.yaml`` a recipe file; site directories (``KILOCARD_CONFIG_PATH``,
+``hydra.searchpath``) join the search path (``kilocard.config.searchpath``); every other override
+is plain Hydra grammar (``a.b=v``, ``+a.new=v``, ``~a.b``, ``group=option``, and ``a=1,2`` sweeps
+with ``multirun=True``). Composition errors become one
 ``ComposeError`` naming the field, the value and what was expected, with the closest valid names.
 """
 
@@ -26,11 +28,18 @@ from omegaconf.errors import OmegaConfBaseException
 
 from kilocard.config.explain import ComposeError, explain, override_value, problem, schema_paths, suggest, unknown_field
 from kilocard.config.schema import RunConfig
+from kilocard.config.searchpath import (
+    RECIPE_GROUP,
+    ConfigRoots,
+    config_roots,
+    env_site_dirs,
+    is_recipe_path,
+    register_path_recipe,
+)
 from kilocard.config.yamlcheck import check_yaml_file
 from kilocard.paths import data_dir
 
 SCHEMA_NAME = "kilocard_schema"
-RECIPE_GROUP = "recipes"
 
 
 @lru_cache(maxsize=1)
@@ -40,22 +49,15 @@ def register_schema() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
 
 
-@lru_cache(maxsize=1)
 def recipe_catalog() -> dict[str, Path]:
-    """Map recipe name to its YAML file, for every ``recipes/<family>/<name>.yaml``."""
-    catalog: dict[str, Path] = {}
-    for path in sorted(data_dir("recipes").glob("*/*.yaml")):
-        if path.stem in catalog:
-            raise ComposeError(f"recipe name {path.stem!r} is defined twice: {catalog[path.stem]} and {path}")
-        catalog[path.stem] = path
-    return catalog
+    """Map recipe name to its YAML file: every ``recipes/<family>/<name>.yaml``, shipped and in the site
+    directories of ``KILOCARD_CONFIG_PATH``."""
+    return ConfigRoots(tuple(env_site_dirs())).recipe_catalog()
 
 
 def _group_options(group: str) -> list[str]:
-    """The options of a config group (``recipe``: every recipe name)."""
-    if group == "recipe":
-        return list(recipe_catalog())
-    return sorted(p.stem for p in (data_dir("conf") / group).glob("*.yaml"))
+    """The options of a config group (``recipe``: every recipe name), shipped and ``KILOCARD_CONFIG_PATH``'s."""
+    return ConfigRoots(tuple(env_site_dirs())).group_options(group)
 
 
 def _grammar_error(parser: OverridesParser, overrides: Sequence[str]) -> ComposeError:
@@ -75,44 +77,44 @@ def _grammar_error(parser: OverridesParser, overrides: Sequence[str]) -> Compose
     return ComposeError(f"cannot parse overrides {' '.join(overrides)!r}")
 
 
-def _explain(exc: BaseException, overrides: Sequence[str]) -> ComposeError:
-    return explain(exc, overrides, _group_options)
+def _explain(exc: BaseException, overrides: Sequence[str], roots: ConfigRoots | None = None) -> ComposeError:
+    return explain(exc, overrides, roots.group_options if roots is not None else _group_options)
 
 
-def _located(err: ComposeError, overrides: Sequence[str]) -> ComposeError:
+def _located(err: ComposeError, overrides: Sequence[str], recipe_file: Path | None) -> ComposeError:
     """Point at the recipe file when the bad field was not given on the command line."""
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    recipe = next((o.split("=", 1)[1].strip() for o in overrides if o.startswith("recipe=")), None)
-    if err.field is None or err.field in given or recipe not in recipe_catalog():
+    if err.field is None or err.field in given or recipe_file is None:
         return err
-    return ComposeError(
-        f"{err} [set by recipe {recipe_catalog()[recipe]} or a config it selects]", err.field, err.value
-    )
+    return ComposeError(f"{err} [set by recipe {recipe_file} or a config it selects]", err.field, err.value)
 
 
-def _translate_recipe(override: str) -> str:
-    """``recipe=NAME`` -> ``recipes=<family>/NAME``; anything else unchanged."""
+def _translate_recipe(override: str, catalog: dict[str, Path]) -> tuple[str, Path | None]:
+    """``recipe=NAME`` -> ``recipes=<family>/NAME`` (``recipe=PATH.yaml``: the file, registered), with the
+    recipe's file; anything else unchanged."""
     m = re.fullmatch(r"recipe=(.*)", override)
     if not m:
-        return override
+        return override, None
     name = m.group(1).strip()
-    catalog = recipe_catalog()
+    if is_recipe_path(name):
+        return register_path_recipe(name)
     if name not in catalog:
         hint = suggest(name, list(catalog))
         raise problem(
             "recipe", "unknown recipe", name, "a name that `kilocard recipes` lists" + (f"; {hint}" if hint else "")
         )
-    return f"{RECIPE_GROUP}={catalog[name].parent.name}/{name}"
+    return f"{RECIPE_GROUP}={catalog[name].parent.name}/{name}", catalog[name]
 
 
-def check_sources(overrides: Sequence[str]) -> None:
-    """Safe-load every config-group file and the chosen recipe before Hydra reads them (``config.yamlcheck``)."""
-    for path in sorted(data_dir("conf").rglob("*.yaml")):
-        check_yaml_file(path)
-    for o in overrides:
-        name = o.split("=", 1)[1].strip() if o.startswith("recipe=") else None
-        if name in recipe_catalog():
-            check_yaml_file(recipe_catalog()[name])
+def check_sources(roots: ConfigRoots, recipe_file: Path | None) -> None:
+    """Safe-load every config-group file (shipped and site) and the chosen recipe before Hydra or
+    OmegaConf reads them (``config.yamlcheck``: duplicate keys, non-safe tags, alias bombs)."""
+    for root in (data_dir("conf"), *roots.site):
+        for path in sorted(root.rglob("*.yaml")):
+            if RECIPE_GROUP not in path.relative_to(root).parts[:1]:
+                check_yaml_file(path)
+    if recipe_file is not None:
+        check_yaml_file(recipe_file)
 
 
 def _yaml_error(e: yaml.YAMLError) -> ComposeError:
@@ -154,30 +156,38 @@ def compose(overrides: Sequence[str] = (), return_hydra_config: bool = False) ->
 def compose_each(override_lists: Sequence[Sequence[str]], return_hydra_config: bool = False) -> list[DictConfig]:
     """Compose several configs under one Hydra initialisation (the catalog and sweeps use it)."""
     register_schema()
-    search_root = data_dir("recipes").parent.as_uri()
     GlobalHydra.instance().clear()
     out: list[DictConfig] = []
     try:
         with initialize_config_dir(config_dir=str(data_dir("conf")), version_base="1.3", job_name="kilocard"):
             for overrides in override_lists:
-                translated = [_translate_recipe(o) for o in overrides]
-                check_sources(overrides)
-                try:
-                    cfg = hydra_compose(
-                        config_name="config",
-                        overrides=[f"hydra.searchpath=[{search_root}]", *translated],
-                        return_hydra_config=return_hydra_config,
-                    )
-                except (HydraException, OmegaConfBaseException, ValueError) as e:
-                    raise _located(_explain(e, translated), overrides) from None
-                except yaml.YAMLError as e:
-                    raise _yaml_error(e) from None
-                OmegaConf.set_struct(cfg, True)
-                _reject_unknown_keys(cfg, translated)
-                out.append(cfg)
+                out.append(_compose_one(list(overrides), return_hydra_config))
     finally:
         GlobalHydra.instance().clear()
     return out
+
+
+def _compose_one(overrides: list[str], return_hydra_config: bool) -> DictConfig:
+    """One composition inside an initialised Hydra: site search path, recipe translation, struct mode."""
+    roots, rest = config_roots(overrides)
+    catalog = roots.checked_catalog()
+    pairs = [_translate_recipe(o, catalog) for o in rest]
+    translated = [o for o, _ in pairs]
+    recipe_file = next((f for _, f in pairs if f is not None), None)
+    check_sources(roots, recipe_file)
+    try:
+        cfg = hydra_compose(
+            config_name="config",
+            overrides=[roots.hydra_searchpath(), *translated],
+            return_hydra_config=return_hydra_config,
+        )
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        raise _located(_explain(e, translated, roots), rest, recipe_file) from None
+    except yaml.YAMLError as e:
+        raise _yaml_error(e) from None
+    OmegaConf.set_struct(cfg, True)
+    _reject_unknown_keys(cfg, translated)
+    return cfg
 
 
 def _leaf_paths(node: object, prefix: str = "") -> list[str]:

@@ -38,7 +38,7 @@ class ModelConfig:
     """Training sequence length in tokens."""
     max_position_embeddings: int = 32
     """Largest position the model supports (``GPTModel.max_sequence_length``); must be >= seq_length."""
-    vocab_size: int = 128
+    vocab_size: int = 258
     """Vocabulary size, before padding to a multiple of TP * 128 as Megatron-LM does."""
     make_vocab_size_divisible_by: int = 128
     """Pad the vocabulary to a multiple of this times TP (Megatron-LM's ``--make-vocab-size-divisible-by``)."""
@@ -323,6 +323,9 @@ class ClusterConfig:
     """Root for run directories on a filesystem every node sees."""
     fs_write_bandwidth_gbs: float = 1.0
     """Aggregate checkpoint write bandwidth of the shared filesystem, GB/s."""
+    check_paths: bool = True
+    """Check before submit that input paths (``checkpoint.load``) exist on this machine; ``false`` for paths
+    that only exist on the cluster (the same as ``--skip-path-checks``)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for every rank (NCCL and site settings)."""
 

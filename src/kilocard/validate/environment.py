@@ -27,6 +27,7 @@ SCRIPT_NAMES = frozenset(
         "EXIT_DONE",
         "EXIT_RETRY",
         "EXIT_FAULT",
+        "EXIT_BUSY",
         "GOT_TERM",
         "rc",
         "VIRTUAL_ENV",
