@@ -16,21 +16,13 @@ import math
 from kilocard.config.schema import RunConfig
 from kilocard.launch import shell
 from kilocard.layout import Layout
-from kilocard.perf.params import count_parameters
+from kilocard.perf.memory import checkpoint_bytes
 from kilocard.validate.issues import Issue, error
 
 #: Seconds allowed for the step in flight to finish and the ranks to agree on the save step.
 STEP_MARGIN_S = 30.0
 #: Safety factor on the save time (filesystem bandwidth varies under load).
 SAVE_FACTOR = 1.2
-
-
-def checkpoint_bytes(cfg: RunConfig) -> int:
-    """Bytes of one checkpoint: weights + Adam moments (fp32) + fp32 main params when mixed precision."""
-    params = count_parameters(cfg.model).total
-    mixed = cfg.precision.bf16 or cfg.precision.fp16
-    per_param = (2 + 4 if mixed else 4) + (8 if cfg.optim.optimizer == "adam" else 4)
-    return params * per_param
 
 
 def expected_save_time_s(cfg: RunConfig) -> float:
