@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from kilocard.config.schema import PrecisionConfig
 
-#: Bytes per element of the parameter dtypes the schema names.
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 def mixed_precision(pr: PrecisionConfig) -> bool:
     """bf16 or fp16 mixed precision (an fp32 master copy of the parameters in the optimizer)."""
@@ -31,3 +28,9 @@ def param_dtype(pr: PrecisionConfig) -> str:
 def main_grads_fp32(pr: PrecisionConfig) -> bool:
     """Main gradients (and their data-parallel reduce) in fp32: ``grad_reduce_in_fp32`` or no mixed precision."""
     return bool(pr.grad_reduce_in_fp32) or not mixed_precision(pr)
+
+
+def param_bytes(pr: PrecisionConfig) -> int:
+    """Bytes per parameter element: 4 in float32, else 2 (an unknown dtype name, which the validator
+    reports, counts as 2 so that estimates stay total)."""
+    return 4 if param_dtype(pr) == "float32" else 2

@@ -101,11 +101,12 @@ def prepare(overrides: Sequence[str], cfg: DictConfig, chain: int, multi: bool) 
     label = f"[{' '.join(overrides)}] " if multi else ""
     extract_secret_refs(cfg)
     run_cfg = to_run_config(cfg)
-    issues = list(validate(run_cfg).issues)  # the validator includes the Slurm launcher rules
+    report = validate(run_cfg)  # the validator includes the Slurm launcher rules
+    issues = list(report.issues)
     print_issues(label, issues)
     if any(i.severity == ERROR for i in issues):
         return None
-    plan = build_plan(run_cfg)
+    plan = build_plan(run_cfg, report.layout)
     root = Path(run_cfg.cluster.shared_fs).expanduser().resolve()
     try:
         render_script(run_cfg, plan, root / "dry-render", chain)

@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from kilocard.config.dtypes import DTYPE_BYTES, main_grads_fp32, mixed_precision, param_dtype
+from kilocard.config.dtypes import main_grads_fp32, mixed_precision, param_bytes
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.layout import Layout, compute_layout
 from kilocard.perf.megatron_lm import megatron_lm_args
@@ -297,7 +297,7 @@ class BytesPerParam:
 def bytes_per_param(cfg: RunConfig) -> BytesPerParam:
     """Per-parameter bytes for this precision and optimizer (Megatron: 2 + 4 + 12 for bf16 Adam)."""
     pr = cfg.precision
-    weight = 1.0 if pr.fp8_param else float(DTYPE_BYTES[param_dtype(pr)])
+    weight = 1.0 if pr.fp8_param else float(param_bytes(pr))
     grad = 4.0 if main_grads_fp32(pr) else 2.0
     master = 4.0 if mixed_precision(pr) else 0.0
     moments = 4.0 if cfg.optim.optimizer == "sgd" else 8.0
@@ -423,7 +423,7 @@ def activation_bytes(cfg: RunConfig, a: SimpleNamespace, num_microbatches: int |
         act = activations_sp_selective(a, num_microbatches) + attention_scores_bytes(cfg, a)
     else:
         act = activations_no_sp(a, num_microbatches) + attention_scores_bytes(cfg, a)
-    return act * DTYPE_BYTES[param_dtype(cfg.precision)] / 2  # the formulas count 2-byte activations
+    return act * param_bytes(cfg.precision) / 2  # the formulas count 2-byte activations
 
 
 # --- the estimate ---------------------------------------------------------------------------------
