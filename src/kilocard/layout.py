@@ -55,6 +55,12 @@ class Layout:
         return self.tp * self.pp * self.cp
 
     @property
+    def dp_cp(self) -> int:
+        """DP x CP ranks (Megatron-Core's ``dp_cp`` group: the gradient reduce and the distributed
+        optimizer's shards); DP counts 1 when it is not whole."""
+        return (self.dp or 1) * self.cp
+
+    @property
     def tp_enabled(self) -> bool:
         """Tensor parallelism is on (TP > 1)."""
         return self.tp > 1

@@ -116,7 +116,7 @@ def megatron_memory_args(cfg: RunConfig, layout: Layout | None = None) -> Simple
         tensor_model_parallel_size=lay.tp,
         virtual_pipeline_model_parallel_size=lay.vp,
         world_size=lay.world_size,
-        data_parallel_size=(lay.dp or 1) * lay.cp,
+        data_parallel_size=lay.dp_cp,
         seq_length=m.seq_length // max(1, lay.cp),
         activation_num_layers=_inflight_layers(lay) if first is not None else m.num_layers,
         activation_ffn_hidden_size=_effective_ffn(m),
@@ -434,7 +434,7 @@ def optimizer_shards(cfg: RunConfig, lay: Layout) -> tuple[int, int]:
     the distributed optimizer."""
     if not cfg.parallel.use_distributed_optimizer:
         return 1, 1
-    return (lay.dp or 1) * lay.cp, lay.expert_dp or 1
+    return lay.dp_cp, lay.expert_dp or 1
 
 
 def estimate_memory(cfg: RunConfig, layout: Layout | None = None) -> MemoryEstimate:

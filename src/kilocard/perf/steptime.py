@@ -313,7 +313,7 @@ def pipeline_p2p(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, par
     tok = ft.mbs * shape.seq / lay.cp
     # Each TP rank sends its 1/TP slice (sequence parallelism, or SC21's scatter/gather optimisation).
     volume = 2 * tok * shape.hidden * ACT_BYTES / lay.tp
-    span = lay.tp * lay.cp * lay.dp * 2  # neighbouring stages sit DP x CP x TP ranks apart
+    span = lay.tp * lay.dp_cp * 2  # neighbouring stages sit DP x CP x TP ranks apart
     exposed = 1.0 - (params.network.p2p_overlap if ft.overlap_p2p_comm else 0.0)
     regather = volume * (lay.tp - 1) / _bw(lay.tp, hw, params)  # all-gather of the slices inside TP
     return (volume / _bw(span, hw, params) + regather + 2 * params.network.p2p_latency_s) * exposed
@@ -338,7 +338,7 @@ def dp_comm(
     n_params: float, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams, t_microbatch: float
 ) -> float:
     """Exposed gradient reduce (and parameter all-gather) over DP x CP ranks."""
-    group = lay.dp * lay.cp
+    group = lay.dp_cp
     if group == 1:
         return 0.0
     span = lay.world_size // lay.pp  # a DP x CP group interleaves with TP across this many ranks
@@ -358,5 +358,5 @@ def dp_comm(
 
 def optimizer_time(n_params: float, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
     """Adam step: ~32 bytes of HBM traffic per parameter (fp32 param, grad, two moments; bf16 copy)."""
-    shard = n_params / (lay.dp * lay.cp) if ft.distributed_optimizer else n_params
+    shard = n_params / lay.dp_cp if ft.distributed_optimizer else n_params
     return shard * 32 / (hw.hbm_bandwidth * params.for_family(hw.family).hbm_efficiency)

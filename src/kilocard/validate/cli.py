@@ -60,7 +60,7 @@ def memory_lines(report: Report) -> list[str]:
     for row in MEMORY_ROWS:
         share = f"{100 * mem[row] / hbm:5.1f}% of HBM" if hbm else ""
         out.append(f"  {row:<12}{human_bytes(mem[row]):>12}  {share}")
-    if hbm:
+    if hbm and usable is not None:
         out.append(f"  {'HBM':<12}{human_bytes(hbm):>12}  (usable after reserve: {human_bytes(usable)})")
     if est.flops_per_iteration is not None:
         out.append(f"FLOPs per iteration: {est.flops_per_iteration:.4g} ({est.flops_convention})")
