@@ -78,3 +78,17 @@ def test_megatron_lm_args_start_from_the_mapping() -> None:
     for name, value in megatron_fields(cfg).items():
         if name not in derived:
             assert args[name] == value, name
+
+
+def test_attention_backend_reaches_megatron_core_and_a_bad_name_is_one_line() -> None:
+    """``model.attention_backend`` used to be charged by the step-time model but never passed to Megatron-Core."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.enums import AttnBackend
+
+        from kilocard.train.megatron_adapter import UnsupportedConfig, transformer_config
+    cfg = to_run_config(compose(["recipe=tiny_gpt", "model.attention_backend=local"]))
+    assert transformer_config(cfg, CPU).attention_backend == AttnBackend.local
+    bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention_backend="sdpa"))
+    with pytest.raises(UnsupportedConfig, match=r"^model.attention_backend: 'sdpa' is not one of .*auto"):
+        transformer_config(bad, CPU)

@@ -86,6 +86,18 @@ def _activation(name: str) -> tuple[Callable, bool]:
     raise UnsupportedConfig(f"model.activation: {name!r} is not one of gelu, swiglu, squared_relu")
 
 
+def _attention_backend(name: str) -> Any:
+    """``AttnBackend`` member for ``model.attention_backend``."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    if name not in AttnBackend.__members__:
+        raise UnsupportedConfig(
+            f"model.attention_backend: {name!r} is not one of {', '.join(AttnBackend.__members__)}; "
+            "set model.attention_backend=auto"
+        )
+    return AttnBackend[name]
+
+
 def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
     """The TransformerConfig (MLATransformerConfig for multi-latent attention) of the run.
 
@@ -93,7 +105,6 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
     follows only converts names to objects (dtype, activation, attention backend) and switches off
     what the backend cannot run.
     """
-    from megatron.core.transformer.enums import AttnBackend
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     m, p, pr = run_cfg.model, run_cfg.parallel, run_cfg.precision
@@ -107,7 +118,7 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
     kw.update(
         gated_linear_unit=m.gated_linear_unit or gated,
         activation_func=act,
-        attention_backend=AttnBackend[m.attention_backend],
+        attention_backend=_attention_backend(m.attention_backend),
         overlap_p2p_comm=interleaved_overlap,
         batch_p2p_comm=not interleaved_overlap,
         tp_comm_overlap=p.tp_comm_overlap and backend.is_cuda,
