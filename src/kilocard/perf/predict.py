@@ -90,9 +90,10 @@ def precision_of(cfg: RunConfig) -> str:
     return compute_dtype(p.bf16, p.fp16, p.fp8, p.fp4)
 
 
-def step_layout(cfg: RunConfig) -> Layout:
-    """The config's ``Layout``, or a ``ValueError`` naming the factors when DP is not a whole number."""
-    lay = compute_layout(cfg)
+def step_layout(cfg: RunConfig, layout: Layout | None = None) -> Layout:
+    """The config's ``Layout`` (``layout`` when the caller has computed it), or a ``ValueError`` naming
+    the factors when DP is not a whole number."""
+    lay = layout or compute_layout(cfg)
     if lay.dp is None:
         raise ValueError(
             f"parallel: TP({lay.tp}) * PP({lay.pp}) * CP({lay.cp}) = {lay.model_parallel_size} "
@@ -123,22 +124,33 @@ def features_of(cfg: RunConfig) -> Features:
 
 
 def step_time(
-    cfg: RunConfig, hw: Hardware, params: PerfModelParams = FITTED, shape: ModelShape | None = None
+    cfg: RunConfig,
+    hw: Hardware,
+    params: PerfModelParams = FITTED,
+    shape: ModelShape | None = None,
+    layout: Layout | None = None,
 ) -> StepTime:
-    """``StepTime`` of ``cfg`` on ``hw`` (``shape`` when the caller has it already)."""
-    lay = step_layout(cfg)
+    """``StepTime`` of ``cfg`` on ``hw`` (``shape`` and ``layout`` when the caller has them already)."""
+    lay = step_layout(cfg, layout)
     shape = shape or shape_from_model(cfg.model, lay.tp)
     return predict_step_time(shape, lay, features_of(cfg), hw, params)
 
 
-def predict(run_cfg: RunConfig, convention: str = "megatron_current", params: PerfModelParams = FITTED) -> Prediction:
-    """Predicted step time, TFLOP/s per GPU and MFU of ``run_cfg`` (FLOPs counted by ``convention``)."""
+def predict(
+    run_cfg: RunConfig,
+    convention: str = "megatron_current",
+    params: PerfModelParams = FITTED,
+    layout: Layout | None = None,
+) -> Prediction:
+    """Predicted step time, TFLOP/s per GPU and MFU of ``run_cfg`` (FLOPs counted by ``convention``);
+    ``layout`` is the config's ``Layout`` when the caller has computed it."""
     hw = hardware_for(run_cfg.cluster)
-    step = step_time(run_cfg, hw, params)
+    lay = step_layout(run_cfg, layout)
+    step = step_time(run_cfg, hw, params, layout=lay)
     flops = flops_per_iteration(run_cfg, convention)
     dtype = precision_of(run_cfg)
     peak = hw.peak_flops.get(dtype, hw.peak_flops["bf16"])
-    tflops = flops / step.total_s / (run_cfg.cluster.nodes * run_cfg.cluster.gpus_per_node) / 1e12
+    tflops = flops / step.total_s / lay.world_size / 1e12
     return Prediction(
         step_time_s=step.total_s,
         tflops_per_gpu=tflops,

@@ -13,7 +13,8 @@ from dataclasses import replace
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
-from kilocard.perf.predict import Prediction
+from kilocard.perf.goodput import rule_checkpoint_interval
+from kilocard.perf.predict import Prediction, predict
 from kilocard.validate import batch, inputs, launcher, model, optimizer, parallel, precision, recompute, topology
 from kilocard.validate.estimates import FLOPS_CONVENTION, Estimates
 from kilocard.validate.issues import ERROR, WARNING, Issue, Report
@@ -120,20 +121,17 @@ def validate(cfg: RunConfig) -> Report:
     if est.memory is not None and not any(i.code == "WORLD_NOT_DIVISIBLE" for i in issues):
         issues.extend(rule_memory_fits(cfg, lay, structural=structurally_valid))
     if not any(i.severity == ERROR for i in issues):
-        est = replace(est, prediction=_prediction(cfg, issues))
+        est = replace(est, prediction=_prediction(cfg, lay, issues))
     return Report(issues=issues, layout=lay, estimates=est)
 
 
-def _prediction(cfg: RunConfig, issues: list[Issue]) -> Prediction:
+def _prediction(cfg: RunConfig, lay: Layout, issues: list[Issue]) -> Prediction:
     """For a valid config: predicted step time and MFU; adds the checkpoint-interval (goodput) rule's issues.
 
     Both need a layout that Megatron-Core would build, so they run only when no rule found an error.
     """
-    from kilocard.perf.goodput import rule_checkpoint_interval
-    from kilocard.perf.predict import predict
-
-    issues.extend(rule_checkpoint_interval(cfg, None))
-    return predict(cfg)
+    issues.extend(rule_checkpoint_interval(cfg, lay))
+    return predict(cfg, layout=lay)
 
 
 __all__ = ["validate", "Report", "Issue", "Estimates", "RULES", "MCORE_CODES", "ERROR", "WARNING", "compute_layout"]
