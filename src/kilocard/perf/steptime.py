@@ -1,5 +1,9 @@
 """Analytic step time of a parallel layout on a cluster.
 
+Inputs: the model's ``ModelShape``, the run's one ``kilocard.layout.Layout`` (degrees, DP, layers per
+stage), the ``Features`` that change its speed (batch, recompute, overlaps, dtypes, kernels) and the
+``Hardware``.
+
 One optimizer step = the pipeline schedule over ``M = GBS / (MBS * DP)`` micro-batches of the
 slowest stage, plus what does not hide behind it (data-parallel collectives, optimizer step).
 Per micro-batch and layer the model charges:
