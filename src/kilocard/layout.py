@@ -1,13 +1,16 @@
-"""The parallel layout a config implies: sizes, derived DP, micro-batches, group placement.
+"""The parallel layout a config implies: sizes, derived DP, micro-batches, stage layers, group placement.
 
-Pure and total: any ``RunConfig`` gives a ``Layout`` (derived sizes that are not whole numbers are
-``None``; the validator's rules say why). The world size is the cluster's: ``nodes *
+The one object for the layout (like torchtitan's ``ParallelDims``): computed once by
+``compute_layout`` and passed to the validator, the performance models, the planner and the launch
+plan. Pure and total: any ``RunConfig`` gives a ``Layout`` (derived sizes that are not whole
+numbers are ``None``; the validator's rules say why). The world size is the cluster's: ``nodes *
 gpus_per_node`` (the config is the source of truth, never the environment).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from functools import cached_property
 
 from kilocard.config.schema import RunConfig
 from kilocard.topology import GroupPlacement, place_group
@@ -45,13 +48,57 @@ class Layout:
     """Micro-batches per step per DP rank: global / (micro * dp); ``None`` when not whole."""
     stage_layers: list[int] | None = None
     """Transformer layers on each pipeline stage; ``None`` when the split is invalid."""
-    groups: dict[str, GroupPlacement] = field(default_factory=dict)
-    """Placement of each group kind (empty when DP is not whole)."""
 
     @property
     def model_parallel_size(self) -> int:
         """tp * pp * cp."""
         return self.tp * self.pp * self.cp
+
+    @property
+    def dp_cp(self) -> int:
+        """DP x CP ranks (Megatron-Core's ``dp_cp`` group: the gradient reduce and the distributed
+        optimizer's shards); DP counts 1 when it is not whole."""
+        return (self.dp or 1) * self.cp
+
+    @property
+    def tp_enabled(self) -> bool:
+        """Tensor parallelism is on (TP > 1)."""
+        return self.tp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        """Pipeline parallelism is on (PP > 1)."""
+        return self.pp > 1
+
+    @property
+    def vp_enabled(self) -> bool:
+        """The interleaved schedule is on (virtual stages set)."""
+        return self.vp is not None
+
+    @property
+    def cp_enabled(self) -> bool:
+        """Context parallelism is on (CP > 1)."""
+        return self.cp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        """Expert parallelism is on (EP > 1)."""
+        return self.ep > 1
+
+    @property
+    def dp_enabled(self) -> bool:
+        """Data parallelism is on (a whole DP > 1)."""
+        return self.dp is not None and self.dp > 1
+
+    @property
+    def virtual_stages(self) -> int:
+        """Model chunks per pipeline rank: VP, or 1 when not interleaved."""
+        return self.vp or 1
+
+    @cached_property
+    def groups(self) -> dict[str, GroupPlacement]:
+        """Placement of each group kind (empty when DP is not whole; expert groups need a whole expert-DP)."""
+        return place_groups(self)
 
     def to_json(self) -> dict:
         """A JSON-ready dict (groups as ``{name: {size, stride, within_node, within_nvlink, scope}}``)."""
@@ -72,9 +119,22 @@ def _exact_div(a: int, b: int) -> int | None:
 
 def stage_layers(cfg: RunConfig) -> list[int] | None:
     """Layers per pipeline stage, as Megatron-Core's ``get_num_layers_to_build`` splits them."""
-    p, m = cfg.parallel, cfg.model
-    pp, layers = _pos(p.pipeline_model_parallel_size), m.num_layers
-    first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
+    p = cfg.parallel
+    return split_layers(
+        cfg.model.num_layers,
+        _pos(p.pipeline_model_parallel_size),
+        p.num_layers_in_first_pipeline_stage,
+        p.num_layers_in_last_pipeline_stage,
+        p.account_for_embedding_in_pipeline_split,
+        p.account_for_loss_in_pipeline_split,
+    )
+
+
+def split_layers(
+    layers: int, pp: int, first: int | None, last: int | None, embedding: bool = False, loss: bool = False
+) -> list[int] | None:
+    """``layers`` over ``pp`` stages: ``first``/``last`` on the end stages and the rest even, or an even
+    split with the embedding/loss counted as a layer; ``None`` when the split is not whole."""
     if first is not None or last is not None:
         rest, stages = layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
         if stages < 0 or (stages == 0 and rest != 0) or (stages > 0 and (rest < 0 or rest % stages)):
@@ -86,15 +146,36 @@ def stage_layers(cfg: RunConfig) -> list[int] | None:
         if last is not None:
             out[-1] = last
         return out
-    total = layers + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
+    total = layers + embedding + loss
     if total % pp:
         return None
     out = [total // pp] * pp
-    if p.account_for_embedding_in_pipeline_split:
+    if embedding:
         out[0] -= 1
-    if p.account_for_loss_in_pipeline_split:
+    if loss:
         out[-1] -= 1
     return out
+
+
+def place_groups(lay: Layout) -> dict[str, GroupPlacement]:
+    """Where each process group of ``lay`` sits, in Megatron-Core's rank order ``tp-cp-ep-dp-pp``."""
+    world, gpn, domain = lay.world_size, lay.gpus_per_node, lay.nvlink_domain_size
+    tp, cp, pp, dp, etp, ep, edp = lay.tp, lay.cp, lay.pp, lay.dp, lay.etp, lay.ep, lay.expert_dp
+    groups: dict[str, GroupPlacement] = {}
+    if dp:
+        for name, size, stride in (
+            ("tp", tp, 1),
+            ("cp", cp, tp),
+            ("tp_cp", tp * cp, 1),
+            ("dp", dp, tp * cp),
+            ("dp_cp", dp * cp, tp),
+            ("pp", pp, tp * cp * dp),
+        ):
+            groups[name] = place_group(name, size, stride, world, gpn, domain)
+    if edp:
+        for name, size, stride in (("etp", etp, 1), ("ep", ep, etp), ("expert_dp", edp, etp * ep)):
+            groups[name] = place_group(name, size, stride, world, gpn, domain)
+    return groups
 
 
 def compute_layout(cfg: RunConfig) -> Layout:
@@ -110,28 +191,13 @@ def compute_layout(cfg: RunConfig) -> Layout:
     mb = _exact_div(t.global_batch_size, _pos(t.micro_batch_size) * dp) if dp else None
     if mb == 0:
         mb = None
-    domain = _pos(c.nvlink_domain_size)
-    groups: dict[str, GroupPlacement] = {}
-    if dp:
-        for name, size, stride in (
-            ("tp", tp, 1),
-            ("cp", cp, tp),
-            ("tp_cp", tp * cp, 1),
-            ("dp", dp, tp * cp),
-            ("dp_cp", dp * cp, tp),
-            ("pp", pp, tp * cp * dp),
-        ):
-            groups[name] = place_group(name, size, stride, world, gpn, domain)
-    if edp:
-        for name, size, stride in (("etp", etp, 1), ("ep", ep, etp), ("expert_dp", edp, etp * ep)):
-            groups[name] = place_group(name, size, stride, world, gpn, domain)
     vp = p.virtual_pipeline_model_parallel_size
     vp = vp if isinstance(vp, int) and vp >= 1 else None
     return Layout(
         world_size=world,
         nodes=nodes,
         gpus_per_node=gpn,
-        nvlink_domain_size=domain,
+        nvlink_domain_size=_pos(c.nvlink_domain_size),
         tp=tp,
         pp=pp,
         vp=vp,
@@ -142,5 +208,4 @@ def compute_layout(cfg: RunConfig) -> Layout:
         expert_dp=edp,
         num_microbatches=mb,
         stage_layers=stage_layers(cfg) if pp <= 4096 else None,
-        groups=groups,
     )

@@ -18,10 +18,10 @@ through from the submitting environment.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from kilocard.config.schema import RunConfig
-from kilocard.layout import compute_layout
+from kilocard.layout import Layout, compute_layout
 from kilocard.topology import gpu_spec
 
 CPU_GPU = "cpu"
@@ -43,16 +43,8 @@ class LaunchPlan:
     """CPU cores per rank: cluster.cpus_per_node // tasks_per_node (at least 1)."""
     gpus_per_node: int
     """GPUs to request per node; 0 on ``gpu: cpu`` clusters (no GRES request)."""
-    tp: int
-    """Tensor-parallel size."""
-    pp: int
-    """Pipeline-parallel size."""
-    cp: int
-    """Context-parallel size."""
-    ep: int
-    """Expert-parallel size."""
-    dp: int | None
-    """Data-parallel size (``None`` when world size is not a multiple of tp*pp*cp)."""
+    layout: Layout
+    """The config's parallel layout (``kilocard.layout.compute_layout``): degrees, DP, stage layers."""
     master_port: int | None
     """Fixed rendezvous port (launcher.master_port); ``None``: derived from the Slurm job id."""
     env: dict[str, str] = field(default_factory=dict)
@@ -66,8 +58,11 @@ class LaunchPlan:
         return self.gpus_per_node > 0
 
     def to_json(self) -> str:
-        """The plan as JSON text (``plan.json`` in the run directory)."""
-        return json.dumps({**asdict(self), "on_gpu": self.on_gpu}, indent=1, sort_keys=True) + "\n"
+        """The plan as JSON text (``plan.json`` in the run directory; the layout as its degrees and DP)."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "layout"}
+        lay = self.layout
+        doc.update(tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, dp=lay.dp, on_gpu=self.on_gpu)
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
 def layout_env(cfg: RunConfig, on_gpu: bool, cpus_per_task: int) -> dict[str, str]:
@@ -90,9 +85,9 @@ def layout_env(cfg: RunConfig, on_gpu: bool, cpus_per_task: int) -> dict[str, st
     return env
 
 
-def build_plan(cfg: RunConfig) -> LaunchPlan:
-    """The launch plan of a (validated) config."""
-    c, lay = cfg.cluster, compute_layout(cfg)
+def build_plan(cfg: RunConfig, layout: Layout | None = None) -> LaunchPlan:
+    """The launch plan of a (validated) config; ``layout`` when the caller computed it already."""
+    c, lay = cfg.cluster, layout or compute_layout(cfg)
     on_gpu = c.gpu != CPU_GPU
     tasks = max(1, c.gpus_per_node)
     cpus_per_task = max(1, c.cpus_per_node // tasks)
@@ -105,11 +100,7 @@ def build_plan(cfg: RunConfig) -> LaunchPlan:
         world_size=c.nodes * tasks,
         cpus_per_task=cpus_per_task,
         gpus_per_node=c.gpus_per_node if on_gpu else 0,
-        tp=lay.tp,
-        pp=lay.pp,
-        cp=lay.cp,
-        ep=lay.ep,
-        dp=lay.dp,
+        layout=lay,
         master_port=cfg.launcher.master_port,
         env=env,
         secret_env=list(cfg.launcher.secret_env),

@@ -9,16 +9,15 @@ def _report(*overrides):
 
 
 def test_valid_config_carries_predicted_step_time_and_mfu():
-    est = _report("recipe=llama3_70b").estimates
-    pred = est["prediction"]
-    assert pred["step_time_s"] > 0 and 0 < pred["mfu"] < 1
-    assert pred["convention"] == "megatron_current" and pred["peak_flops"] == 989e12
-    assert abs(sum(pred["breakdown_s"].values()) - pred["step_time_s"]) < 1e-6 * pred["step_time_s"]
+    pred = _report("recipe=llama3_70b").estimates.prediction
+    assert pred.step_time_s > 0 and 0 < pred.mfu < 1
+    assert pred.convention == "megatron_current" and pred.peak_flops == 989e12
+    assert abs(sum(pred.breakdown.values()) - pred.step_time_s) < 1e-6 * pred.step_time_s
 
 
 def test_invalid_config_has_no_prediction():
     rep = _report("recipe=llama3_70b", "parallel.tensor_model_parallel_size=3")
-    assert not rep.valid and "prediction" not in rep.estimates
+    assert not rep.valid and rep.estimates.prediction is None and "prediction" not in rep.to_dict()["estimates"]
 
 
 def test_far_checkpoint_interval_is_warned_with_young_daly_hint():

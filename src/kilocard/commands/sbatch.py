@@ -54,7 +54,7 @@ def prepare(
     issues = list(report.issues)
     if any(i.severity == ERROR for i in issues):
         return None, issues
-    plan = build_plan(run_cfg)
+    plan = build_plan(run_cfg, report.layout)
     issues += dry_render_issues(run_cfg, plan, chain)
     if any(i.severity == ERROR for i in issues):
         return None, issues

@@ -64,23 +64,24 @@ def _stages(st: list[int]) -> str:
 def memory_lines(report: Report) -> list[str]:
     """The per-GPU memory table against HBM."""
     est = report.estimates
-    mem, hbm, usable = est.get("memory_bytes_per_gpu"), est.get("hbm_bytes"), est.get("hbm_usable_bytes")
-    if not mem:
+    hbm, usable = est.hbm_bytes, est.hbm_usable_bytes
+    if est.memory is None:
         return ["memory per GPU: not estimated (invalid model shape)"]
+    mem = est.memory.to_json()
     out = ["memory per GPU (most loaded pipeline stage):"]
     for row in MEMORY_ROWS:
         share = f"{100 * mem[row] / hbm:5.1f}% of HBM" if hbm else ""
         out.append(f"  {row:<12}{human_bytes(mem[row]):>12}  {share}")
-    if hbm:
+    if hbm and usable is not None:
         out.append(f"  {'HBM':<12}{human_bytes(hbm):>12}  (usable after reserve: {human_bytes(usable)})")
-    if est.get("flops_per_iteration") is not None:
-        out.append(f"FLOPs per iteration: {est['flops_per_iteration']:.4g} ({est['flops_convention']})")
-    pred = est.get("prediction")
-    if pred:
+    if est.flops_per_iteration is not None:
+        out.append(f"FLOPs per iteration: {est.flops_per_iteration:.4g} ({est.flops_convention})")
+    pred = est.prediction
+    if pred is not None:
         out.append(
-            f"predicted: {pred['step_time_s']:.3g} s/step, {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
-            f"MFU {pred['mfu']:.1%} ({pred['convention']}, peak {pred['peak_flops'] / 1e12:.0f} "
-            f"TFLOP/s {pred['peak_dtype']})"
+            f"predicted: {pred.step_time_s:.3g} s/step, {pred.tflops_per_gpu:.1f} TFLOP/s per GPU, "
+            f"MFU {pred.mfu:.1%} ({pred.convention}, peak {pred.peak_flops / 1e12:.0f} "
+            f"TFLOP/s {pred.peak_dtype})"
         )
     return out
 

@@ -27,11 +27,11 @@ from pathlib import Path
 from kilocard import exitcodes, runlock
 from kilocard.config.schema import RunConfig
 from kilocard.launch.slurm import missing_secrets
-from kilocard.perf.goodput import checkpoint_bytes
 from kilocard.plan import build_plan
 from kilocard.train.dist_env import free_port
 from kilocard.train.metrics import read_metrics
 from kilocard.train.progress import progress_line, summary_table
+from kilocard.validate.slurm import expected_save_time_s
 
 EXIT_DIR_ENV = "KILOCARD_EXIT_DIR"
 """When set, every rank writes its exit code to ``$KILOCARD_EXIT_DIR/rank_<N>`` (torchrun hides them)."""
@@ -101,11 +101,7 @@ def rank_env(run_dir: Path, run_cfg: RunConfig, lock_token: str) -> dict:
 
 def stop_wait_s(run_cfg: RunConfig) -> float:
     """How long the ranks may take to stop after TERM: the step in flight, the save, a margin."""
-    if run_cfg.checkpoint.expected_save_time_s is not None:
-        save = float(run_cfg.checkpoint.expected_save_time_s)
-    else:
-        save = checkpoint_bytes(run_cfg) / (max(run_cfg.cluster.fs_write_bandwidth_gbs, 1e-9) * 1e9)
-    return save + STOP_MARGIN_S
+    return expected_save_time_s(run_cfg) + STOP_MARGIN_S
 
 
 def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:

@@ -248,7 +248,7 @@ def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FIT
         note = "unverified/missing: " + ", ".join(row.missing or ["flops_convention"])
         return Comparison(**base, predicted_tflops_per_gpu=None, predicted_mfu=None, rel_error=None, note=note)
     cfg = row_run_config(row)
-    pred = predict(cfg, conv, params, world=int(row.raw["gpus"]))
+    pred = predict(cfg, conv, params)
     rel = (pred.tflops_per_gpu - pub_tf) / pub_tf
     return Comparison(
         **base, predicted_tflops_per_gpu=pred.tflops_per_gpu, predicted_mfu=pred.mfu, rel_error=rel, note=""

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.perf.params import count_parameters, moe_layer_pattern, padded_vocab_size
+from kilocard.perf.megatron_lm import megatron_lm_args
+from kilocard.perf.params import count_parameters, is_gated, moe_layer_pattern, padded_vocab_size
 
 CONVENTIONS = ("megatron_sc21", "megatron_legacy", "megatron_current", "six_n")
 """Every FLOPs convention kilocard knows."""
@@ -117,11 +118,6 @@ def shape_from_model(m: ModelConfig, tp: int = 1) -> ModelShape:
         - emb_in
         + (0 if not m.share_embeddings_and_output_weights else padded_vocab_size(m) * m.hidden_size),
     )
-
-
-def is_gated(m: ModelConfig) -> bool:
-    """Whether the MLP is gated (Megatron-LM ``--swiglu`` sets ``gated_linear_unit``)."""
-    return bool(m.gated_linear_unit or m.activation == "swiglu")
 
 
 # --- the conventions ------------------------------------------------------------------------
@@ -242,39 +238,7 @@ def flops_per_iteration(run_cfg: RunConfig, convention: str = "megatron_current"
 
 def megatron_args(run_cfg: RunConfig) -> SimpleNamespace:
     """The Megatron-LM ``args`` that ``num_floating_point_operations(args, batch)`` reads, from a RunConfig."""
-    m = run_cfg.model
-    moe_freq: object = m.moe_layer_freq
-    if not isinstance(moe_freq, int):
-        moe_freq = [int(bool(x)) for x in list(moe_freq)]
-    return SimpleNamespace(
-        num_layers=m.num_layers,
-        hidden_size=m.hidden_size,
-        ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size,
-        num_attention_heads=m.num_attention_heads,
-        group_query_attention=m.num_query_groups is not None and not m.multi_latent_attention,
-        num_query_groups=m.num_query_groups or m.num_attention_heads,
-        kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
-        seq_length=m.seq_length,
-        padded_vocab_size=padded_vocab_size(m, run_cfg.parallel.tensor_model_parallel_size),
-        swiglu=is_gated(m),
-        num_experts=m.num_moe_experts,
-        moe_layer_freq=moe_freq,
-        moe_router_topk=m.moe_router_topk,
-        moe_ffn_hidden_size=m.moe_ffn_hidden_size,
-        moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
-        moe_latent_size=None,
-        mtp_num_layers=m.mtp_num_layers,
-        multi_latent_attention=m.multi_latent_attention,
-        q_lora_rank=m.q_lora_rank,
-        kv_lora_rank=m.kv_lora_rank,
-        qk_head_dim=m.qk_head_dim,
-        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
-        v_head_dim=m.v_head_dim,
-        attention_output_gate=False,
-        experimental_attention_variant=None,
-        linear_attention_freq=None,
-        hybrid_layer_pattern=None,
-    )
+    return megatron_lm_args(run_cfg)
 
 
 def mfu(flops: float, step_time_s: float, num_gpus: int, peak_flops_per_gpu: float) -> float:

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from kilocard.config.schema import RunConfig
-from kilocard.perf.params import count_parameters
+from kilocard.perf.memory import checkpoint_bytes
 from kilocard.perf.predict import predict
 from kilocard.topology import gpu_spec
 
@@ -28,9 +28,6 @@ LLAMA3_GPUS = 16384
 """On this many GPUs."""
 DEFAULT_FAILURE_RATE_PER_GPU_S = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 86400.0 * LLAMA3_GPUS)
 """Failures per GPU per second (about 0.17 per GPU-year: one per 5.8 GPU-years)."""
-CHECKPOINT_BYTES_PER_PARAM = 14
-"""Bytes per parameter in a Megatron distributed checkpoint: bf16 weights (2) + fp32 main copy and
-two Adam moments (12)."""
 HOST_COPY_BANDWIDTH = 25e9
 """Bytes/s at which an asynchronous save stages a GPU's shard to host memory (PCIe Gen4 x16, practical)."""
 
@@ -82,14 +79,9 @@ def goodput(
     )
 
 
-def checkpoint_bytes(cfg: RunConfig) -> float:
-    """Size of one checkpoint (weights + optimizer state) in bytes."""
-    return float(count_parameters(cfg.model).total) * CHECKPOINT_BYTES_PER_PARAM
-
-
 def save_time_s(cfg: RunConfig) -> float:
-    """Training time one save costs: the configured figure, else size / filesystem bandwidth
-    (async saves: the largest GPU shard staged to host memory)."""
+    """Training time one save costs: the configured figure, else ``checkpoint_bytes`` / filesystem
+    bandwidth (async saves: the largest GPU shard staged to host memory)."""
     if cfg.checkpoint.expected_save_time_s is not None:
         return float(cfg.checkpoint.expected_save_time_s)
     size = checkpoint_bytes(cfg)

@@ -46,9 +46,11 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from kilocard.config.dtypes import main_grads_fp32, mixed_precision, param_bytes
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.layout import Layout, compute_layout
-from kilocard.perf.params import count_parameters, padded_vocab_size
+from kilocard.perf.megatron_lm import megatron_lm_args
+from kilocard.perf.params import count_parameters, is_gated, moe_layer_pattern
 
 
 @dataclass(frozen=True)
@@ -85,20 +87,11 @@ class MemoryEstimate:
 # --- the inputs of Megatron-LM's formula ----------------------------------------------------------
 
 
-def moe_pattern(m: ModelConfig) -> list:
-    """1 for each MoE layer, 0 for a dense one (Megatron-LM's reading of ``moe_layer_freq``)."""
-    if not m.num_moe_experts:
-        return [0] * m.num_layers
-    if isinstance(m.moe_layer_freq, int):
-        return [1 if i % max(1, m.moe_layer_freq) == 0 else 0 for i in range(m.num_layers)]
-    return [int(bool(x)) for x in m.moe_layer_freq]
-
-
 def _effective_ffn(m: ModelConfig) -> float:
     """Average per-layer MLP width seen by a token (the dense ffn for a dense model)."""
     ffn = m.ffn_hidden_size or 4 * m.hidden_size
-    pattern = moe_pattern(m)
-    if not any(pattern) or not pattern:
+    pattern = moe_layer_pattern(m)
+    if not any(pattern):
         return ffn
     moe = m.moe_router_topk * (m.moe_ffn_hidden_size or ffn) + (m.moe_shared_expert_intermediate_size or 0)
     return (ffn * (len(pattern) - sum(pattern)) + moe * sum(pattern)) / len(pattern)
@@ -112,54 +105,24 @@ def megatron_memory_args(cfg: RunConfig, layout: Layout | None = None) -> Simple
     ``data_parallel_size`` is the optimizer-sharding group (DP * CP), ``num_layers`` is the first
     stage's layers * PP, and ``ffn_hidden_size`` is the token-averaged MLP width of an MoE model.
     """
-    m, p = cfg.model, cfg.parallel
+    m = cfg.model
     lay = layout or compute_layout(cfg)
     first = lay.stage_layers[0] if lay.stage_layers else None
-    ffn = m.ffn_hidden_size or 4 * m.hidden_size
-    gqa = m.num_query_groups is not None and not m.multi_latent_attention
-    return SimpleNamespace(
-        hidden_size=m.hidden_size,
-        num_attention_heads=m.num_attention_heads,
-        kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
-        group_query_attention=gqa,
-        num_query_groups=m.num_query_groups if gqa else m.num_attention_heads,
-        num_experts=m.num_moe_experts or None,
-        swiglu=bool(m.gated_linear_unit),
-        moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
-        moe_layer_freq=m.moe_layer_freq if isinstance(m.moe_layer_freq, int) else list(m.moe_layer_freq),
-        num_layers=m.num_layers,
-        moe_ffn_hidden_size=(m.moe_ffn_hidden_size or ffn) if m.num_moe_experts else None,
-        mtp_num_layers=m.mtp_num_layers,
-        normalization=m.normalization,
-        multi_latent_attention=m.multi_latent_attention,
-        q_lora_rank=m.q_lora_rank,
-        kv_lora_rank=m.kv_lora_rank,
-        qk_head_dim=m.qk_head_dim,
-        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
-        v_head_dim=m.v_head_dim,
-        padded_vocab_size=padded_vocab_size(m, lay.tp),
-        untie_embeddings_and_output_weights=not m.share_embeddings_and_output_weights,
-        ffn_hidden_size=ffn,
-        moe_latent_size=None,
-        moe_router_topk=m.moe_router_topk,
-        add_bias_linear=m.add_bias_linear,
-        moe_shared_expert_gate=False,
+    args = megatron_lm_args(cfg, lay.tp)
+    vars(args).update(
         expert_tensor_parallel_size=lay.etp,
         expert_model_parallel_size=lay.ep,
         pipeline_model_parallel_size=lay.pp,
         tensor_model_parallel_size=lay.tp,
-        world_size=lay.world_size,
-        data_parallel_size=(lay.dp or 1) * lay.cp,
-        use_distributed_optimizer=p.use_distributed_optimizer,
         virtual_pipeline_model_parallel_size=lay.vp,
-        sequence_parallel=p.sequence_parallel,
-        recompute_granularity=p.recompute_granularity,
-        micro_batch_size=cfg.trainer.micro_batch_size,
-        seq_length=cfg.model.seq_length // max(1, lay.cp),
+        world_size=lay.world_size,
+        data_parallel_size=lay.dp_cp,
+        seq_length=m.seq_length // max(1, lay.cp),
         activation_num_layers=_inflight_layers(lay) if first is not None else m.num_layers,
         activation_ffn_hidden_size=_effective_ffn(m),
         fp8_linear_inputs=cfg.precision.fp8 is not None or cfg.precision.fp4 is not None,
     )
+    return args
 
 
 def _inflight_layers(lay: Layout) -> int:
@@ -228,7 +191,7 @@ def _bias_params_per_layer(m: ModelConfig) -> int:
     ffn = m.ffn_hidden_size or 4 * m.hidden_size
     out = (n + 2 * g) * d if (m.add_bias_linear or m.add_qkv_bias) else 0
     if m.add_bias_linear:
-        out += m.hidden_size + ffn * (2 if m.gated_linear_unit else 1) + m.hidden_size
+        out += m.hidden_size + ffn * (2 if is_gated(m) else 1) + m.hidden_size
     return out
 
 
@@ -236,7 +199,7 @@ def stage_params(cfg: RunConfig, layout: Layout, a: SimpleNamespace | None = Non
     """Parameters per GPU on the most loaded stage (Megatron's accounting, plus the extensions)."""
     a = a or megatron_memory_args(cfg, layout)
     t = _layer_terms(a)
-    pattern = moe_pattern(cfg.model)
+    pattern = moe_layer_pattern(cfg.model)
     n_moe, n_dense = sum(pattern), a.num_layers - sum(pattern)
     mtp = a.mtp_num_layers or 0
     mtp_moe = pattern[-1] * mtp if pattern else 0
@@ -277,7 +240,7 @@ def _middle_stages(cfg: RunConfig, layout: Layout, t: dict, etp_ep: int) -> list
     st, m = layout.stage_layers, cfg.model
     if st is None or len(set(st)) == 1 or layout.pp < 3:
         return []
-    pattern, out, start = moe_pattern(m), [], st[0]
+    pattern, out, start = moe_layer_pattern(m), [], st[0]
     for n in st[1:-1]:
         moe = sum(pattern[start : start + n])
         start += n
@@ -334,12 +297,18 @@ class BytesPerParam:
 def bytes_per_param(cfg: RunConfig) -> BytesPerParam:
     """Per-parameter bytes for this precision and optimizer (Megatron: 2 + 4 + 12 for bf16 Adam)."""
     pr = cfg.precision
-    full = pr.params_dtype == "float32" and not (pr.bf16 or pr.fp16)
-    weight = 1.0 if pr.fp8_param else (4.0 if pr.params_dtype == "float32" else 2.0)
-    grad = 4.0 if (pr.grad_reduce_in_fp32 or pr.params_dtype == "float32") else 2.0
-    master = 0.0 if full else 4.0
+    weight = 1.0 if pr.fp8_param else float(param_bytes(pr))
+    grad = 4.0 if main_grads_fp32(pr) else 2.0
+    master = 4.0 if mixed_precision(pr) else 0.0
     moments = 4.0 if cfg.optim.optimizer == "sgd" else 8.0
     return BytesPerParam(weight=weight, grad=grad, optim=master + moments)
+
+
+def checkpoint_bytes(cfg: RunConfig) -> int:
+    """Bytes of one checkpoint: every parameter's stored weight and optimizer state (master copy and
+    moments), ``bytes_per_param``'s weight + optim; gradients are not saved."""
+    bpp = bytes_per_param(cfg)
+    return int(count_parameters(cfg.model).total * (bpp.weight + bpp.optim))
 
 
 # --- activations ----------------------------------------------------------------------------------
@@ -454,8 +423,7 @@ def activation_bytes(cfg: RunConfig, a: SimpleNamespace, num_microbatches: int |
         act = activations_sp_selective(a, num_microbatches) + attention_scores_bytes(cfg, a)
     else:
         act = activations_no_sp(a, num_microbatches) + attention_scores_bytes(cfg, a)
-    pr = cfg.precision
-    return act * (2 if not (pr.bf16 or pr.fp16) and pr.params_dtype == "float32" else 1)
+    return act * param_bytes(cfg.precision) / 2  # the formulas count 2-byte activations
 
 
 # --- the estimate ---------------------------------------------------------------------------------
@@ -466,7 +434,7 @@ def optimizer_shards(cfg: RunConfig, lay: Layout) -> tuple[int, int]:
     the distributed optimizer."""
     if not cfg.parallel.use_distributed_optimizer:
         return 1, 1
-    return (lay.dp or 1) * lay.cp, lay.expert_dp or 1
+    return lay.dp_cp, lay.expert_dp or 1
 
 
 def estimate_memory(cfg: RunConfig, layout: Layout | None = None) -> MemoryEstimate:
@@ -502,11 +470,3 @@ def weight_and_optimizer_bytes(cfg: RunConfig, layout: Layout | None = None) -> 
 
 def _round(x: float) -> int:
     return int(math.ceil(x)) if math.isfinite(x) else 0
-
-
-def checkpoint_bytes(cfg: RunConfig) -> int:
-    """Bytes of one checkpoint: weights + Adam moments (fp32) + fp32 main params when mixed precision."""
-    params = count_parameters(cfg.model).total
-    mixed = cfg.precision.bf16 or cfg.precision.fp16
-    per_param = (2 + 4 if mixed else 4) + (8 if cfg.optim.optimizer == "adam" else 4)
-    return params * per_param

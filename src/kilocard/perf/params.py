@@ -14,13 +14,19 @@ def padded_vocab_size(m: ModelConfig, tp: int = 1) -> int:
 
 
 def moe_layer_pattern(m: ModelConfig) -> list[bool]:
-    """For each layer, whether it is an MoE layer (Megatron-Core's ``moe_layer_freq`` rule)."""
+    """For each layer, whether it is an MoE layer (Megatron-Core's ``moe_layer_freq`` rule: an int k makes
+    every k-th layer MoE, a list gives 0/1 per layer); all ``False`` for a dense model."""
     if not m.num_moe_experts:
         return [False] * m.num_layers
     freq = m.moe_layer_freq
     if isinstance(freq, int):
-        return [i % freq == 0 for i in range(m.num_layers)]
+        return [i % max(1, freq) == 0 for i in range(m.num_layers)]
     return [bool(x) for x in list(freq)]
+
+
+def is_gated(m: ModelConfig) -> bool:
+    """Whether the MLP is gated (``gated_linear_unit``, or ``activation: swiglu``, which the adapter builds gated)."""
+    return bool(m.gated_linear_unit or m.activation == "swiglu")
 
 
 def kv_channels(m: ModelConfig) -> int:
@@ -47,8 +53,8 @@ def attention_params(m: ModelConfig) -> int:
 def mlp_params(m: ModelConfig, ffn: int) -> int:
     """Parameters of one MLP of hidden size ``ffn`` (gated: two input projections)."""
     h = m.hidden_size
-    up = h * ffn * (2 if m.gated_linear_unit else 1)
-    bias = (ffn * (2 if m.gated_linear_unit else 1) + h) if m.add_bias_linear else 0
+    up = h * ffn * (2 if is_gated(m) else 1)
+    bias = (ffn * (2 if is_gated(m) else 1) + h) if m.add_bias_linear else 0
     return up + ffn * h + bias
 
 

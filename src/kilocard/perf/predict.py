@@ -1,17 +1,20 @@
 """``predict(run_cfg)``: step time, TFLOP/s per GPU and MFU of a RunConfig on its cluster.
 
-The adapter between the typed config (RunConfig, GPU table) and the step-time model's plain inputs
-(``ModelShape``, ``Layout``, ``Hardware``). MFU always says which FLOPs convention and which peak.
+The adapter between the typed config (RunConfig, GPU table) and the step-time model's inputs
+(``ModelShape``, the config's one ``Layout``, ``Features``, ``Hardware``). MFU always says which FLOPs
+convention and which peak.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kilocard.config.dtypes import main_grads_fp32
 from kilocard.config.schema import ClusterConfig, RunConfig
+from kilocard.layout import Layout, compute_layout
 from kilocard.perf.efficiency import FITTED, PerfModelParams
-from kilocard.perf.flops import flops_per_iteration, shape_from_model
-from kilocard.perf.steptime import Hardware, Layout, predict_step_time
+from kilocard.perf.flops import ModelShape, flops_per_iteration, shape_from_model
+from kilocard.perf.steptime import Features, Hardware, StepTime, predict_step_time
 from kilocard.topology import GpuSpec, compute_dtype, gpu_spec
 
 
@@ -87,24 +90,22 @@ def precision_of(cfg: RunConfig) -> str:
     return compute_dtype(p.bf16, p.fp16, p.fp8, p.fp4)
 
 
-def layout_of(cfg: RunConfig, world: int | None = None) -> Layout:
-    """The model's Layout of a RunConfig on ``world`` GPUs (default: the cluster's nodes x GPUs)."""
-    par, m = cfg.parallel, cfg.model
-    gpus = world or cfg.cluster.nodes * cfg.cluster.gpus_per_node
-    model_parallel = par.tensor_model_parallel_size * par.pipeline_model_parallel_size * par.context_parallel_size
-    if gpus % model_parallel:
+def step_layout(cfg: RunConfig, layout: Layout | None = None) -> Layout:
+    """The config's ``Layout`` (``layout`` when the caller has computed it), or a ``ValueError`` naming
+    the factors when DP is not a whole number."""
+    lay = layout or compute_layout(cfg)
+    if lay.dp is None:
         raise ValueError(
-            f"parallel: TP({par.tensor_model_parallel_size}) * PP({par.pipeline_model_parallel_size}) * "
-            f"CP({par.context_parallel_size}) = {model_parallel} does not divide the {gpus} GPUs"
+            f"parallel: TP({lay.tp}) * PP({lay.pp}) * CP({lay.cp}) = {lay.model_parallel_size} "
+            f"does not divide the {lay.world_size} GPUs"
         )
-    return Layout(
-        tp=par.tensor_model_parallel_size,
-        pp=par.pipeline_model_parallel_size,
-        vp=par.virtual_pipeline_model_parallel_size or 1,
-        cp=par.context_parallel_size,
-        ep=par.expert_model_parallel_size,
-        etp=par.expert_tensor_parallel_size or par.tensor_model_parallel_size,
-        dp=gpus // model_parallel,
+    return lay
+
+
+def features_of(cfg: RunConfig) -> Features:
+    """What besides the layout sets the speed of ``cfg``: batch, recompute, overlaps, dtypes, kernels."""
+    par, m = cfg.parallel, cfg.model
+    return Features(
         mbs=cfg.trainer.micro_batch_size,
         gbs=cfg.trainer.global_batch_size,
         recompute=par.recompute_granularity or "none",
@@ -115,36 +116,41 @@ def layout_of(cfg: RunConfig, world: int | None = None) -> Layout:
         tp_comm_overlap=par.tp_comm_overlap,
         overlap_p2p_comm=par.overlap_p2p_comm,
         precision=precision_of(cfg),
-        grad_bytes=4 if (cfg.precision.grad_reduce_in_fp32 or not (cfg.precision.bf16 or cfg.precision.fp16)) else 2,
+        grad_bytes=4 if main_grads_fp32(cfg.precision) else 2,
         flash_attention=m.attention_backend not in ("local", "unfused"),
         num_experts=m.num_moe_experts or 0,
         dropout=bool(m.hidden_dropout or m.attention_dropout),
-        stage_layers=_stage_layers(cfg),
     )
 
 
-def _stage_layers(cfg: RunConfig) -> tuple[float, ...] | None:
-    """Layers per pipeline stage as Megatron-Core splits them; ``None`` when even or not a valid split."""
-    from kilocard.layout import stage_layers
-
-    split = stage_layers(cfg)
-    if split is None or len(set(split)) == 1:
-        return None
-    return tuple(float(n) for n in split)
+def step_time(
+    cfg: RunConfig,
+    hw: Hardware,
+    params: PerfModelParams = FITTED,
+    shape: ModelShape | None = None,
+    layout: Layout | None = None,
+) -> StepTime:
+    """``StepTime`` of ``cfg`` on ``hw`` (``shape`` and ``layout`` when the caller has them already)."""
+    lay = step_layout(cfg, layout)
+    shape = shape or shape_from_model(cfg.model, lay.tp)
+    return predict_step_time(shape, lay, features_of(cfg), hw, params)
 
 
 def predict(
-    run_cfg: RunConfig, convention: str = "megatron_current", params: PerfModelParams = FITTED, world: int | None = None
+    run_cfg: RunConfig,
+    convention: str = "megatron_current",
+    params: PerfModelParams = FITTED,
+    layout: Layout | None = None,
 ) -> Prediction:
-    """Predicted step time, TFLOP/s per GPU and MFU of ``run_cfg`` (FLOPs counted by ``convention``)."""
+    """Predicted step time, TFLOP/s per GPU and MFU of ``run_cfg`` (FLOPs counted by ``convention``);
+    ``layout`` is the config's ``Layout`` when the caller has computed it."""
     hw = hardware_for(run_cfg.cluster)
-    lay = layout_of(run_cfg, world)
-    shape = shape_from_model(run_cfg.model, lay.tp)
-    step = predict_step_time(shape, lay, hw, params)
+    lay = step_layout(run_cfg, layout)
+    step = step_time(run_cfg, hw, params, layout=lay)
     flops = flops_per_iteration(run_cfg, convention)
-    dtype = lay.precision
+    dtype = precision_of(run_cfg)
     peak = hw.peak_flops.get(dtype, hw.peak_flops["bf16"])
-    tflops = flops / step.total_s / lay.gpus / 1e12
+    tflops = flops / step.total_s / lay.world_size / 1e12
     return Prediction(
         step_time_s=step.total_s,
         tflops_per_gpu=tflops,

@@ -1,5 +1,9 @@
 """Analytic step time of a parallel layout on a cluster.
 
+Inputs: the model's ``ModelShape``, the run's one ``kilocard.layout.Layout`` (degrees, DP, layers per
+stage), the ``Features`` that change its speed (batch, recompute, overlaps, dtypes, kernels) and the
+``Hardware``.
+
 One optimizer step = the pipeline schedule over ``M = GBS / (MBS * DP)`` micro-batches of the
 slowest stage, plus what does not hide behind it (data-parallel collectives, optimizer step).
 Per micro-batch and layer the model charges:
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kilocard.layout import Layout
 from kilocard.perf.efficiency import FITTED, GpuEfficiency, PerfModelParams
 from kilocard.perf.flops import ModelShape
 
@@ -48,23 +53,9 @@ class Hardware:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """A parallel layout and the software features that change its speed."""
+class Features:
+    """What besides the parallel layout changes a step's speed: batch, recompute, overlaps, dtypes, kernels."""
 
-    tp: int = 1
-    """Tensor-parallel size."""
-    pp: int = 1
-    """Pipeline-parallel size."""
-    vp: int = 1
-    """Virtual pipeline stages per rank (1: not interleaved)."""
-    cp: int = 1
-    """Context-parallel size."""
-    ep: int = 1
-    """Expert-parallel size."""
-    etp: int = 1
-    """Expert tensor-parallel size."""
-    dp: int = 1
-    """Data-parallel size."""
     mbs: int = 1
     """Micro-batch size."""
     gbs: int = 1
@@ -93,19 +84,11 @@ class Layout:
     """Routed experts (0: dense)."""
     dropout: bool = False
     """Hidden/attention dropout on (extra mask traffic)."""
-    stage_layers: tuple[float, ...] | None = None
-    """Layers on each pipeline stage when the split is uneven or accounts for embedding/loss;
-    ``None`` means layers / PP each."""
 
-    @property
-    def gpus(self) -> int:
-        """GPUs the layout uses."""
-        return self.tp * self.pp * self.cp * self.dp
 
-    @property
-    def microbatches(self) -> int:
-        """Micro-batches per DP rank per step."""
-        return max(1, self.gbs // (self.mbs * self.dp))
+def microbatches(lay: Layout, ft: Features) -> int:
+    """Micro-batches per DP rank per step."""
+    return max(1, ft.gbs // (ft.mbs * (lay.dp or 1)))
 
 
 @dataclass(frozen=True)
@@ -151,19 +134,19 @@ class _Layer:
 
 
 def layer_forward(
-    shape: ModelShape, lay: Layout, hw: Hardware, eff: GpuEfficiency, params: PerfModelParams, moe: bool
+    shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, eff: GpuEfficiency, params: PerfModelParams, moe: bool
 ) -> _Layer:
     """Forward-pass times of one transformer layer for one micro-batch on one GPU."""
     t, h = lay.tp, shape.hidden
-    tok = lay.mbs * shape.seq / lay.cp
+    tok = ft.mbs * shape.seq / lay.cp
     q = shape.kv_channels * shape.heads
     kv = shape.kv_channels * shape.query_groups
-    peak = _peak(hw, lay.precision, eff)
+    peak = _peak(hw, ft.precision, eff)
     gemm = gemm_time(tok, (q + 2 * kv) / t, h, 1, peak, eff) + gemm_time(tok, h, q / t, 1, peak, eff)
     mats = 2 if shape.gated else 1
     if moe:
         moe_ffn = shape.moe_ffn or shape.ffn
-        local_experts = max(1, lay.num_experts // lay.ep)
+        local_experts = max(1, ft.num_experts // lay.ep)
         # Each GPU receives its ETP group's routed tokens (tok / TP each, top-k times) for its experts.
         m_e = tok / t * shape.topk * lay.etp / local_experts
         count = local_experts
@@ -177,37 +160,37 @@ def layer_forward(
         gemm += gemm_time(tok, shape.ffn * mats / t, h, 1, peak, eff)
         gemm += gemm_time(tok, h, shape.ffn / t, 1, peak, eff)
         ffn_elems = shape.ffn / t
-    attn, score_bytes = attention_forward(shape, lay, hw, eff, tok)
+    attn, score_bytes = attention_forward(shape, lay, ft, hw, eff, tok)
     hbm = hw.hbm_bandwidth * eff.hbm_efficiency
-    replicated = h * (10 + (6 if lay.dropout else 0))  # 2 norms, 2 residual adds (+ dropout masks)
-    per_token = replicated / (t if lay.sequence_parallel else 1) + ffn_elems * (3 if shape.gated else 2)
+    replicated = h * (10 + (6 if ft.dropout else 0))  # 2 norms, 2 residual adds (+ dropout masks)
+    per_token = replicated / (t if ft.sequence_parallel else 1) + ffn_elems * (3 if shape.gated else 2)
     per_token += 2 * (q + kv) / t  # RoPE / bias on q and k
-    if lay.precision in ("fp8", "fp4"):
-        per_token += 1.5 * (3 * h / (t if lay.sequence_parallel else 1) + ffn_elems + q / t)  # casts + amax
+    if ft.precision in ("fp8", "fp4"):
+        per_token += 1.5 * (3 * h / (t if ft.sequence_parallel else 1) + ffn_elems + q / t)  # casts + amax
     elem = (tok * per_token * ACT_BYTES + score_bytes) / hbm
     return _Layer(
         gemm,
         attn,
         elem,
-        tp_comm_forward(tok, h, lay, hw, params),
-        cp_comm_forward(tok, kv, lay, hw, params, attn),
-        ep_comm_forward(tok, h, shape, lay, hw, params) if moe else 0.0,
+        tp_comm_forward(tok, h, lay, ft, hw, params),
+        cp_comm_forward(tok, kv, lay, ft, hw, params, attn),
+        ep_comm_forward(tok, h, shape, lay, ft, hw, params) if moe else 0.0,
     )
 
 
-def attention_forward(shape: ModelShape, lay: Layout, hw: Hardware, eff: GpuEfficiency, tok: float):
+def attention_forward(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, eff: GpuEfficiency, tok: float):
     """(compute seconds, score bytes) of the attention core forward for one micro-batch on one GPU."""
     heads = shape.heads / lay.tp
     d = shape.kv_channels
     if shape.mla is not None:
         d = (shape.mla.qk_head_dim + shape.mla.qk_pos_emb_head_dim + shape.mla.v_head_dim) / 2
     causal_flops = 2.0 * tok * shape.seq * heads * d  # QK^T and PV, half the s x s under the causal mask
-    if lay.flash_attention:
+    if ft.flash_attention:
         return causal_flops / (hw.peak_flops["bf16"] * eff.flash_attention_efficiency), 0.0
     # Unfused: two batched GEMMs over the full square, scores written, softmaxed, (dropout), read.
-    per_head = gemm_time(shape.seq / lay.cp, shape.seq, d, 2 * lay.mbs * heads, hw.peak_flops["bf16"], eff)
+    per_head = gemm_time(shape.seq / lay.cp, shape.seq, d, 2 * ft.mbs * heads, hw.peak_flops["bf16"], eff)
     score_elems = tok * shape.seq * heads
-    return per_head, score_elems * ACT_BYTES * (6 if lay.dropout else 4)
+    return per_head, score_elems * ACT_BYTES * (6 if ft.dropout else 4)
 
 
 def _bw(group_span: int, hw: Hardware, params: PerfModelParams) -> float:
@@ -217,32 +200,42 @@ def _bw(group_span: int, hw: Hardware, params: PerfModelParams) -> float:
     return hw.network_bandwidth * params.network.network_efficiency
 
 
-def tp_comm_forward(tok: float, h: int, lay: Layout, hw: Hardware, params: PerfModelParams) -> float:
+def tp_comm_forward(tok: float, h: int, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
     """Two all-reduces (or AG + RS pairs with SP) of the micro-batch's activations per layer forward."""
-    if lay.tp == 1:
+    if not lay.tp_enabled:
         return 0.0
     volume = 2 * 2 * (lay.tp - 1) / lay.tp * tok * h * ACT_BYTES
     return volume / _bw(lay.tp, hw, params)
 
 
-def cp_comm_forward(tok: float, kv: int, lay: Layout, hw: Hardware, params: PerfModelParams, attn: float) -> float:
+def cp_comm_forward(
+    tok: float, kv: int, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams, attn: float
+) -> float:
     """Ring exchange of K and V over CP ranks, exposed beyond the attention it overlaps with."""
-    if lay.cp == 1:
+    if not lay.cp_enabled:
         return 0.0
     volume = (lay.cp - 1) * 2 * tok * kv / lay.tp * ACT_BYTES
     return max(0.0, volume / _bw(lay.tp * lay.cp, hw, params) - attn)
 
 
-def ep_comm_forward(tok: float, h: int, shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams) -> float:
+def ep_comm_forward(
+    tok: float, h: int, shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams
+) -> float:
     """Dispatch and combine all-to-alls of the routed tokens over EP ranks."""
-    if lay.ep == 1:
+    if not lay.ep_enabled:
         return 0.0
     volume = 2 * (lay.ep - 1) / lay.ep * tok / lay.tp * shape.topk * h * ACT_BYTES
     return volume / _bw(lay.tp * lay.ep, hw, params)
 
 
 def stage_microbatch_time(
-    shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams, layers: float, parts: dict[str, float]
+    shape: ModelShape,
+    lay: Layout,
+    ft: Features,
+    hw: Hardware,
+    params: PerfModelParams,
+    layers: float,
+    parts: dict[str, float],
 ) -> float:
     """Forward + backward (+ recompute) time of one micro-batch through ``layers`` layers of a stage;
     adds each component's seconds to ``parts``."""
@@ -253,13 +246,13 @@ def stage_microbatch_time(
     for moe, frac in ((False, 1.0 - n_moe), (True, n_moe)):
         if frac <= 0:
             continue
-        f = layer_forward(shape, lay, hw, eff, params, moe)
-        exposed_tp = f.tp_comm * (1.0 - (net.tp_overlap if lay.tp_comm_overlap else 0.0))
-        full = 1.0 if lay.recompute == "full" else 0.0
+        f = layer_forward(shape, lay, ft, hw, eff, params, moe)
+        exposed_tp = f.tp_comm * (1.0 - (net.tp_overlap if ft.tp_comm_overlap else 0.0))
+        full = 1.0 if ft.recompute == "full" else 0.0
         # Forward, backward (2x the forward's GEMM and elementwise work), and a recompute forward.
         per_layer = {
             "gemm": f.gemm * (3 + full),
-            "attention": f.attn * (3 + (1.0 if lay.recompute in ("full", "selective") else 0.0)),
+            "attention": f.attn * (3 + (1.0 if ft.recompute in ("full", "selective") else 0.0)),
             "elementwise": f.elem * (3 + full),
             "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) + full),
             "cp_comm": f.cp_comm * (3 + full),
@@ -273,16 +266,21 @@ def stage_microbatch_time(
     return total
 
 
-def logits_time(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams) -> float:
+def logits_time(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
     """Output layer of one micro-batch on the last stage: the logits GEMM (x3) and the fp32 cross-entropy."""
     eff = params.for_family(hw.family)
-    tok = lay.mbs * shape.seq / lay.cp
-    t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, lay.precision, eff), eff)
+    tok = ft.mbs * shape.seq / lay.cp
+    t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, ft.precision, eff), eff)
     return t + 3 * tok * shape.vocab / lay.tp * 4 / (hw.hbm_bandwidth * eff.hbm_efficiency)
 
 
 def predict_step_time(
-    shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams = FITTED, params_per_gpu: float | None = None
+    shape: ModelShape,
+    lay: Layout,
+    ft: Features,
+    hw: Hardware,
+    params: PerfModelParams = FITTED,
+    params_per_gpu: float | None = None,
 ) -> StepTime:
     """Predicted step time of ``lay`` for ``shape`` on ``hw``; ``params_per_gpu`` defaults to a dense estimate.
 
@@ -290,42 +288,42 @@ def predict_step_time(
     stage when the output layer makes it slower.
     """
     per_layer: dict[str, float] = {}
-    t_layer = stage_microbatch_time(shape, lay, hw, params, 1.0, per_layer)
+    t_layer = stage_microbatch_time(shape, lay, ft, hw, params, 1.0, per_layer)
     stages = lay.stage_layers or (shape.layers / lay.pp,) * lay.pp
-    logits = logits_time(shape, lay, hw, params)
+    logits = logits_time(shape, lay, ft, hw, params)
     widest = max(stages[:-1]) if lay.pp > 1 else 0.0
     last_bound = stages[-1] * t_layer + logits >= widest * t_layer
     slow_layers = stages[-1] if last_bound else widest
     t_slow = slow_layers * t_layer + (logits if last_bound else 0.0)
-    m = lay.microbatches
+    m = microbatches(lay, ft)
     parts = {k: v * slow_layers * m for k, v in per_layer.items()}
     parts["logits"] = logits * m if last_bound else 0.0
-    bubble = (lay.pp - 1) / lay.vp * max(stages) * t_layer
-    p2p = pipeline_p2p(shape, lay, hw, params) * (m * lay.vp + lay.pp - 1)
+    bubble = (lay.pp - 1) / lay.virtual_stages * max(stages) * t_layer
+    p2p = pipeline_p2p(shape, lay, ft, hw, params) * (m * lay.virtual_stages + lay.pp - 1)
     parts["bubble"] = bubble
     parts["pp_p2p"] = p2p
     compute = m * t_slow + bubble + p2p
-    n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay, max(stages))
-    parts["dp_comm"] = dp_comm(n_params, lay, hw, params, t_slow)
-    parts["optimizer"] = optimizer_time(n_params, lay, hw, params)
+    n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay, ft, max(stages))
+    parts["dp_comm"] = dp_comm(n_params, lay, ft, hw, params, t_slow)
+    parts["optimizer"] = optimizer_time(n_params, lay, ft, hw, params)
     total = compute + parts["dp_comm"] + parts["optimizer"]
     return StepTime(total_s=total, breakdown=parts)
 
 
-def pipeline_p2p(shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams) -> float:
+def pipeline_p2p(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
     """Exposed send+receive time of one micro-batch's activations and gradients at a stage boundary."""
-    if lay.pp == 1:
+    if not lay.pp_enabled:
         return 0.0
-    tok = lay.mbs * shape.seq / lay.cp
+    tok = ft.mbs * shape.seq / lay.cp
     # Each TP rank sends its 1/TP slice (sequence parallelism, or SC21's scatter/gather optimisation).
     volume = 2 * tok * shape.hidden * ACT_BYTES / lay.tp
-    span = lay.tp * lay.cp * lay.dp * 2  # neighbouring stages sit DP x CP x TP ranks apart
-    exposed = 1.0 - (params.network.p2p_overlap if lay.overlap_p2p_comm else 0.0)
+    span = lay.tp * lay.dp_cp * 2  # neighbouring stages sit DP x CP x TP ranks apart
+    exposed = 1.0 - (params.network.p2p_overlap if ft.overlap_p2p_comm else 0.0)
     regather = volume * (lay.tp - 1) / _bw(lay.tp, hw, params)  # all-gather of the slices inside TP
     return (volume / _bw(span, hw, params) + regather + 2 * params.network.p2p_latency_s) * exposed
 
 
-def dense_params_per_gpu(shape: ModelShape, lay: Layout, stage_layers: float | None = None) -> float:
+def dense_params_per_gpu(shape: ModelShape, lay: Layout, ft: Features, stage_layers: float | None = None) -> float:
     """Parameters held by one GPU of a stage with ``stage_layers`` layers (default layers / PP): matrices
     / TP, experts / (EP x ETP), plus the embedding."""
     h, q, kv = shape.hidden, shape.kv_channels * shape.heads, shape.kv_channels * shape.query_groups
@@ -334,33 +332,35 @@ def dense_params_per_gpu(shape: ModelShape, lay: Layout, stage_layers: float | N
     n_moe = sum(shape.moe_layers)
     dense = (shape.layers - n_moe) * (attn + mats * h * shape.ffn / lay.tp)
     moe_ffn = shape.moe_ffn or shape.ffn
-    experts = lay.num_experts / lay.ep
+    experts = ft.num_experts / lay.ep
     moe = n_moe * (attn + mats * h * (moe_ffn * experts / lay.etp + shape.shared_ffn / lay.tp))
     per_layer = (dense + moe) / shape.layers
     return per_layer * (stage_layers if stage_layers is not None else shape.layers / lay.pp) + shape.vocab * h / lay.tp
 
 
-def dp_comm(n_params: float, lay: Layout, hw: Hardware, params: PerfModelParams, t_microbatch: float) -> float:
+def dp_comm(
+    n_params: float, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams, t_microbatch: float
+) -> float:
     """Exposed gradient reduce (and parameter all-gather) over DP x CP ranks."""
-    group = lay.dp * lay.cp
+    group = lay.dp_cp
     if group == 1:
         return 0.0
-    span = lay.gpus // lay.pp  # a DP x CP group interleaves with TP across this many ranks
+    span = lay.world_size // lay.pp  # a DP x CP group interleaves with TP across this many ranks
     bw = _bw(span, hw, params)
     frac = (group - 1) / group
-    if lay.distributed_optimizer:
-        reduce = frac * n_params * lay.grad_bytes / bw
+    if ft.distributed_optimizer:
+        reduce = frac * n_params * ft.grad_bytes / bw
         gather = frac * n_params * ACT_BYTES / bw
     else:
-        reduce, gather = 2 * frac * n_params * lay.grad_bytes / bw, 0.0
+        reduce, gather = 2 * frac * n_params * ft.grad_bytes / bw, 0.0
     net = params.network
     window = net.dp_overlap * t_microbatch * 2 / 3  # the last micro-batch's backward
-    exposed_reduce = max(0.0, reduce - window) if lay.overlap_grad_reduce else reduce
-    exposed_gather = max(0.0, gather - net.dp_overlap * t_microbatch / 3) if lay.overlap_param_gather else gather
+    exposed_reduce = max(0.0, reduce - window) if ft.overlap_grad_reduce else reduce
+    exposed_gather = max(0.0, gather - net.dp_overlap * t_microbatch / 3) if ft.overlap_param_gather else gather
     return exposed_reduce + exposed_gather
 
 
-def optimizer_time(n_params: float, lay: Layout, hw: Hardware, params: PerfModelParams) -> float:
+def optimizer_time(n_params: float, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
     """Adam step: ~32 bytes of HBM traffic per parameter (fp32 param, grad, two moments; bf16 copy)."""
-    shard = n_params / (lay.dp * lay.cp) if lay.distributed_optimizer else n_params
+    shard = n_params / lay.dp_cp if ft.distributed_optimizer else n_params
     return shard * 32 / (hw.hbm_bandwidth * params.for_family(hw.family).hbm_efficiency)

@@ -25,11 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kilocard.config.schema import RunConfig
-from kilocard.layout import compute_layout
+from kilocard.layout import compute_layout, split_layers
 from kilocard.perf.flops import flops_per_iteration, shape_from_model
 from kilocard.perf.memory import estimate_memory
-from kilocard.perf.predict import hardware_for, layout_of, precision_of
-from kilocard.perf.steptime import Hardware, predict_step_time
+from kilocard.perf.predict import hardware_for, precision_of, step_time
+from kilocard.perf.steptime import Hardware
 from kilocard.validate import validate
 from kilocard.validate.memory import hbm_bytes, usable_bytes
 
@@ -161,36 +161,23 @@ def _pow2_upto(n: int) -> list[int]:
 
 
 def stage_split(cfg: RunConfig, pp: int) -> tuple[int | None, int | None] | None:
-    """(first, last) stage layers for ``pp`` stages: the config's uneven split when it still divides,
-    else an even split (embedding/loss accounting included); ``None`` when neither works."""
-    m, p = cfg.model, cfg.parallel
+    """(first, last) stage layers for ``pp`` stages: the config's uneven split when it still leaves
+    layers for the middle stages, else an even split (embedding/loss accounting included); ``None``
+    when neither works. Whole splits are ``kilocard.layout.split_layers``'s."""
+    p = cfg.parallel
     first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
-    if first is not None or last is not None:
-        inner = pp - (first is not None) - (last is not None)
-        rest = m.num_layers - (first or 0) - (last or 0)
-        if inner > 0 and rest > 0 and rest % inner == 0:
+    ends = (first is not None) + (last is not None)
+    if ends and pp > ends and cfg.model.num_layers > (first or 0) + (last or 0):
+        if _split(cfg, pp, first, last) is not None:
             return first, last
-    total = m.num_layers + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
-    return (None, None) if total % pp == 0 else None
+    return (None, None) if _split(cfg, pp, None, None) is not None else None
 
 
-def stage_list(cfg: RunConfig, pp: int, first: int | None, last: int | None) -> tuple[float, ...] | None:
-    """Layers per stage for a candidate's split (as ``kilocard.layout.stage_layers``); ``None`` when even."""
-    m, p = cfg.model, cfg.parallel
-    if first is not None or last is not None:
-        inner = pp - (first is not None) - (last is not None)
-        mid = (m.num_layers - (first or 0) - (last or 0)) / inner
-        out = [mid] * pp
-        if first is not None:
-            out[0] = first
-        if last is not None:
-            out[-1] = last
-    else:
-        total = m.num_layers + p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
-        out = [total / pp] * pp
-        out[0] -= p.account_for_embedding_in_pipeline_split
-        out[-1] -= p.account_for_loss_in_pipeline_split
-    return None if len(set(out)) == 1 else tuple(float(n) for n in out)
+def _split(cfg: RunConfig, pp: int, first: int | None, last: int | None) -> list[int] | None:
+    """``cfg``'s layers over ``pp`` stages with these end stages, as ``Layout.stage_layers`` splits them."""
+    p = cfg.parallel
+    embedding, loss = p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split
+    return split_layers(cfg.model.num_layers, pp, first, last, embedding, loss)
 
 
 def enumerate_candidates(cfg: RunConfig, world: int) -> Iterator[Candidate]:
@@ -286,16 +273,6 @@ def _predictor(cfg: RunConfig, hw: Hardware):
     """``step(candidate) -> seconds`` (shapes and FLOPs cached per TP) and the FLOPs per TP."""
     shapes, flops = {}, {}
     par = cfg.parallel
-    trivial = dataclasses.replace(
-        par,
-        tensor_model_parallel_size=1,
-        pipeline_model_parallel_size=1,
-        virtual_pipeline_model_parallel_size=None,
-        context_parallel_size=1,
-        expert_model_parallel_size=1,
-        expert_tensor_parallel_size=None,
-    )
-    base = layout_of(dataclasses.replace(cfg, parallel=trivial))  # every field but the per-candidate ones
 
     def step(c: Candidate) -> float:
         if c.tp not in shapes:
@@ -303,25 +280,7 @@ def _predictor(cfg: RunConfig, hw: Hardware):
             flops[c.tp] = flops_per_iteration(
                 dataclasses.replace(cfg, parallel=dataclasses.replace(par, tensor_model_parallel_size=c.tp)), CONVENTION
             )
-        lay = dataclasses.replace(
-            base,
-            tp=c.tp,
-            pp=c.pp,
-            vp=c.vp or 1,
-            cp=c.cp,
-            ep=c.ep,
-            etp=c.etp or c.tp,
-            mbs=c.mbs,
-            dp=base.gpus // (c.tp * c.pp * c.cp),
-            recompute=c.recompute,
-            sequence_parallel=c.tp > 1,
-            distributed_optimizer=c.distributed_optimizer,
-            overlap_param_gather=par.overlap_param_gather and c.distributed_optimizer,
-            tp_comm_overlap=par.tp_comm_overlap and c.tp > 1,
-            overlap_p2p_comm=par.overlap_p2p_comm and c.vp is not None,
-            stage_layers=stage_list(cfg, c.pp, c.first_stage_layers, c.last_stage_layers),
-        )
-        return predict_step_time(shapes[c.tp], lay, hw).total_s
+        return step_time(apply(cfg, c), hw, shape=shapes[c.tp]).total_s
 
     return step, flops
 
@@ -419,7 +378,7 @@ def _rank(
     c: Candidate, t: float, flops: float, world: int, peak: float, memory: dict[str, int], run: RunConfig, hw: Hardware
 ) -> Ranked:
     tflops = flops / t / world / 1e12
-    breakdown = predict_step_time(shape_from_model(run.model, c.tp), layout_of(run), hw).breakdown
+    breakdown = step_time(run, hw).breakdown
     return Ranked(
         candidate=c, step_time_s=t, tflops_per_gpu=tflops, mfu=tflops * 1e12 / peak, memory=memory, breakdown=breakdown
     )

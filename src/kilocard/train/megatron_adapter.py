@@ -1,6 +1,7 @@
 """The only place that builds Megatron-Core objects: parallel state, GPTModel chunks, DDP,
-optimizer, LR scheduler and the forward step. Everything here maps a ``RunConfig`` field onto the
-Megatron-Core field of the same name; nothing here owns a loop.
+optimizer, LR scheduler and the forward step. The config classes get every ``RunConfig`` field
+they take under its own name from ``kilocard.config.megatron.megatron_kwargs``; nothing here owns
+a loop.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from kilocard.backends import Backend
+from kilocard.config.dtypes import main_grads_fp32, param_dtype
+from kilocard.config.megatron import megatron_kwargs
 from kilocard.config.schema import RunConfig
 from kilocard.perf.params import padded_vocab_size
 
@@ -83,77 +86,48 @@ def _activation(name: str) -> tuple[Callable, bool]:
     raise UnsupportedConfig(f"model.activation: {name!r} is not one of gelu, swiglu, squared_relu")
 
 
+def _attention_backend(name: str) -> Any:
+    """``AttnBackend`` member for ``model.attention_backend``."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    if name not in AttnBackend.__members__:
+        raise UnsupportedConfig(
+            f"model.attention_backend: {name!r} is not one of {', '.join(AttnBackend.__members__)}; "
+            "set model.attention_backend=auto"
+        )
+    return AttnBackend[name]
+
+
 def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
-    """The TransformerConfig (MLATransformerConfig for multi-latent attention) of the run."""
+    """The TransformerConfig (MLATransformerConfig for multi-latent attention) of the run.
+
+    Every schema field the class takes comes through ``megatron_kwargs`` under its own name; what
+    follows only converts names to objects (dtype, activation, attention backend) and switches off
+    what the backend cannot run.
+    """
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     m, p, pr = run_cfg.model, run_cfg.parallel, run_cfg.precision
+    cls = MLATransformerConfig if m.multi_latent_attention else TransformerConfig
     act, gated = _activation(m.activation)
-    dtype = torch.bfloat16 if pr.bf16 else torch.float16 if pr.fp16 else _DTYPES[pr.params_dtype]
+    dtype = _DTYPES[param_dtype(pr)]
     if pr.fp8 and not (backend.is_cuda and not backend.local_spec):
         raise UnsupportedConfig(f"precision.fp8: {pr.fp8!r} needs Transformer Engine on GPUs; set precision.fp8=null")
-    kw: dict[str, Any] = dict(
-        num_layers=m.num_layers,
-        hidden_size=m.hidden_size,
-        ffn_hidden_size=m.ffn_hidden_size,
-        num_attention_heads=m.num_attention_heads,
-        num_query_groups=m.num_query_groups,
-        kv_channels=m.kv_channels,
-        normalization=m.normalization,
-        layernorm_epsilon=m.layernorm_epsilon,
+    interleaved_overlap = p.overlap_p2p_comm and p.virtual_pipeline_model_parallel_size is not None
+    kw: dict[str, Any] = megatron_kwargs(run_cfg, cls)
+    kw.update(
         gated_linear_unit=m.gated_linear_unit or gated,
         activation_func=act,
-        add_bias_linear=m.add_bias_linear,
-        add_qkv_bias=m.add_qkv_bias,
-        hidden_dropout=m.hidden_dropout,
-        attention_dropout=m.attention_dropout,
-        init_method_std=m.init_method_std,
-        tensor_model_parallel_size=p.tensor_model_parallel_size,
-        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
-        context_parallel_size=p.context_parallel_size,
-        cp_comm_type=p.cp_comm_type,
-        expert_model_parallel_size=p.expert_model_parallel_size,
-        expert_tensor_parallel_size=p.expert_tensor_parallel_size,
-        sequence_parallel=p.sequence_parallel,
-        num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
-        num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
-        account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
-        recompute_granularity=p.recompute_granularity,
-        recompute_method=p.recompute_method,
-        recompute_num_layers=p.recompute_num_layers,
-        overlap_p2p_comm=p.overlap_p2p_comm and p.virtual_pipeline_model_parallel_size is not None,
-        batch_p2p_comm=not (p.overlap_p2p_comm and p.virtual_pipeline_model_parallel_size is not None),
+        attention_backend=_attention_backend(m.attention_backend),
+        overlap_p2p_comm=interleaved_overlap,
+        batch_p2p_comm=not interleaved_overlap,
         tp_comm_overlap=p.tp_comm_overlap and backend.is_cuda,
+        moe_grouped_gemm=m.moe_grouped_gemm and backend.is_cuda,
         params_dtype=dtype,
         pipeline_dtype=dtype,
-        bf16=pr.bf16,
-        fp16=pr.fp16,
-        fp8=pr.fp8,
-        fp8_recipe=pr.fp8_recipe,
-        fp8_margin=pr.fp8_margin,
-        fp8_amax_history_len=pr.fp8_amax_history_len,
-        fp8_amax_compute_algo=pr.fp8_amax_compute_algo,
-        fp8_param=pr.fp8_param,
         deterministic_mode=run_cfg.trainer.deterministic,
         use_cpu_initialization=not backend.is_cuda,
     )
-    if m.num_moe_experts:
-        kw.update(
-            num_moe_experts=m.num_moe_experts,
-            moe_router_topk=m.moe_router_topk,
-            moe_ffn_hidden_size=m.moe_ffn_hidden_size,
-            moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
-            moe_layer_freq=m.moe_layer_freq,
-            moe_token_dispatcher_type=m.moe_token_dispatcher_type,
-            moe_router_load_balancing_type=m.moe_router_load_balancing_type,
-            moe_aux_loss_coeff=m.moe_aux_loss_coeff,
-            moe_router_score_function=m.moe_router_score_function,
-            moe_grouped_gemm=m.moe_grouped_gemm and backend.is_cuda,
-        )
-    if m.mtp_num_layers:
-        kw["mtp_num_layers"] = m.mtp_num_layers
     if not backend.is_cuda:
         # No fused kernels, no CUDA-side p2p synchronisation on CPU ranks.
         kw.update(
@@ -166,16 +140,8 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
             batch_p2p_sync=False,
         )
     if m.multi_latent_attention:
-        kw.update(
-            q_lora_rank=m.q_lora_rank,
-            kv_lora_rank=m.kv_lora_rank,
-            qk_head_dim=m.qk_head_dim,
-            qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
-            v_head_dim=m.v_head_dim,
-            rotary_base=m.rotary_base,
-        )
-        return MLATransformerConfig(**kw)
-    return TransformerConfig(**kw)
+        kw["rotary_base"] = m.rotary_base  # a GPTModel argument that MLA's config also takes
+    return cls(**kw)
 
 
 def layer_spec(run_cfg: RunConfig, backend: Backend, vp_stage: int | None = None) -> Any:
@@ -234,15 +200,9 @@ def wrap_ddp(run_cfg: RunConfig, config: Any, chunks: list[Any]) -> list[Any]:
     """Megatron-Core DistributedDataParallel around each chunk, with the overlap options."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    p = run_cfg.parallel
-    ddp_cfg = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=run_cfg.precision.grad_reduce_in_fp32
-        or not (run_cfg.precision.bf16 or run_cfg.precision.fp16),
-        overlap_grad_reduce=p.overlap_grad_reduce,
-        overlap_param_gather=p.overlap_param_gather,
-        use_distributed_optimizer=p.use_distributed_optimizer,
-        check_for_nan_in_grad=False,
-    )
+    kw = megatron_kwargs(run_cfg, DistributedDataParallelConfig)
+    kw.update(grad_reduce_in_fp32=main_grads_fp32(run_cfg.precision), check_for_nan_in_grad=False)
+    ddp_cfg = DistributedDataParallelConfig(**kw)
     return [
         DistributedDataParallel(config=config, ddp_config=ddp_cfg, module=c, disable_bucketing=i > 0)
         for i, c in enumerate(chunks)
@@ -253,22 +213,9 @@ def build_optimizer(run_cfg: RunConfig, chunks: list[Any]) -> Any:
     """``get_megatron_optimizer`` with an OptimizerConfig from ``config.optim``."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    o, pr = run_cfg.optim, run_cfg.precision
     cfg = OptimizerConfig(
-        optimizer=o.optimizer,
-        lr=o.lr,
-        min_lr=o.min_lr,
-        weight_decay=o.weight_decay,
-        adam_beta1=o.adam_beta1,
-        adam_beta2=o.adam_beta2,
-        adam_eps=o.adam_eps,
-        clip_grad=o.clip_grad,
-        bf16=pr.bf16,
-        fp16=pr.fp16,
-        params_dtype=_DTYPES[pr.params_dtype]
-        if not (pr.bf16 or pr.fp16)
-        else (torch.bfloat16 if pr.bf16 else torch.float16),
-        use_distributed_optimizer=run_cfg.parallel.use_distributed_optimizer,
+        **megatron_kwargs(run_cfg, OptimizerConfig),
+        params_dtype=_DTYPES[param_dtype(run_cfg.precision)],
         overlap_param_gather_with_optimizer_step=False,
     )
     return get_megatron_optimizer(cfg, chunks)

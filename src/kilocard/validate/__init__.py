@@ -10,13 +10,13 @@ iteration).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import replace
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
 from kilocard.perf.flops import flops_per_iteration
 from kilocard.perf.memory import estimate_memory
-from kilocard.perf.predict import predict
+from kilocard.perf.predict import Prediction, predict
 from kilocard.validate import (
     batch,
     checkpointing,
@@ -32,6 +32,7 @@ from kilocard.validate import (
     topology,
 )
 from kilocard.validate import tokenizer as tokenizer_rules
+from kilocard.validate.estimates import FLOPS_CONVENTION, Estimates
 from kilocard.validate.issues import ERROR, WARNING, Issue, Report
 from kilocard.validate.memory import hbm_bytes, rule_memory_fits, usable_bytes
 
@@ -97,28 +98,20 @@ def run_rules(cfg: RunConfig, lay: Layout, rules: Iterable[Rule] = RULES) -> lis
     return [issue for rule in rules for issue in rule(cfg, lay)]
 
 
-def estimates(cfg: RunConfig, lay: Layout) -> dict[str, Any]:
+def estimates(cfg: RunConfig, lay: Layout) -> Estimates:
     """Memory per GPU by component, HBM, FLOPs per iteration (``None`` where the shape is invalid)."""
     hbm = hbm_bytes(cfg)
-    out: dict[str, Any] = {
-        "memory_bytes_per_gpu": None,
-        "hbm_bytes": hbm,
-        "hbm_usable_bytes": usable_bytes(hbm) if hbm else None,
-        "flops_per_iteration": None,
-        "flops_convention": "megatron_current",
-    }
+    usable = usable_bytes(hbm) if hbm else None
     if not model.model_shape_ok(cfg):
-        return out
-    mem = estimate_memory(cfg, lay)
-    out["memory_bytes_per_gpu"] = mem.to_json()
-    out["params_per_gpu"] = mem.params_on_stage
-    if cfg.parallel.tensor_model_parallel_size >= 1:  # the FLOPs shape pads the vocabulary by TP
-        out["flops_per_iteration"] = _flops(cfg)
-    return out
+        return Estimates(hbm_bytes=hbm, hbm_usable_bytes=usable)
+    flops = _flops(cfg) if cfg.parallel.tensor_model_parallel_size >= 1 else None  # the shape pads vocab by TP
+    return Estimates(
+        memory=estimate_memory(cfg, lay), hbm_bytes=hbm, hbm_usable_bytes=usable, flops_per_iteration=flops
+    )
 
 
 def _flops(cfg: RunConfig) -> float | None:
-    return float(flops_per_iteration(cfg, convention="megatron_current"))
+    return float(flops_per_iteration(cfg, convention=FLOPS_CONVENTION))
 
 
 def validate(cfg: RunConfig) -> Report:
@@ -126,20 +119,20 @@ def validate(cfg: RunConfig) -> Report:
     lay = compute_layout(cfg)
     issues = run_rules(cfg, lay)
     est = estimates(cfg, lay)
-    if est["memory_bytes_per_gpu"] is not None and not any(i.code == "WORLD_NOT_DIVISIBLE" for i in issues):
+    if est.memory is not None and not any(i.code == "WORLD_NOT_DIVISIBLE" for i in issues):
         issues.extend(rule_memory_fits(cfg, lay, structural=structurally_valid))
     if not any(i.severity == ERROR for i in issues):
-        _add_prediction(cfg, est, issues)
+        est = replace(est, prediction=_prediction(cfg, lay, issues))
     return Report(issues=issues, layout=lay, estimates=est)
 
 
-def _add_prediction(cfg: RunConfig, est: dict[str, Any], issues: list[Issue]) -> None:
-    """For a valid config: predicted step time and MFU, and the checkpoint-interval (goodput) rule.
+def _prediction(cfg: RunConfig, lay: Layout, issues: list[Issue]) -> Prediction:
+    """For a valid config: predicted step time and MFU; adds the checkpoint-interval (goodput) rule's issues.
 
     Both need a layout that Megatron-Core would build, so they run only when no rule found an error.
     """
-    est["prediction"] = predict(cfg).to_json()
-    issues.extend(checkpointing.rule_checkpoint_interval(cfg, None))
+    issues.extend(checkpointing.rule_checkpoint_interval(cfg, lay))
+    return predict(cfg, layout=lay)
 
 
-__all__ = ["validate", "Report", "Issue", "RULES", "MCORE_CODES", "ERROR", "WARNING", "compute_layout"]
+__all__ = ["validate", "Report", "Issue", "Estimates", "RULES", "MCORE_CODES", "ERROR", "WARNING", "compute_layout"]

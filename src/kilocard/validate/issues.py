@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kilocard.layout import Layout
+from kilocard.validate.estimates import Estimates
 
 ERROR, WARNING = "error", "warning"
 
@@ -71,8 +72,8 @@ class Report:
     """Every problem, errors and warnings, in rule order."""
     layout: Layout
     """The parallel layout the config implies."""
-    estimates: dict[str, Any] = field(default_factory=dict)
-    """``memory_bytes_per_gpu``, ``hbm_bytes``, ``hbm_usable_bytes``, ``flops_per_iteration``..."""
+    estimates: Estimates = field(default_factory=Estimates)
+    """Memory per GPU against HBM, FLOPs per iteration, the prediction (JSON: ``estimates.to_json()``)."""
 
     @property
     def valid(self) -> bool:
@@ -94,7 +95,7 @@ class Report:
             "valid": self.valid,
             "issues": [i.to_json() for i in self.issues],
             "layout": self.layout.to_json(),
-            "estimates": _jsonable(self.estimates),
+            "estimates": _jsonable(self.estimates.to_json()),
         }
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -1,0 +1,94 @@
+"""One mapping from the config to Megatron's names, used by the adapter and the FLOPs/memory formulas.
+
+``megatron_fields`` is built from the schema's field list, so it covers every model, parallel,
+precision and optim field except ``KILOCARD_OWN_FIELDS``; the adapter's real Megatron-Core
+configs (built here, on CPU, without a process group) carry each of those values unchanged, and
+Megatron-LM's ``args`` for the FLOPs and memory formulas start from the same mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+
+from kilocard.backends import Backend
+from kilocard.config.compose import compose, to_run_config
+from kilocard.config.megatron import MEGATRON_GROUPS, megatron_fields, megatron_kwargs
+from kilocard.config.schema import KILOCARD_OWN_FIELDS, RunConfig
+from kilocard.perf.megatron_lm import megatron_lm_args
+
+CPU = Backend(name="cpu", dist_backend="gloo", local_spec=True)
+#: Fields the adapter sets from the backend or converts (a callable, an enum, CPU switches).
+ADAPTED = {
+    "gated_linear_unit",
+    "attention_backend",
+    "overlap_p2p_comm",
+    "tp_comm_overlap",
+    "moe_grouped_gemm",
+}
+
+
+def test_mapping_covers_every_schema_field_except_kilocards_own() -> None:
+    cfg = RunConfig()
+    expected = {
+        f.name: getattr(getattr(cfg, group), f.name)
+        for group in MEGATRON_GROUPS
+        for f in dataclasses.fields(getattr(cfg, group))
+        if f"{group}.{f.name}" not in KILOCARD_OWN_FIELDS
+    }
+    assert megatron_fields(cfg) == expected
+    own_names = {path.partition(".")[2] for path in KILOCARD_OWN_FIELDS}
+    assert not own_names & set(megatron_fields(cfg))
+
+
+@pytest.mark.parametrize("recipe", ["tiny_gpt", "tiny_moe"])
+def test_adapter_configs_carry_every_mapped_value(recipe: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on CPU machines
+        from megatron.core.distributed import DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig
+
+        from kilocard.train.megatron_adapter import transformer_config
+    cfg = to_run_config(compose([f"recipe={recipe}"]))
+    tc = transformer_config(cfg, CPU)
+    mapped = megatron_fields(cfg)
+    checked = 0
+    for cls, built in (
+        (type(tc), tc),
+        (OptimizerConfig, OptimizerConfig(**megatron_kwargs(cfg, OptimizerConfig))),
+        (
+            DistributedDataParallelConfig,
+            DistributedDataParallelConfig(**megatron_kwargs(cfg, DistributedDataParallelConfig)),
+        ),
+    ):
+        for name in {f.name for f in dataclasses.fields(cls)} & set(mapped) - ADAPTED:
+            if mapped[name] is not None:  # Megatron-Core fills a None (e.g. ffn_hidden_size) in __post_init__
+                assert getattr(built, name) == mapped[name], (cls.__name__, name)
+                checked += 1
+    assert checked > 40
+
+
+def test_megatron_lm_args_start_from_the_mapping() -> None:
+    """The FLOPs and memory formulas read the mapped values; only Megatron-LM's derived names differ."""
+    cfg = to_run_config(compose(["recipe=tiny_moe"]))
+    args = vars(megatron_lm_args(cfg))
+    derived = {"ffn_hidden_size", "kv_channels", "num_query_groups", "moe_layer_freq", "moe_ffn_hidden_size"}
+    for name, value in megatron_fields(cfg).items():
+        if name not in derived:
+            assert args[name] == value, name
+
+
+def test_attention_backend_reaches_megatron_core_and_a_bad_name_is_one_line() -> None:
+    """``model.attention_backend`` used to be charged by the step-time model but never passed to Megatron-Core."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.enums import AttnBackend
+
+        from kilocard.train.megatron_adapter import UnsupportedConfig, transformer_config
+    cfg = to_run_config(compose(["recipe=tiny_gpt", "model.attention_backend=local"]))
+    assert transformer_config(cfg, CPU).attention_backend == AttnBackend.local
+    bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention_backend="sdpa"))
+    with pytest.raises(UnsupportedConfig, match=r"^model.attention_backend: 'sdpa' is not one of .*auto"):
+        transformer_config(bad, CPU)
