@@ -15,7 +15,7 @@ from kilocard.config.compose import ComposeError
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 #: The CLI surface, frozen by tests/commands/test_cli_surface.py: add a verb there on purpose, not by accident.
-VERBS = ("recipes", "show", "validate", "run", "preprocess", "sbatch", "baselines", "plan")
+VERBS = ("recipes", "show", "validate", "run", "preprocess", "sbatch", "baselines", "plan", "image", "logs")
 
 
 def _add_config_args(p: argparse.ArgumentParser, multirun: bool = True) -> None:
@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--submit", action="store_true", help="submit with sbatch --parsable")
     p.add_argument("--chain", type=int, default=1, help="submit N jobs that continue one another")
+    p.add_argument("--dry-run", action="store_true", help="print the script; write nothing")
+    p.add_argument("--test-only", action="store_true", help="ask slurmctld (sbatch --test-only); submit nothing")
 
     p = sub.add_parser("baselines", help="published MFU baselines vs the performance model")
     p.add_argument("--file", default=None, help="a baselines YAML in the same format")
@@ -66,6 +68,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--plot", default=None, metavar="PNG")
     p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = sub.add_parser("image", help="write a Dockerfile (+ wheel) for a container image holding kilocard")
+    p.add_argument("--output", default="kilocard-image", help="build-context directory to write")
+    p.add_argument("--base", default=None, help="base image with megatron-core and TE (default: NeMo framework)")
+    p.add_argument("--tag", default=None, help="image tag (default: kilocard:<version>)")
+
+    p = sub.add_parser("logs", help="print (or follow) a Slurm run's output, optionally one rank's")
+    p.add_argument("run_dir", help="the run directory")
+    p.add_argument("--rank", type=int, default=None, help="only this rank's lines (and the batch script's)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep reading until DONE or FAILED")
     return ap
 
 
@@ -128,7 +140,14 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
 def cmd_sbatch(args: argparse.Namespace) -> int:
     from kilocard.launch.sbatch import sbatch_command
 
-    return sbatch_command(args.overrides, multirun=args.multirun, submit=args.submit, chain=args.chain)
+    return sbatch_command(
+        args.overrides,
+        multirun=args.multirun,
+        submit=args.submit,
+        chain=args.chain,
+        dry_run=args.dry_run,
+        test_only=args.test_only,
+    )
 
 
 def cmd_baselines(args: argparse.Namespace) -> int:
@@ -141,6 +160,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from kilocard.perf.planner import plan_command
 
     return plan_command(args.overrides, top=args.top, plot=args.plot, fmt=args.format)
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    from kilocard.launch.image import DEFAULT_BASE, image_command
+
+    return image_command(args.output, base=args.base or DEFAULT_BASE, tag=args.tag)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from kilocard.launch.logs import logs_command
+
+    return logs_command(args.run_dir, rank=args.rank, follow=args.follow)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {v: globals()[f"cmd_{v}"] for v in VERBS}

@@ -7,6 +7,8 @@
 * ``SIGNAL_LEAD_TIME``: the lead must be shorter than ``launcher.time``.
 * ``SBATCH_VALUE``: every value that reaches the batch script is renderable (see ``launch.shell``).
 * ``SECRET_VALUE``: ``launcher.secret_env`` holds variable names, never values.
+* ``PACKAGING``: ``launcher.packaging`` is ``snapshot``, ``image`` or ``none``; ``image`` needs
+  ``cluster.container_image`` (the image ``kilocard image`` built).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 
 from kilocard.config.schema import RunConfig
 from kilocard.launch import shell
+from kilocard.launch.package import PACKAGING
 from kilocard.layout import Layout
 from kilocard.perf.params import count_parameters
 from kilocard.validate.issues import Issue, error
@@ -99,6 +102,37 @@ def secret_issues(cfg: RunConfig) -> list[Issue]:
     return out
 
 
+def packaging_issues(cfg: RunConfig) -> list[Issue]:
+    """``PACKAGING``: a known code-delivery mode, and an image to deliver the code in for ``image``."""
+    mode = cfg.launcher.packaging
+    if mode not in PACKAGING:
+        return [
+            error(
+                "PACKAGING",
+                "launcher.packaging",
+                mode,
+                f"not a code-delivery mode (expected one of {', '.join(PACKAGING)})",
+                "launcher.packaging=snapshot (kilocard's wheel is written into the run directory)",
+            )
+        ]
+    if mode == "image" and not cfg.cluster.container_image:
+        return [
+            error(
+                "PACKAGING",
+                "launcher.packaging",
+                mode,
+                "packaging=image runs kilocard from the container image, but cluster.container_image is not set",
+                "build one with `kilocard image` and set cluster.container_image, or launcher.packaging=snapshot",
+            )
+        ]
+    return []
+
+
+def rule_packaging(cfg: RunConfig, lay: Layout) -> list[Issue]:
+    """Validator-rule form of ``packaging_issues`` (Slurm launches only)."""
+    return packaging_issues(cfg) if cfg.launcher.kind == "slurm" else []
+
+
 def rule_signal_lead(cfg: RunConfig, lay: Layout) -> list[Issue]:
     """Validator-rule form of ``signal_lead_issues`` (Slurm launches only)."""
     return signal_lead_issues(cfg) if cfg.launcher.kind == "slurm" else []
@@ -110,9 +144,9 @@ def rule_secret_env(cfg: RunConfig, lay: Layout) -> list[Issue]:
 
 
 #: In the validator's ``rule(cfg, layout)`` form, for ``kilocard.validate`` to register.
-RULES = (rule_signal_lead, rule_secret_env)
+RULES = (rule_signal_lead, rule_secret_env, rule_packaging)
 
 
 def launcher_issues(cfg: RunConfig) -> list[Issue]:
     """Every Slurm-launcher rule, in order (``kilocard sbatch`` runs them after ``validate``)."""
-    return signal_lead_issues(cfg) + secret_issues(cfg)
+    return signal_lead_issues(cfg) + secret_issues(cfg) + packaging_issues(cfg)

@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kilocard.config.compose import ComposeError, compose_many, to_run_config
 from kilocard.config.schema import RunConfig
-from kilocard.launch import shell
+from kilocard.launch import preview, shell
+from kilocard.launch.package import stage_code
 from kilocard.launch.render import LOG_DIR, render_script
 from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import SlurmError, missing_secrets, record_jobs, sbatch_argv, submit_chain
@@ -118,7 +119,7 @@ def prepare(overrides: Sequence[str], cfg: DictConfig, chain: int, multi: bool) 
 def write_run(p: Prepared, chain: int) -> Path:
     """Create the run directory and write plan.json, logs/ and the batch script; return the script path."""
     root = Path(p.run_cfg.cluster.shared_fs).expanduser().resolve()
-    run_dir = create_run_dir(p.cfg, p.overrides, root=root)
+    run_dir = create_run_dir(p.cfg, p.overrides, root=root, stage=lambda d: stage_code(d, p.run_cfg.launcher.packaging))
     (run_dir / PLAN_FILE).write_text(p.plan.to_json())
     (run_dir / LOG_DIR).mkdir()
     script = run_dir / SCRIPT_FILE
@@ -127,7 +128,14 @@ def write_run(p: Prepared, chain: int) -> Path:
     return script
 
 
-def sbatch_command(overrides: Sequence[str], multirun: bool = False, submit: bool = False, chain: int = 1) -> int:
+def sbatch_command(
+    overrides: Sequence[str],
+    multirun: bool = False,
+    submit: bool = False,
+    chain: int = 1,
+    dry_run: bool = False,
+    test_only: bool = False,
+) -> int:
     """The ``kilocard sbatch`` verb; returns the process exit code."""
     if chain < 1:
         raise ComposeError(f"--chain: {chain} is not a job count; use 1 or more", field="--chain", value=chain)
@@ -150,6 +158,9 @@ def sbatch_command(overrides: Sequence[str], multirun: bool = False, submit: boo
             file=sys.stderr,
         )
         return EXIT_INVALID
+    if dry_run or test_only:  # nothing written, nothing submitted
+        runs = [(p.run_cfg, p.plan) for p in prepared if p is not None]
+        return preview.dry_run(runs, chain) if dry_run else preview.test_only(runs, chain)
     status = EXIT_OK
     for p in prepared:
         assert p is not None
