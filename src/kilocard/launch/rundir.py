@@ -76,7 +76,7 @@ def provenance(overrides: Sequence[str], config_sha256: str) -> dict[str, object
             "code": code_version(),
             "libraries": library_versions(),
         },
-        "what_ran": f"{PROVENANCE_DIR}/job-<job id>-<restart>-<host>.json (one per node and restart, in-job preflight)",
+        "what_ran": f"{PROVENANCE_DIR}/job-<job id>-<restart>-<node>.json (one per node and restart, in-job preflight)",
     }
 
 
