@@ -131,3 +131,22 @@ def test_node_without_megatron_core_fails_fast_naming_the_module(jobs):
     failed = (run_dir / "FAILED").read_text()
     assert failed.startswith("preflight failed on node ") and "import megatron.core failed" in failed
     assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_test_only_asks_the_controller_and_writes_nothing(local_slurm, tmp_path, capsys):
+    """`kilocard sbatch --test-only`: slurmctld's start estimate for the real script; no run dir, no job."""
+    from kilocard.cli import main
+
+    root = tmp_path / "runs"
+    args = ["recipe=tiny_gpt", "cluster.nodes=2", "cluster.partition=local", f"cluster.shared_fs={root}"]
+    rc = main(["sbatch", *args, "launcher.signal_lead_s=60", "launcher.job_name=h8-testonly", "--test-only"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert re.fullmatch(
+        r"test only \(nothing submitted\): sbatch: Job \d+ to start at \S+ using \d+ processors on nodes \S+ "
+        r"in partition local\n",
+        out,
+    ), out
+    assert not root.exists()
+    queued = subprocess.run(["timeout", "10", "squeue", "-h", "-n", "h8-testonly"], capture_output=True, text=True)
+    assert queued.returncode == 0 and queued.stdout.strip() == ""
