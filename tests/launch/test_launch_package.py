@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kilocard.cli import main
 from kilocard.launch.package import stage_code
 
@@ -100,3 +102,23 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path, capsys):
     assert out.startswith(f"# run dir: {root}/r1 (dry run: nothing written)\n#!/bin/bash\n")
     assert f"RUN_DIR={root}/r1" in out and '"$RUN_DIR/preflight.py"' in out
     assert not root.exists()
+
+
+def test_a_failed_wheel_build_is_one_line_and_leaves_no_run_directory(tmp_path):
+    """A checkout pip cannot build: PackageError naming it and the fix; the half-made run dir is removed."""
+    from kilocard.config.compose import compose
+    from kilocard.launch.package import PackageError, build_wheel
+    from kilocard.launch.rundir import create_run_dir
+
+    bad = tmp_path / "checkout"
+    bad.mkdir()
+    (bad / "pyproject.toml").write_text(
+        '[project]\nname = "kilocard"\nversion = "0.0.1"\n[build-system]\nrequires = []\n'
+        'build-backend = "no_such_backend"\n'
+    )
+    with pytest.raises(PackageError, match=r"cannot build the wheel of .*checkout \(.*\); fix the checkout"):
+        build_wheel(bad, tmp_path)
+    root = tmp_path / "runs"
+    with pytest.raises(PackageError):
+        create_run_dir(compose(["recipe=tiny_gpt"]), [], root=root, stage=lambda d: build_wheel(bad, d))
+    assert list(root.iterdir()) == []

@@ -68,8 +68,9 @@ def build_wheel(root: Path, dest: Path) -> Path:
                 env={**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
             )
         except subprocess.TimeoutExpired:
-            raise PackageError(f"launcher.packaging=snapshot: building the wheel of {root} took over "
-                               f"{BUILD_TIMEOUT_S} s") from None  # fmt: skip
+            raise PackageError(
+                f"launcher.packaging=snapshot: building the wheel of {root} took over {BUILD_TIMEOUT_S} s"
+            ) from None
         wheels = sorted(Path(tmp).glob("kilocard-*.whl"))
         if proc.returncode != 0 or len(wheels) != 1:
             last = (proc.stderr.strip().splitlines() or ["no wheel written"])[-1]
