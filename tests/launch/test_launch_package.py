@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,28 @@ def test_a_failed_wheel_build_is_one_line_and_leaves_no_run_directory(tmp_path):
     with pytest.raises(PackageError):
         create_run_dir(compose(["recipe=tiny_gpt"]), [], root=root, stage=lambda d: build_wheel(bad, d))
     assert list(root.iterdir()) == []
+
+
+def test_a_sweep_builds_once_and_an_edit_rebuilds(tmp_path, monkeypatch):
+    """checkout_wheel reuses the process's build while the sources are unchanged; any edit rebuilds."""
+    from kilocard.launch import package
+
+    src = tmp_path / "checkout" / "src" / "kilocard"
+    src.mkdir(parents=True)
+    (src / "__init__.py").write_text("V = 1\n")
+    (tmp_path / "checkout" / "pyproject.toml").write_text(
+        '[project]\nname = "kilocard"\nversion = "9.9.9"\n[build-system]\nrequires = ["hatchling"]\n'
+        'build-backend = "hatchling.build"\n[tool.hatch.build.targets.wheel]\npackages = ["src/kilocard"]\n'
+    )
+    builds = []
+    real = package.build_wheel
+    monkeypatch.setattr(package, "build_wheel", lambda root, dest: builds.append(root) or real(root, dest))
+    wheels = []
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        if name == "c":
+            (src / "__init__.py").write_text("V = 2  # edited\n")
+        wheels.append(package.checkout_wheel(tmp_path / "checkout", tmp_path / name))
+    assert len(builds) == 2  # a and b share one build; c follows the edit
+    read = [zipfile.ZipFile(w).read("kilocard/__init__.py").decode() for w in wheels]
+    assert read == ["V = 1\n", "V = 1\n", "V = 2  # edited\n"]

@@ -3,10 +3,11 @@
 * ``snapshot`` (default): at sbatch time, kilocard's own wheel is built into ``<run_dir>/code/`` and
   unpacked (pure Python, what ``pip install --target`` does) into ``<run_dir>/code/site``, which the
   batch script puts first on ``PYTHONPATH``. The wheel comes from the checkout kilocard was imported
-  from (``pip wheel --no-deps --no-build-isolation``, ~4 s) or, when kilocard was installed from a
-  wheel, is re-packed from the installed files. ``code/requirements.txt`` pins the dependencies at the
-  submit host's versions (a record: the job takes them from its venv or image). Editing or deleting
-  the checkout later never changes what the job (or a requeue of it) runs.
+  from (``pip wheel --no-deps --no-build-isolation``, ~4 s, reused within one command while the
+  sources are unchanged: a sweep builds once) or, when kilocard was installed from a wheel, is
+  re-packed from the installed files. ``code/requirements.txt`` pins the dependencies at the submit
+  host's versions (a record: the job takes them from its venv or image). Editing or deleting the
+  checkout later never changes what the job (or a requeue of it) runs.
 * ``image``: the profile's ``container_image`` was built by ``kilocard image`` and holds kilocard.
 * ``none``: the job's environment already provides kilocard.
 
@@ -54,6 +55,38 @@ def checkout_root() -> Path | None:
         return None
     project = tomllib.loads(pyproject.read_text()).get("project", {})
     return root if project.get("name") == "kilocard" else None
+
+
+#: Wheels built by this process, by checkout and source fingerprint: a sweep builds once.
+_BUILT: dict[tuple[str, int], tuple[str, bytes]] = {}
+
+
+def source_fingerprint(root: Path) -> int:
+    """Hash of (path, mtime, size) of every file the wheel is built from (pyproject's hatch sources)."""
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    wheel = project.get("tool", {}).get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {})
+    sources = ["pyproject.toml", *wheel.get("packages", []), *wheel.get("force-include", {})]
+    files = []
+    for rel in sources:
+        top = root / rel
+        for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
+            if f.is_file() and "__pycache__" not in f.parts:
+                st = f.stat()
+                files.append((str(f), st.st_mtime_ns, st.st_size))
+    return hash(tuple(files))
+
+
+def checkout_wheel(root: Path, dest: Path) -> Path:
+    """``build_wheel``, reusing this process's last build while the checkout's sources are unchanged."""
+    key = (str(root), source_fingerprint(root))
+    if key not in _BUILT:
+        with tempfile.TemporaryDirectory(prefix="kilocard-wheel-") as tmp:
+            built = build_wheel(root, Path(tmp))
+            _BUILT.clear()
+            _BUILT[key] = (built.name, built.read_bytes())
+    name, data = _BUILT[key]
+    (dest / name).write_bytes(data)
+    return dest / name
 
 
 def build_wheel(root: Path, dest: Path) -> Path:
@@ -135,7 +168,7 @@ def write_snapshot(code_dir: Path) -> Path:
     """Build (or re-pack) kilocard's wheel into ``code_dir``, unpack it into ``code_dir/site``; the wheel."""
     code_dir.mkdir()
     root = checkout_root()
-    wheel = build_wheel(root, code_dir) if root is not None else repack_installed(code_dir)
+    wheel = checkout_wheel(root, code_dir) if root is not None else repack_installed(code_dir)
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(code_dir / SITE_DIR)
     (code_dir / REQUIREMENTS_FILE).write_text(
