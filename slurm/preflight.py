@@ -2,7 +2,7 @@
 
 It records what actually runs on the node (host, Python, torch, CUDA, NCCL, megatron-core,
 Transformer Engine, kilocard, GPU model and count) into
-``<run_dir>/provenance/job-<jobid>-<restart>-<host>.json`` and ends the job in seconds, with exit
+``<run_dir>/provenance/job-<jobid>-<restart>-<node>.json`` and ends the job in seconds, with exit
 code 2 (BAD_CONFIG: the batch script writes no retry) and a ``FAILED`` marker naming the node and
 the reason, when the node cannot run the job: an import fails, the visible GPU count is not the one
 the job asked for, or megatron-core is outside the supported range. Without it such a job fails
@@ -58,6 +58,8 @@ def probe_imports(record: dict, problems: list[str]) -> dict[str, object]:
             record[dist] = None
             continue
         record[dist] = dist_version(dist, modules[mod])
+    if "kilocard" in modules:  # which copy runs: the run's snapshot (code/site), an image, a venv
+        record["kilocard_path"] = str(Path(modules["kilocard"].__file__).resolve().parent)
     try:
         te = importlib.import_module("transformer_engine")
         record["transformer-engine"] = dist_version("transformer-engine", te)
@@ -85,6 +87,8 @@ def check(args: argparse.Namespace) -> tuple[dict, list[str]]:
     """Probe this node; return its record and the problems found (empty: the node can run the job)."""
     record: dict = {
         "hostname": socket.gethostname(),
+        # Slurm's name of the node (unique in the job even where hosts share a hostname)
+        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": platform.python_version(),
         "python_executable": sys.executable,
@@ -111,10 +115,10 @@ def write(run_dir: Path, record: dict, problems: list[str]) -> Path:
     out = run_dir / "provenance"
     out.mkdir(parents=True, exist_ok=True)
     job = record["slurm_job_id"] or "local"
-    path = out / f"job-{job}-{record['restart']}-{record['hostname']}.json"
+    path = out / f"job-{job}-{record['restart']}-{record['node']}.json"
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     if problems:
-        text = f"preflight failed on node {record['hostname']} (job {job}): " + "; ".join(problems)
+        text = f"preflight failed on node {record['node']} (job {job}): " + "; ".join(problems)
         (run_dir / "FAILED").write_text(text + "\n")
     return path
 
@@ -131,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     record, problems = check(args)
     path = write(args.run_dir, record, problems)
     if problems:
-        print(f"kilocard preflight: {record['hostname']}: " + "; ".join(problems), file=sys.stderr)
+        print(f"kilocard preflight: {record['node']}: " + "; ".join(problems), file=sys.stderr)
         return BAD_CONFIG
-    print(f"kilocard preflight: {record['hostname']} ready ({path.name})", file=sys.stderr)
+    print(f"kilocard preflight: {record['node']} ready ({path.name})", file=sys.stderr)
     return 0
 
 

@@ -38,7 +38,8 @@ def test_profile_matches_the_gpu_table(name: str) -> None:
     assert c.nvlink_domain_size == spec.nvlink_domain_size
     if spec.vendor == "nvidia":
         assert c.intra_node_bandwidth_gbs * 1e9 == pytest.approx(spec.nvlink_bandwidth)
-        assert c.container_image and c.container_image.startswith("nvcr.io/nvidia/pytorch:")
+        # the NeMo framework image ships megatron-core and TE; the NGC PyTorch image lacks megatron-core
+        assert c.container_image and c.container_image.startswith("nvcr.io/nvidia/nemo:")
         assert c.container_mounts and all(":" in m for m in c.container_mounts)
         assert c.shared_fs.startswith("/lustre/")
         assert (c.partition, c.account) == (None, None)  # site placeholders, set per site

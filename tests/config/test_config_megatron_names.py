@@ -62,9 +62,10 @@ def test_every_field_is_megatron_cores_or_listed_as_kilocards_own(mcore) -> None
 
 
 def test_own_fields_are_real_fields_with_reasons() -> None:
+    groups = {f.name: f.default_factory() for f in dataclasses.fields(RunConfig)}  # launcher.* too
     for path, reason in KILOCARD_OWN_FIELDS.items():
         group, _, name = path.partition(".")
-        assert name in {f.name for f in dataclasses.fields(CHECKED_GROUPS[group])}, path
+        assert name in {f.name for f in dataclasses.fields(groups[group])}, path
         assert len(reason) > 10, path
 
 

@@ -120,7 +120,10 @@ def test_batch_script_ends_a_busy_job_without_requeue_or_failed_marker(tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls"
-    (bin_dir / "srun").write_text(f"#!/bin/bash\necho srun >> {calls}\nexit {exitcodes.BUSY}\n")
+    # the preflight step passes; the training step answers BUSY
+    (bin_dir / "srun").write_text(
+        f'#!/bin/bash\necho srun >> {calls}\n[[ "$*" == *preflight.py* ]] && exit 0\nexit {exitcodes.BUSY}\n'
+    )
     (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "scontrol $*" >> {calls}\necho localhost\n')
     for f in bin_dir.iterdir():
         f.chmod(0o755)

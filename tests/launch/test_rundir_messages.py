@@ -37,7 +37,7 @@ def test_missing_git_records_an_unknown_version_instead_of_blaming_shared_fs(tmp
     rc, out, err = run_main(["sbatch", *TINY, f"cluster.shared_fs={tmp_path}/runs"], capsys)
     assert rc == exits.OK, err
     run_dir = next((tmp_path / "runs").iterdir())
-    code = json.loads((run_dir / "provenance.json").read_text())["code"]
+    code = json.loads((run_dir / "provenance.json").read_text())["submit_host"]["code"]
     assert code["git_commit"] is None and "git could not be run" in code["git_error"]
 
 

@@ -56,6 +56,24 @@ CASES = {
         "launcher.master_port=29500",
         "+launcher.env.RUN_TAG='a b'",
     ],
+    # kilocard from an image built by `kilocard image`; data and checkpoints outside the profile's mounts
+    "llama3_8b_h100_image_data": [
+        "recipe=llama3_8b",
+        "cluster=h100_dgx",
+        "cluster.container_image=/lustre/images/kilocard-0.1.0.sqsh",
+        "launcher.packaging=image",
+        "data.type=indexed",
+        "data.data_path=[0.3,/datasets/web/shard_text_document,0.7,/datasets/code/c_text_document]",
+        "checkpoint.save=/lustre/ckpt/llama3_8b",
+        "precision=fp8",
+    ],
+    # bare metal, kilocard from the site venv (packaging=none): the preflight still checks it
+    "tiny_gpt_venv_none": [
+        "recipe=tiny_gpt",
+        "launcher=slurm",
+        "cluster.venv=/opt/site/venv",
+        "launcher.packaging=none",
+    ],
 }
 CHAIN = {"tiny_gpt_secrets_dependency": 3}
 
@@ -103,7 +121,7 @@ def test_container_through_pyxis_and_bare_metal():
     """A profile with an image runs srun inside it (run root mounted); no image means the venv."""
     h100 = render_case("llama3_70b_h100")
     srun = next(line for line in h100.splitlines() if line.startswith("srun "))
-    assert "--container-image=nvcr.io/nvidia/pytorch:25.09-py3" in srun
+    assert "--container-image=nvcr.io/nvidia/nemo:25.09" in srun
     assert "--container-mounts=/lustre:/lustre,/shared/runs:/shared/runs" in srun
     assert '--container-workdir="$RUN_DIR"' in srun and "source " not in h100
     local = render_case("tiny_gpt_local_cpu_2x2")
@@ -167,3 +185,40 @@ def test_slurm_time_formats(value, seconds):
 def test_bad_time_rejected():
     with pytest.raises(ShellValueError, match="launcher.time"):
         time_to_seconds("launcher.time", "4 hours")
+
+
+def test_container_mounts_are_derived_and_never_redundant():
+    """The profile's /lustre mount covers its own shared_fs, checkpoints and data under it: nothing is added.
+
+    (The run root used to be appended whenever no mount was *equal* to it: /lustre:/lustre plus
+    /lustre/fsw/kilocard/runs:/lustre/fsw/kilocard/runs for every job of the DGX profiles.)
+    """
+    rc = to_run_config(
+        compose(["recipe=llama3_70b", "cluster=h100_dgx", "checkpoint.save=/lustre/ckpt/a", "data.type=indexed",
+                 "data.data_path=[/lustre/data/web_text_document,/datasets/code/c_text_document]"])
+    )  # fmt: skip
+    script = render_script(rc, build_plan(rc), Path(rc.cluster.shared_fs) / "run-1")
+    mounts = {
+        line.split("--container-mounts=")[1].split()[0] for line in script.splitlines() if line.startswith("srun")
+    }
+    assert mounts == {"/lustre:/lustre,/datasets/code:/datasets/code"}
+
+
+def test_preflight_range_is_kilocards_declared_one():
+    """The preflight's megatron-core range is pyproject's, its floor the CPU shim's first proven version."""
+    import tomllib
+
+    from kilocard.backends.cpu_shim import PROVEN_VERSIONS
+
+    text = render_case("tiny_gpt_local_cpu_2x2")
+    deps = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
+    (req,) = [r for r in deps if r.startswith("megatron-core")]
+    assert f"--mcore-min {PROVEN_VERSIONS[0]} --mcore-below 0.20" in text and ">=0.16.1" in req and "<0.20" in req
+    pre, train = text.index('"$RUN_DIR/preflight.py"'), text.index('-m kilocard.train "$RUN_DIR"')
+    assert pre < train and text.index('export PYTHONPATH="$RUN_DIR/code/site') < pre
+
+
+def test_packaging_none_and_image_put_nothing_on_the_path():
+    """Only the snapshot mode adds the run's code to PYTHONPATH."""
+    for name in ("tiny_gpt_venv_none", "llama3_8b_h100_image_data"):
+        assert "PYTHONPATH" not in render_case(name), name

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from kilocard.commands import baselines, exits, plan, preprocess, recipes, run, sbatch, show, validate
+from kilocard.commands import baselines, exits, image, logs, plan, preprocess, recipes, run, sbatch, show, validate
 from kilocard.commands.report import fail
 from kilocard.config.compose import ComposeError
 
@@ -28,6 +28,8 @@ COMMANDS: dict[str, ModuleType] = {
     "sbatch": sbatch,
     "baselines": baselines,
     "plan": plan,
+    "image": image,
+    "logs": logs,
 }
 VERBS = tuple(COMMANDS)
 

@@ -19,6 +19,7 @@ from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
 from kilocard.commands.report import fail, print_issues
 from kilocard.config.compose import compose_many
+from kilocard.launch import preview
 from kilocard.launch.rundir import RunDirError
 from kilocard.launch.sbatch import Prepared, dry_render_issues, with_slurm_launcher, write_run
 from kilocard.launch.slurm import (
@@ -39,11 +40,13 @@ NOTHING_DONE = "nothing written, nothing submitted"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Overrides, ``-m``, ``--skip-path-checks``, ``--submit``, ``--chain``."""
+    """Overrides, ``-m``, ``--skip-path-checks``, ``--submit``, ``--chain``, ``--dry-run``, ``--test-only``."""
     add_config_args(p)
     add_path_check_arg(p)
     p.add_argument("--submit", action="store_true", help="submit with sbatch --parsable")
     p.add_argument("--chain", type=int, default=1, help="submit N jobs that continue one another (N <= 100)")
+    p.add_argument("--dry-run", action="store_true", help="print the script; write nothing")
+    p.add_argument("--test-only", action="store_true", help="ask slurmctld (sbatch --test-only); submit nothing")
 
 
 def prepare(
@@ -111,6 +114,21 @@ def chain_failure(e: ChainError, script: Path, chain: int, argv: list[str]) -> s
     )
 
 
+def preview_runs(prepared: list[Prepared], chain: int, dry_run: bool) -> int:
+    """``--dry-run`` prints each script; ``--test-only`` asks slurmctld. Nothing written or submitted."""
+    runs = [(p.run_cfg, p.plan) for p in prepared]
+    if dry_run:
+        print(preview.dry_run(runs, chain), end="")
+        return exits.OK
+    try:
+        answers = preview.test_only(runs, chain)
+    except SlurmError as e:
+        return fail("sbatch", f"{e}; nothing submitted", exits.INVALID)
+    for answer in answers:
+        print(f"test only (nothing submitted): {answer}")
+    return exits.OK
+
+
 def execute(args: argparse.Namespace) -> int:
     """Validate every sweep point, check the submission, then write (and submit) each run."""
     bad_chain = check_chain(args.chain)
@@ -129,6 +147,8 @@ def execute(args: argparse.Namespace) -> int:
     problems = submit_problems(prepared) if args.submit else []
     if problems:
         return fail("sbatch", f"{'; '.join(problems)}; {NOTHING_DONE}", exits.INVALID)
+    if args.dry_run or args.test_only:
+        return preview_runs(prepared, args.chain, args.dry_run)
     status = exits.OK
     for p in prepared:
         try:

@@ -15,6 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+PACKAGING_MODES = ("snapshot", "image", "none")
+"""How a Slurm job gets kilocard's code (``launcher.packaging``): a wheel in the run directory, the
+container image, or the environment already holds it."""
+
 
 @dataclass(kw_only=True)
 class ModelConfig:
@@ -364,6 +368,11 @@ class LauncherConfig:
     """Names of variables (``WANDB_API_KEY``) passed from the submitting shell with ``--export``; never written."""
     max_requeues: int = 20
     """Self-requeues of one Slurm job after RETRY/FAULT exits before it gives up (``SLURM_RESTART_COUNT``)."""
+    packaging: str = "snapshot"
+    """How the job gets kilocard's code (``kilocard.launch.package``): ``snapshot`` (a wheel of this
+    checkout built at sbatch time and unpacked into ``<run_dir>/code/site``, first on the job's
+    ``PYTHONPATH``), ``image`` (the profile's ``container_image`` was built by ``kilocard image`` and
+    holds kilocard) or ``none`` (the job's environment already provides kilocard)."""
 
 
 @dataclass(kw_only=True)
@@ -431,6 +440,7 @@ KILOCARD_OWN_FIELDS: dict[str, str] = {
     "model.share_embeddings_and_output_weights": "GPTModel argument",
     "parallel.tp_within_node": "topology rule switch of kilocard's validator",
     "parallel.cp_within_nvlink": "topology rule switch of kilocard's validator",
+    "launcher.packaging": "how the Slurm job gets kilocard's code; Megatron-Core has no launcher",
     "precision.params_dtype": "a dtype name for ModelParallelConfig.params_dtype (a torch.dtype)",
     "optim.lr_warmup_iters": "Megatron-LM --lr-warmup-iters; reaches OptimizerParamScheduler as lr_warmup_steps",
     "optim.lr_decay_iters": "Megatron-LM --lr-decay-iters; reaches OptimizerParamScheduler as lr_decay_steps",

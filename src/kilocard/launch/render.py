@@ -7,12 +7,14 @@ value. The renderer decides no sizes: processes and environment come from the ``
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from kilocard.base import shell
 from kilocard.base.slurmtime import time_to_seconds
 from kilocard.config.schema import RunConfig
+from kilocard.launch.package import CODE_DIR, PREFLIGHT, SITE_DIR, mcore_range
 from kilocard.paths import data_dir
 from kilocard.plan import LaunchPlan
 
@@ -106,30 +108,81 @@ def runtime_setup(cfg: RunConfig) -> str:
     return f"# Bare metal: the cluster profile's virtual environment.\nsource {venv}/bin/activate || exit 1"
 
 
+def container_mounts(cfg: RunConfig, run_dir: Path) -> list[str]:
+    """pyxis mounts: the profile's, plus each host path the job reads or writes that none of them covers.
+
+    Needed paths: the run directories' root (config, code snapshot, checkpoints, logs), absolute data
+    prefixes' folders, an absolute tokenizer file's folder and absolute checkpoint/cache folders.
+    A path under another needed path, or under a profile mount's source, adds nothing.
+    """
+    mounts = list(cfg.cluster.container_mounts)
+    for i, m in enumerate(mounts):
+        if "," in m:
+            raise shell.ShellValueError(f"cluster.container_mounts[{i}]", m, "src:dst[:flags] without commas")
+    d, ck = cfg.data, cfg.checkpoint
+    wanted = [str(run_dir.parent)]
+    wanted += [os.path.dirname(p) for p in d.data_path if isinstance(p, str) and os.path.isabs(p)]
+    if os.path.isabs(d.tokenizer):
+        wanted.append(os.path.dirname(d.tokenizer))
+    wanted += [p for p in (ck.save, ck.load, d.path_to_cache) if p and os.path.isabs(p)]
+    covered = [m.split(":")[0] for m in mounts]
+    for path in sorted(set(wanted), key=len):
+        if not any(path == c or path.startswith(c.rstrip("/") + "/") for c in covered):
+            mounts.append(f"{path}:{path}")
+            covered.append(path)
+    return mounts
+
+
+def container_args(cfg: RunConfig, run_dir: Path) -> list[str]:
+    """pyxis options (none on bare metal); a named container: every step of the job reuses one import."""
+    c = cfg.cluster
+    if not c.container_image:
+        return []
+    return [
+        f"--container-image={shell.quote('cluster.container_image', c.container_image)}",
+        "--container-name=kilocard",
+        f"--container-mounts={shell.quote('cluster.container_mounts', ','.join(container_mounts(cfg, run_dir)))}",
+        '--container-workdir="$RUN_DIR"',
+    ]
+
+
 def srun_args(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> str:
-    """srun options: the process layout, plus pyxis container options when the profile names an image."""
+    """srun options of the training step: the process layout, per-rank labelled output, the container."""
     args = [
         f"--nodes={plan.nodes}",
         f"--ntasks={plan.world_size}",
         f"--ntasks-per-node={plan.tasks_per_node}",
         f"--cpus-per-task={plan.cpus_per_task}",
         "--kill-on-bad-exit=0",
+        "--label",
     ]
-    c = cfg.cluster
-    if c.container_image:
-        root = str(run_dir.parent)
-        mounts = [m for m in c.container_mounts]
-        if not any(m.split(":")[0] == root for m in mounts):
-            mounts.append(f"{root}:{root}")
-        for i, m in enumerate(mounts):
-            if "," in m:
-                raise shell.ShellValueError(f"cluster.container_mounts[{i}]", m, "src:dst[:flags] without commas")
-        args += [
-            f"--container-image={shell.quote('cluster.container_image', c.container_image)}",
-            f"--container-mounts={shell.quote('cluster.container_mounts', ','.join(mounts))}",
-            '--container-workdir="$RUN_DIR"',
-        ]
-    return " ".join(args)
+    return " ".join(args + container_args(cfg, run_dir))
+
+
+def preflight_command(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, python: str) -> str:
+    """One task per node runs ``preflight.py`` (copied into the run dir) with the job's python."""
+    low, below = mcore_range()
+    args = [f"--nodes={plan.nodes}", f"--ntasks={plan.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
+    gpus = plan.gpus_per_node if plan.on_gpu else 0
+    flags = [f"--gpus-per-node {gpus}", f"--mcore-min {low}", f"--mcore-below {below}"]
+    if cfg.precision.fp8 or cfg.precision.fp4:
+        flags.append("--need-te")
+    argv = " ".join(args + container_args(cfg, run_dir))
+    return f'srun {argv} {python} "$RUN_DIR/{PREFLIGHT}" "$RUN_DIR" {" ".join(flags)}'
+
+
+def code_setup(cfg: RunConfig) -> str:
+    """Where the job imports kilocard from (``launcher.packaging``, ``kilocard.launch.package``)."""
+    mode = cfg.launcher.packaging
+    if mode == "snapshot":
+        return (
+            "# Code: the snapshot of kilocard written at sbatch time (launcher.packaging=snapshot); first on the\n"
+            "# path, so the submitting checkout (edited or deleted since) is never imported.\n"
+            f'export PYTHONPATH="$RUN_DIR/{CODE_DIR}/{SITE_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"'
+        )
+    if mode == "image":
+        return "# Code: kilocard installed in the container image (launcher.packaging=image, `kilocard image`)."
+    return "# Code: kilocard from the job's environment (launcher.packaging=none); the preflight checks it."
 
 
 def master_port(plan: LaunchPlan) -> str:
@@ -148,6 +201,7 @@ def render_script(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, chain_length:
     if not run_dir.is_absolute():
         raise RenderError(f"run directory {run_dir} must be absolute")
     lc = cfg.launcher
+    python = "python" if cfg.cluster.container_image or not cfg.cluster.venv else '"$VIRTUAL_ENV/bin/python"'
     values = {
         "recipe": shell.sbatch_value("recipe.name", cfg.recipe.name, "name"),
         "cluster": shell.sbatch_value("cluster.name", cfg.cluster.name, "name"),
@@ -164,7 +218,9 @@ def render_script(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, chain_length:
         "env_exports": "\n".join(env_exports(plan, cfg)),
         "runtime_setup": runtime_setup(cfg),
         "master_port": master_port(plan),
+        "code_setup": code_setup(cfg),
+        "preflight": preflight_command(cfg, plan, run_dir, python),
         "srun_args": srun_args(cfg, plan, run_dir),
-        "python": "python" if cfg.cluster.container_image or not cfg.cluster.venv else '"$VIRTUAL_ENV/bin/python"',
+        "python": python,
     }
     return fill((data_dir("slurm") / TEMPLATE).read_text(), values)

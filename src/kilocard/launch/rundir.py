@@ -15,7 +15,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from kilocard.launch.abspaths import absolute_paths
 from kilocard.paths import MAX_NAME_BYTES
 
 PROVENANCE_FILE = "provenance.json"
+PROVENANCE_DIR = "provenance"
 LIBRARIES = ("kilocard", "megatron-core", "torch", "hydra-core", "omegaconf", "transformer-engine", "numpy")
 
 
@@ -67,16 +68,23 @@ def code_version() -> dict[str, object]:
 
 
 def provenance(overrides: Sequence[str], config_sha256: str) -> dict[str, object]:
-    """Everything needed to say exactly what ran."""
+    """What was submitted, and the submitting host's view of the code and libraries.
+
+    The job's nodes may run other versions (a container image, a cluster venv): what actually ran is
+    recorded per node and restart by the in-job preflight under ``provenance/`` (``what_ran``).
+    """
     return {
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "argv": list(sys.argv),
         "overrides": list(overrides),
         "config_sha256": config_sha256,
-        "code": code_version(),
-        "libraries": library_versions(),
-        "python": platform.python_version(),
-        "host": platform.node(),
+        "submit_host": {
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "code": code_version(),
+            "libraries": library_versions(),
+        },
+        "what_ran": f"{PROVENANCE_DIR}/job-<job id>-<restart>-<node>.json (one per node and restart, in-job preflight)",
     }
 
 
@@ -97,12 +105,18 @@ def _check_name(name: str, field: str) -> None:
         )
 
 
-def create_run_dir(cfg: DictConfig, overrides: Sequence[str], root: Path | None = None) -> Path:
+def create_run_dir(
+    cfg: DictConfig,
+    overrides: Sequence[str],
+    root: Path | None = None,
+    stage: Callable[[Path], None] | None = None,
+) -> Path:
     """Create the run directory for ``cfg`` under ``root`` (default: ``cluster.shared_fs``).
 
     An explicit ``launcher.run_name`` that already exists is refused; an automatic name gets a
     ``-2``, ``-3`` ... suffix instead. Every path of the frozen config is made absolute against the
-    cwd (``kilocard.launch.abspaths``). Returns the final path.
+    cwd (``kilocard.launch.abspaths``). ``stage(tmp_dir)`` adds files (the job's code) before the
+    directory is renamed into place, so its failure leaves nothing behind. Returns the final path.
     """
     root = Path(root if root is not None else cfg.cluster.shared_fs).expanduser()
     cfg = absolute_paths(cfg, Path.cwd())  # the returned path stays as given; the frozen one is absolute
@@ -118,6 +132,8 @@ def create_run_dir(cfg: DictConfig, overrides: Sequence[str], root: Path | None 
         tmp.mkdir()
         digest = write_frozen(cfg, tmp)
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance(overrides, digest), indent=1) + "\n")
+        if stage is not None:
+            stage(tmp)
         return _rename_into_place(tmp, root, base, explicit is not None)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from kilocard.base import shell
 from kilocard.config.schema import RunConfig
+from kilocard.launch.package import stage_code
 from kilocard.launch.render import LOG_DIR, render_script
 from kilocard.launch.rundir import create_run_dir
 from kilocard.plan import LaunchPlan
@@ -67,7 +68,8 @@ def dry_render_issues(run_cfg: RunConfig, plan: LaunchPlan, chain: int) -> list[
 def write_run(p: Prepared, chain: int) -> Path:
     """Create the run directory and write plan.json, logs/ and the batch script; return the script path."""
     root = Path(p.run_cfg.cluster.shared_fs).expanduser().resolve()
-    run_dir = create_run_dir(p.cfg, p.overrides, root=root)
+    stage = lambda d: stage_code(d, p.run_cfg.launcher.packaging)  # noqa: E731 - the code goes in before the rename
+    run_dir = create_run_dir(p.cfg, p.overrides, root=root, stage=stage)
     (run_dir / PLAN_FILE).write_text(p.plan.to_json())
     (run_dir / LOG_DIR).mkdir()
     script = run_dir / SCRIPT_FILE

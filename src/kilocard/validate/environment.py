@@ -30,7 +30,9 @@ SCRIPT_NAMES = frozenset(
         "EXIT_BUSY",
         "GOT_TERM",
         "rc",
+        "prc",
         "VIRTUAL_ENV",
+        "PYTHONPATH",  # the snapshot of kilocard's code goes first on it (launcher.packaging=snapshot)
     }
 )
 #: Names torch.distributed / torchrun and the trainer read to place a rank.

@@ -5,6 +5,8 @@
   save time from ``checkpoint.expected_save_time_s`` or estimated as checkpoint bytes /
   ``cluster.fs_write_bandwidth_gbs``.
 * ``SIGNAL_LEAD_TIME``: the lead must be shorter than ``launcher.time``.
+* ``PACKAGING``: ``launcher.packaging`` is ``snapshot``, ``image`` or ``none``; ``image`` needs
+  ``cluster.container_image`` (the image ``kilocard image`` built).
 
 A malformed ``launcher.time`` is ``LAUNCHER_TIME`` (``validate.inputs``), reported once, there.
 """
@@ -16,7 +18,7 @@ from collections.abc import Iterable
 
 from kilocard.base.shell import ShellValueError
 from kilocard.base.slurmtime import time_to_seconds
-from kilocard.config.schema import RunConfig
+from kilocard.config.schema import PACKAGING_MODES, RunConfig
 from kilocard.layout import Layout
 from kilocard.perf.memory import checkpoint_bytes
 from kilocard.validate.issues import Issue, error
@@ -91,4 +93,23 @@ def rule_signal_lead(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     return signal_lead_issues(cfg)
 
 
-RULES = (rule_signal_lead,)
+def packaging_issues(cfg: RunConfig) -> list[Issue]:
+    """``PACKAGING``: a known code-delivery mode, and an image to deliver the code in for ``image``."""
+    mode = cfg.launcher.packaging
+    if mode not in PACKAGING_MODES:
+        why = f"not a code-delivery mode (expected one of {', '.join(PACKAGING_MODES)})"
+        fix = "launcher.packaging=snapshot (kilocard's wheel is written into the run directory)"
+        return [error("PACKAGING", "launcher.packaging", mode, why, fix)]
+    if mode == "image" and not cfg.cluster.container_image:
+        why = "packaging=image runs kilocard from the container image, but cluster.container_image is not set"
+        fix = "build one with `kilocard image` and set cluster.container_image, or launcher.packaging=snapshot"
+        return [error("PACKAGING", "launcher.packaging", mode, why, fix)]
+    return []
+
+
+def rule_packaging(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """The code-delivery mode of a Slurm launch."""
+    return packaging_issues(cfg) if cfg.launcher.kind == "slurm" else []
+
+
+RULES = (rule_signal_lead, rule_packaging)

@@ -1,0 +1,48 @@
+"""``kilocard logs RUN_DIR [--rank N] [--follow]``: a Slurm run's output, optionally one rank's.
+
+The batch script writes every job of a run (requeues and chain links too) to
+``<run_dir>/logs/slurm-<jobid>.out``; ranks are labelled by ``srun --label``. ``--rank N`` keeps
+rank N's lines and the batch script's own; ``--follow`` reads until ``DONE`` or ``FAILED`` appears.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from kilocard.commands import exits
+from kilocard.commands.report import fail
+from kilocard.launch.logs import FINISHED, Reader, select
+from kilocard.launch.render import LOG_DIR
+
+HELP = "print (or follow) a Slurm run's output, optionally one rank's"
+POLL_S = 1.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``RUN_DIR``, ``--rank``, ``--follow``."""
+    p.add_argument("run_dir", help="the run directory")
+    p.add_argument("--rank", type=int, default=None, help="only this rank's lines (and the batch script's)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep reading until DONE or FAILED")
+
+
+def show(run_dir: Path, rank: int | None = None, follow: bool = False, poll_s: float = POLL_S) -> int:
+    """Print the run's output (optionally one rank's); with ``follow``, until DONE or FAILED appears."""
+    if not (run_dir / LOG_DIR).is_dir():
+        why = f"{run_dir} has no {LOG_DIR}/ (expected a run directory written by kilocard sbatch)"
+        return fail("logs", f"RUN_DIR: {why}", exits.USAGE)
+    reader = Reader(run_dir)
+    while True:
+        finished = any((run_dir / m).exists() for m in FINISHED)  # checked before reading: no line is lost
+        sys.stdout.writelines(select(reader.new_lines(), rank))
+        sys.stdout.flush()
+        if not follow or finished:
+            return exits.OK
+        time.sleep(poll_s)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """``kilocard logs``."""
+    return show(Path(args.run_dir), rank=args.rank, follow=args.follow)

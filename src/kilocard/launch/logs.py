@@ -1,0 +1,59 @@
+"""Reading a Slurm run's output one rank at a time (the verb is ``kilocard.commands.logs``).
+
+The batch script writes every job of a run (requeues and chain links too) to
+``<run_dir>/logs/slurm-<jobid>.out``; the training step runs under ``srun --label``, so each rank's
+line starts with ``<rank>: ``. ``--rank N`` keeps rank N's lines and the batch script's own
+``[kilocard ...]`` lines (start, exit codes, requeues); ``--follow`` keeps reading until the run has
+a ``DONE`` or ``FAILED`` marker.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from kilocard.launch.render import LOG_DIR
+
+EXIT_OK, EXIT_USAGE = 0, 2
+#: ``srun --label`` prefix: the task rank, right-aligned to the width of the largest one.
+LABEL = re.compile(r"^\s*(\d+): ")
+SCRIPT_LINE = "[kilocard "
+FINISHED = ("DONE", "FAILED")
+
+
+def log_files(run_dir: Path) -> list[Path]:
+    """The run's job logs in submission (job id) order."""
+    files = (run_dir / LOG_DIR).glob("slurm-*.out")
+    return sorted(files, key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+
+
+def select(lines: Iterable[str], rank: int | None) -> Iterator[str]:
+    """All lines, or rank ``rank``'s lines plus the batch script's own."""
+    for line in lines:
+        if rank is None or line.startswith(SCRIPT_LINE):
+            yield line
+            continue
+        m = LABEL.match(line)
+        if m and int(m.group(1)) == rank:
+            yield line
+
+
+class Reader:
+    """Reads each log file from where it stopped last time (complete lines only)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.offsets: dict[Path, int] = {}
+
+    def new_lines(self) -> list[str]:
+        """Complete lines written since the last call, file by file."""
+        out: list[str] = []
+        for path in log_files(self.run_dir):
+            with path.open("rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            self.offsets[path] = self.offsets.get(path, 0) + end
+            out += data[:end].decode(errors="replace").splitlines(keepends=True)
+        return out

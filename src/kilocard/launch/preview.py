@@ -1,0 +1,48 @@
+"""``kilocard sbatch --dry-run`` / ``--test-only``: show or test the batch script without writing a run.
+
+``--dry-run`` prints each script as it would be written (for the run directory it would get) and
+writes nothing. ``--test-only`` renders it to a temporary file and asks slurmctld
+(``sbatch --test-only``) when and where the job would start; nothing is written or submitted.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from kilocard.config.schema import RunConfig
+from kilocard.launch.render import render_script
+from kilocard.launch.rundir import default_name
+from kilocard.launch.slurm import run_client, sbatch_argv
+from kilocard.plan import LaunchPlan
+
+
+def would_be_run_dir(cfg: RunConfig) -> Path:
+    """The run directory ``kilocard sbatch`` would create now (before any ``-2`` suffix)."""
+    root = Path(cfg.cluster.shared_fs).expanduser().resolve()
+    return root / (cfg.launcher.run_name or default_name(cfg.launcher.job_name))
+
+
+def dry_run(runs: Sequence[tuple[RunConfig, LaunchPlan]], chain: int) -> str:
+    """Every script as it would be written (a ``# run dir:`` line before each); nothing is written."""
+    parts = []
+    for cfg, plan in runs:
+        run_dir = would_be_run_dir(cfg)
+        parts.append(f"# run dir: {run_dir} (dry run: nothing written)\n" + render_script(cfg, plan, run_dir, chain))
+    return "".join(parts)
+
+
+def test_only(runs: Sequence[tuple[RunConfig, LaunchPlan]], chain: int) -> list[str]:
+    """``sbatch --test-only`` of every script (from a temporary file): slurmctld's answer for each.
+
+    Raises ``SlurmError`` when the client fails (no ``sbatch``, the controller refuses the script).
+    """
+    answers = []
+    for cfg, plan in runs:
+        with tempfile.TemporaryDirectory(prefix="kilocard-test-only-") as tmp:
+            script = Path(tmp) / "submit.sbatch"
+            script.write_text(render_script(cfg, plan, would_be_run_dir(cfg), chain))
+            proc = run_client(sbatch_argv(script, parsable=False, test_only=True))
+        answers.append((proc.stderr.strip() or proc.stdout.strip()).replace(str(script), "submit.sbatch"))
+    return answers

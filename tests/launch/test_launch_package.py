@@ -1,0 +1,150 @@
+"""Code delivery (``launcher.packaging``): the snapshot a job runs, its provenance, previews, bad values.
+
+Real wheel builds (pip + hatchling of this checkout, no download) and real interpreters importing
+the unpacked snapshot from outside the repository; no cluster (the Slurm runs are in
+tests/launch/test_slurm_snapshot.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kilocard.cli import main
+from kilocard.launch.package import stage_code
+
+TINY = ["recipe=tiny_gpt", "launcher.signal_lead_s=60"]
+
+
+def python_in(site: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A fresh interpreter whose only kilocard is the one under ``site``."""
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_snapshot_is_the_checkouts_wheel_unpacked_with_pinned_dependencies(tmp_path):
+    """code/ holds the wheel, site/ imports on its own (conf included), requirements pin this host's versions."""
+    from importlib import metadata
+
+    stage_code(tmp_path, "snapshot")
+    code = tmp_path / "code"
+    (wheel,) = code.glob("kilocard-*-py3-none-any.whl")
+    assert (tmp_path / "preflight.py").read_text() == (Path(__file__).parents[2] / "slurm/preflight.py").read_text()
+    pins = (code / "requirements.txt").read_text().splitlines()
+    assert (
+        f"megatron-core=={metadata.version('megatron-core')}" in pins and f"torch=={metadata.version('torch')}" in pins
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = python_in(code / "site", "import kilocard; from kilocard.paths import data_dir; "
+                     "print(kilocard.__file__, data_dir('conf'))", elsewhere)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    pkg, conf = proc.stdout.split()
+    assert pkg == str(code / "site" / "kilocard" / "__init__.py") and Path(conf, "cluster", "h100_dgx.yaml").exists()
+    assert wheel.stat().st_size > 10_000
+
+
+def test_installed_kilocard_without_checkout_is_repacked(tmp_path):
+    """kilocard installed from a wheel (no pyproject above it): its files are re-packed into a wheel."""
+    (tmp_path / "first").mkdir()
+    stage_code(tmp_path / "first", "snapshot")
+    site = tmp_path / "first" / "code" / "site"
+    probe = (
+        "from pathlib import Path; import zipfile; from kilocard.launch.package import checkout_root, write_snapshot; "
+        f"assert checkout_root() is None; w = write_snapshot(Path({str(tmp_path / 'again')!r})); "
+        "print(w); print('\\n'.join(zipfile.ZipFile(w).namelist()))"
+    )
+    proc = python_in(site, probe, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    wheel, *names = proc.stdout.split()
+    assert Path(wheel).name == "kilocard-0.1.0-py3-none-any.whl"
+    for name in ("kilocard/__init__.py", "kilocard/conf/config.yaml", "kilocard/slurm/preflight.py"):
+        assert name in names, name
+    assert "kilocard-0.1.0.dist-info/METADATA" in names and not any("__pycache__" in n for n in names)
+    assert (tmp_path / "again" / "site" / "kilocard" / "launch" / "package.py").exists()
+
+
+def test_sbatch_writes_the_snapshot_and_says_provenance_is_the_submit_hosts(tmp_path, capsys):
+    """The run dir has code/ and preflight.py; provenance.json is labelled as the submit host's view."""
+    assert main(["sbatch", *TINY, f"cluster.shared_fs={tmp_path}"]) == 0
+    run_dir = Path(dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())["run dir"])
+    assert (run_dir / "code" / "site" / "kilocard" / "__init__.py").exists() and (run_dir / "preflight.py").exists()
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert prov["submit_host"]["libraries"]["megatron-core"] and "host" not in prov and "libraries" not in prov
+    assert prov["what_ran"].startswith("provenance/job-")
+
+
+def test_packaging_none_writes_no_code(tmp_path, capsys):
+    assert main(["sbatch", *TINY, f"cluster.shared_fs={tmp_path}", "launcher.packaging=none"]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    assert (run_dir / "preflight.py").exists() and not (run_dir / "code").exists()
+
+
+def test_bad_packaging_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """An unknown mode, and image mode without an image: exit 1, the field named, no run directory."""
+    for value, words in (("wheel", "expected one of snapshot, image, none"), ("image", "cluster.container_image")):
+        rc = main(["sbatch", *TINY, f"cluster.shared_fs={tmp_path}", f"launcher.packaging={value}"])
+        err = capsys.readouterr().err
+        assert rc == 1 and "PACKAGING: launcher.packaging = " in err and words in err, err
+        assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_prints_the_script_and_writes_nothing(tmp_path, capsys):
+    root = tmp_path / "runs"
+    assert main(["sbatch", *TINY, f"cluster.shared_fs={root}", "launcher.run_name=r1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"# run dir: {root}/r1 (dry run: nothing written)\n#!/bin/bash\n")
+    assert f"RUN_DIR={root}/r1" in out and '"$RUN_DIR/preflight.py"' in out
+    assert not root.exists()
+
+
+def test_a_failed_wheel_build_is_one_line_and_leaves_no_run_directory(tmp_path):
+    """A checkout pip cannot build: PackageError naming it and the fix; the half-made run dir is removed."""
+    from kilocard.config.compose import compose
+    from kilocard.launch.package import PackageError, build_wheel
+    from kilocard.launch.rundir import create_run_dir
+
+    bad = tmp_path / "checkout"
+    bad.mkdir()
+    (bad / "pyproject.toml").write_text(
+        '[project]\nname = "kilocard"\nversion = "0.0.1"\n[build-system]\nrequires = []\n'
+        'build-backend = "no_such_backend"\n'
+    )
+    with pytest.raises(PackageError, match=r"cannot build the wheel of .*checkout \(.*\); fix the checkout"):
+        build_wheel(bad, tmp_path)
+    root = tmp_path / "runs"
+    with pytest.raises(PackageError):
+        create_run_dir(compose(["recipe=tiny_gpt"]), [], root=root, stage=lambda d: build_wheel(bad, d))
+    assert list(root.iterdir()) == []
+
+
+def test_a_sweep_builds_once_and_an_edit_rebuilds(tmp_path, monkeypatch):
+    """checkout_wheel reuses the process's build while the sources are unchanged; any edit rebuilds."""
+    from kilocard.launch import package
+
+    src = tmp_path / "checkout" / "src" / "kilocard"
+    src.mkdir(parents=True)
+    (src / "__init__.py").write_text("V = 1\n")
+    (tmp_path / "checkout" / "pyproject.toml").write_text(
+        '[project]\nname = "kilocard"\nversion = "9.9.9"\n[build-system]\nrequires = ["hatchling"]\n'
+        'build-backend = "hatchling.build"\n[tool.hatch.build.targets.wheel]\npackages = ["src/kilocard"]\n'
+    )
+    builds = []
+    real = package.build_wheel
+    monkeypatch.setattr(package, "build_wheel", lambda root, dest: builds.append(root) or real(root, dest))
+    wheels = []
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        if name == "c":
+            (src / "__init__.py").write_text("V = 2  # edited\n")
+        wheels.append(package.checkout_wheel(tmp_path / "checkout", tmp_path / name))
+    assert len(builds) == 2  # a and b share one build; c follows the edit
+    read = [zipfile.ZipFile(w).read("kilocard/__init__.py").decode() for w in wheels]
+    assert read == ["V = 1\n", "V = 1\n", "V = 2  # edited\n"]
