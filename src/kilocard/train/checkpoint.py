@@ -35,6 +35,9 @@ MANIFEST = "manifest.json"
 """Per-step integrity manifest (relative path -> size, sha256)."""
 STATE = "trainer_state.json"
 """Per-step trainer state: step, data position, LR scheduler, model config, layout."""
+MODEL_ONLY = "model_only"
+"""``TrainerState.extra`` key marking a step that holds model weights only (``kilocard convert hf-to-mcore``):
+a run starts from it at step 0 with a fresh optimizer and LR schedule."""
 OPTIM_SHARDING = "fully_reshardable"
 """DistributedOptimizer sharding type: reloadable onto any TP/PP/DP layout."""
 
@@ -80,6 +83,11 @@ def _fsync_write(path: Path, text: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_tracker(root: Path, step: int) -> None:
+    """Commit ``step`` under ``root``: write the tracker atomically (after the step's manifest)."""
+    _fsync_write(root / TRACKER, f"{step}\n")
 
 
 def _sha256(path: Path) -> str:
@@ -240,12 +248,16 @@ def rng_file(sdir: Path, rank: int) -> Path:
     return sdir / "rng" / f"rank_{rank:05d}.pt"
 
 
-def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
-    """Model chunks (``model`` or ``model0``, ``model1``.. with virtual stages) and the optimizer."""
+def model_sharded_state_dict(model: list[Any]) -> dict[str, Any]:
+    """Model chunks only: ``model``, or ``model0``, ``model1``.. with virtual stages."""
     if len(model) == 1:
-        sd: dict[str, Any] = {"model": model[0].module.sharded_state_dict()}
-    else:
-        sd = {f"model{i}": m.module.sharded_state_dict() for i, m in enumerate(model)}
+        return {"model": model[0].module.sharded_state_dict()}
+    return {f"model{i}": m.module.sharded_state_dict() for i, m in enumerate(model)}
+
+
+def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
+    """Model chunks (``model_sharded_state_dict``) and the optimizer."""
+    sd = model_sharded_state_dict(model)
     sd["optimizer"] = optimizer.sharded_state_dict(
         sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": OPTIM_SHARDING}
     )

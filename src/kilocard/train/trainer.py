@@ -151,6 +151,9 @@ class Trainer:
             )
         from megatron.core import dist_checkpointing
 
+        if state.extra.get(ck.MODEL_ONLY):
+            self._load_model_only(sdir)
+            return
         b = self.built
         ck.init_optimizer_states(b.optimizer)
         sd = ck.sharded_state_dict(b.model, b.optimizer, is_loading=True)
@@ -169,6 +172,19 @@ class Trainer:
             rng = "re-seeded (layout changed)"
         self.resumed_from = str(sdir)
         self.log(f"resumed from {sdir} (step {self.step}, {self.consumed} samples; RNG {rng})")
+
+    def _load_model_only(self, sdir: Path) -> None:
+        """Start at step 0 from a model-only step (an import): weights only, fresh optimizer, schedule and RNG."""
+        from megatron.core import dist_checkpointing
+
+        b = self.built
+        loaded = dist_checkpointing.load(ck.model_sharded_state_dict(b.model), str(sdir))
+        keys = ["model"] if len(b.model) == 1 else [f"model{i}" for i in range(len(b.model))]
+        for m, k in zip(b.model, keys, strict=True):
+            m.module.load_state_dict(loaded[k], strict=True)
+        b.optimizer.reload_model_params()  # fp32 main copies (bf16/fp16, distributed optimizer) follow the weights
+        self.resumed_from = str(sdir)
+        self.log(f"started from the model weights of {sdir} (model-only: fresh optimizer and LR schedule, step 0)")
 
     # --- save ----------------------------------------------------------------------------------
 
