@@ -15,7 +15,7 @@ from kilocard.config.compose import ComposeError
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 #: The CLI surface, frozen by tests/commands/test_cli_surface.py: add a verb there on purpose, not by accident.
-VERBS = ("recipes", "show", "validate", "run", "preprocess", "sbatch", "baselines", "plan")
+VERBS = ("recipes", "show", "validate", "run", "preprocess", "sbatch", "baselines", "plan", "convert")
 
 
 def _add_config_args(p: argparse.ArgumentParser, multirun: bool = True) -> None:
@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--plot", default=None, metavar="PNG")
     p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = sub.add_parser("convert", help="Hugging Face checkpoint <-> kilocard (Megatron-Core) checkpoint")
+    p.add_argument("direction", choices=("hf-to-mcore", "mcore-to-hf"))
+    p.add_argument("src", help="HF model directory, or a kilocard checkpoint (step) directory")
+    p.add_argument("dst", help="output directory (must not exist or be empty)")
+    _add_config_args(p, multirun=False)
+    p.add_argument("--max-shard-size", default="5GB", help="mcore-to-hf: largest safetensors shard (e.g. 5GB)")
     return ap
 
 
@@ -141,6 +148,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from kilocard.perf.planner import plan_command
 
     return plan_command(args.overrides, top=args.top, plot=args.plot, fmt=args.format)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from kilocard.convert.command import main as convert_main
+
+    return convert_main(args)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {v: globals()[f"cmd_{v}"] for v in VERBS}
