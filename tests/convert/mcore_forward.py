@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -72,8 +73,6 @@ def run_case(case: dict, out_dir: Path, backend) -> None:
 
 
 def main() -> None:
-    import os
-
     from kilocard.backends import select
     from kilocard.train.dist_env import resolve
 

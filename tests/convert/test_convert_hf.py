@@ -169,3 +169,9 @@ def test_a_run_from_the_import_starts_at_the_transformers_loss(converted, kiloca
     expected = (per_token * mask).sum() / mask.sum()
     assert first["step"] == 1
     assert abs(first["loss"] - expected.item()) <= TOLERANCE, (first["loss"], expected.item())
+    # the trained step (a trainer checkpoint, optimizer state and all) exports, and transformers loads it
+    assert convert_all(["mcore-to-hf", str(run_dir / "checkpoints"), str(run_dir / "hf")]) == [0]
+    trained = model_class("llama").from_pretrained(run_dir / "hf").eval()
+    before = models["llama"].state_dict()
+    changed = [n for n, t in trained.state_dict().items() if not torch.equal(t, before[n])]
+    assert "model.layers.0.self_attn.q_proj.weight" in changed

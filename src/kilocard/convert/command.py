@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ _WIDENING = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
 
 def main(args: argparse.Namespace) -> int:
     """The ``convert`` verb (``args``: direction, src, dst, overrides, max_shard_size)."""
+    # Megatron-Core warns at import that TE/Apex are absent: expected here, conversions run on CPU.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
     try:
         if args.direction == "hf-to-mcore":
             hf_to_mcore(Path(args.src), Path(args.dst), args.overrides)
