@@ -129,7 +129,9 @@ def test_forward_matches_transformers_in_tp1_tp2_pp2_ep2(converted, tmp_path) ->
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    for case in plan:
+    for case, (kind, *_) in zip(plan, LAYOUTS, strict=True):
+        inv_freq = torch.load(out / f"{case['name']}.inv_freq.pt")
+        torch.testing.assert_close(inv_freq, models[kind].model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
         results = [json.loads(p.read_text()) for p in out.glob(f"{case['name']}.rank*.json")]
         assert results, f"{case['name']}: no rank reported logits"
         for r in results:
