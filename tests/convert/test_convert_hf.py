@@ -150,6 +150,7 @@ def test_a_run_from_the_import_starts_at_the_transformers_loss(converted, kiloca
         "trainer.train_iters=1",
         "trainer.micro_batch_size=2",
         "trainer.global_batch_size=2",
+        "parallel.use_distributed_optimizer=true",  # its fp32 main copies must follow the imported weights
     ]
     code, out, run_dir = kilocard_run(*overrides, f"checkpoint.load={root / 'ck_llama'}", "--nproc", "1")
     assert code == 0, out[-3000:]
@@ -177,3 +178,29 @@ def test_a_run_from_the_import_starts_at_the_transformers_loss(converted, kiloca
     before = models["llama"].state_dict()
     changed = [n for n, t in trained.state_dict().items() if not torch.equal(t, before[n])]
     assert "model.layers.0.self_attn.q_proj.weight" in changed
+    # one Adam step moves a weight by about the learning rate; from a fresh init it would be ~0.1 away
+    drift = max((t - before[n]).abs().max().item() for n, t in trained.state_dict().items())
+    assert drift < 0.01, drift
+
+
+@pytest.mark.slow
+def test_a_bf16_run_from_the_import_trains_the_imported_weights(tmp_path, kilocard_run) -> None:
+    """bf16 keeps fp32 main copies in the optimizer: they must be refreshed from the imported weights."""
+    original = make("llama", tmp_path / "hf", dtype=torch.bfloat16)
+    bf16 = ["precision=bf16", "parallel.use_distributed_optimizer=true"]
+    assert convert_all(
+        ["hf-to-mcore", str(tmp_path / "hf"), str(tmp_path / "ck"), "recipe=tiny_llama", *bf16],
+        ["mcore-to-hf", str(tmp_path / "ck"), str(tmp_path / "back")],
+    ) == [0, 0]
+    back, before = hf_tensors(tmp_path / "back"), original.state_dict()
+    for name, t in back.items():  # bf16 in, bf16 out, bit for bit (the fp32 torch norms are cast back down)
+        assert t.dtype == torch.bfloat16 and torch.equal(t, before[name]), name
+    code, out, run_dir = kilocard_run(
+        "recipe=tiny_llama", *bf16, "trainer.train_iters=1", f"checkpoint.load={tmp_path / 'ck'}", "--nproc", "1"
+    )
+    assert code == 0, out[-3000:]
+    assert convert_all(["mcore-to-hf", str(run_dir / "checkpoints"), str(tmp_path / "trained")]) == [0]
+    trained = hf_tensors(tmp_path / "trained")
+    assert trained["model.norm.weight"].dtype == torch.bfloat16
+    drift = max((t.float() - before[n].float()).abs().max().item() for n, t in trained.items())
+    assert 0 < drift < 0.02, drift  # a step from the import, not from a fresh init (~0.1 away)

@@ -207,7 +207,11 @@ def saved_model(state: ck.TrainerState) -> ModelConfig:
 
 
 def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> None:
-    """Export a committed kilocard step as a Hugging Face model directory (config.json + safetensors)."""
+    """Export a committed kilocard step as a Hugging Face model directory (config.json + safetensors).
+
+    Every tensor is written in the weights' dtype (the word embedding's), as Hugging Face checkpoints
+    are: a bf16 run keeps its torch norms in fp32, and those are cast down.
+    """
     from kilocard.convert import model as mm
 
     sdir = committed_step_dir(src)
@@ -226,7 +230,7 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> None:
         st_io.write_sharded(
             tmp,
             list(by_name),
-            lambda n: maps.take(tensors[by_name[n].mcore], by_name[n], m),
+            lambda n: maps.take(tensors[by_name[n].mcore], by_name[n], m).to(dtype),
             lambda n: by_name[n].shape,
             dtype.itemsize,
             max_shard_bytes,
