@@ -16,7 +16,19 @@ from kilocard.paths import data_dir
 
 FROZEN_GROUPS = ("model", "parallel", "precision", "optim", "data", "checkpoint", "trainer", "cluster", "launcher")
 FROZEN_TOP_LEVEL_KEYS = ("recipe",) + FROZEN_GROUPS
-FROZEN_VERBS = ("recipes", "show", "validate", "run", "preprocess", "sbatch", "baselines", "plan", "image", "logs")
+FROZEN_VERBS = (
+    "recipes",
+    "show",
+    "validate",
+    "run",
+    "preprocess",
+    "sbatch",
+    "baselines",
+    "plan",
+    "image",
+    "logs",
+    "convert",
+)
 
 
 def test_config_groups_are_frozen() -> None:

@@ -14,7 +14,20 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from kilocard.commands import baselines, exits, image, logs, plan, preprocess, recipes, run, sbatch, show, validate
+from kilocard.commands import (
+    baselines,
+    convert,
+    exits,
+    image,
+    logs,
+    plan,
+    preprocess,
+    recipes,
+    run,
+    sbatch,
+    show,
+    validate,
+)
 from kilocard.commands.report import fail
 from kilocard.config.compose import ComposeError
 
@@ -30,6 +43,7 @@ COMMANDS: dict[str, ModuleType] = {
     "plan": plan,
     "image": image,
     "logs": logs,
+    "convert": convert,
 }
 VERBS = tuple(COMMANDS)
 

@@ -64,6 +64,11 @@ class ModelConfig:
     """RoPE base period (``GPTModel`` argument)."""
     rotary_percent: float = 1.0
     """Fraction of the head dimension that RoPE rotates (``GPTModel`` argument)."""
+    rope_scaling: bool = False
+    """Llama 3.1 RoPE frequency scaling (``GPTModel`` argument; Megatron-Core fixes low/high frequency
+    factors 1 and 4 and an original context of 8192)."""
+    rope_scaling_factor: float = 8.0
+    """RoPE scaling factor when ``rope_scaling`` is on (``GPTModel`` argument)."""
     share_embeddings_and_output_weights: bool = True
     """Tie the input embedding and the output layer (``GPTModel`` argument)."""
     hidden_dropout: float = 0.0
@@ -437,6 +442,8 @@ KILOCARD_OWN_FIELDS: dict[str, str] = {
     "model.position_embedding_type": "GPTModel argument",
     "model.rotary_base": "GPTModel argument",
     "model.rotary_percent": "GPTModel argument",
+    "model.rope_scaling": "GPTModel argument",
+    "model.rope_scaling_factor": "GPTModel argument",
     "model.share_embeddings_and_output_weights": "GPTModel argument",
     "parallel.tp_within_node": "topology rule switch of kilocard's validator",
     "parallel.cp_within_nvlink": "topology rule switch of kilocard's validator",

@@ -12,6 +12,7 @@ a model of another shape, and restores model, optimizer, scheduler and RNG on ev
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import shutil
@@ -28,7 +29,7 @@ from kilocard.config.schema import RunConfig
 from kilocard.perf.params import padded_vocab_size
 from kilocard.train import checkpoint as ck
 from kilocard.train import ckpt_state as cs
-from kilocard.train.names import CHECKPOINTS_DIR, STATE
+from kilocard.train.names import CHECKPOINTS_DIR, MODEL_ONLY, STATE
 from kilocard.train.signals import Watchdog
 
 NEARLY_FULL_BYTES = 1 << 20
@@ -107,13 +108,13 @@ class CheckpointManager:
         self._watchdog.beat(f"loading {sdir}")
         state = ck.TrainerState(**json.loads((sdir / STATE).read_text()))
         self._check_model(sdir, state)
+        if state.extra.get(MODEL_ONLY):
+            return self._restore_model_only(sdir, state)
         b = self.built
         cs.init_optimizer_states(b.optimizer)
         sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=True)
         loaded = dist_checkpointing.load(sd, str(sdir))
-        keys = ["model"] if len(b.model) == 1 else [f"model{i}" for i in range(len(b.model))]
-        for m, k in zip(b.model, keys, strict=False):
-            m.module.load_state_dict(loaded[k], strict=True)
+        self._load_model_chunks(loaded)
         with torch.no_grad():
             b.optimizer.load_state_dict(loaded["optimizer"])
         b.scheduler.load_state_dict(state.scheduler)
@@ -125,6 +126,23 @@ class CheckpointManager:
             rng = "re-seeded (layout changed)"
         self._log(f"resumed from {sdir} (step {state.step}, {state.consumed_samples} samples; RNG {rng})")
         return state
+
+    def _load_model_chunks(self, loaded: dict[str, Any]) -> None:
+        """Load every model chunk (``model`` or ``model0``, ``model1``..) strictly from ``loaded``."""
+        model = self.built.model
+        keys = ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
+        for m, k in zip(model, keys, strict=True):
+            m.module.load_state_dict(loaded[k], strict=True)
+
+    def _restore_model_only(self, sdir: Path, state: ck.TrainerState) -> ck.TrainerState:
+        """Start at step 0 from a model-only step (an import): weights only; fresh optimizer, schedule, RNG."""
+        from megatron.core import dist_checkpointing
+
+        loaded = dist_checkpointing.load(cs.model_sharded_state_dict(self.built.model), str(sdir))
+        self._load_model_chunks(loaded)
+        self.built.optimizer.reload_model_params()  # fp32 main copies (bf16/fp16, distributed optimizer) follow
+        self._log(f"started from the model weights of {sdir} (model-only: fresh optimizer and LR schedule, step 0)")
+        return dataclasses.replace(state, step=0, consumed_samples=0)
 
     def _check_model(self, sdir: Path, state: ck.TrainerState) -> None:
         """Raise ``ck.ModelMismatch`` naming every shape field the step's model differs in."""

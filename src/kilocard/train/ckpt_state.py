@@ -44,12 +44,16 @@ def rng_file(sdir: Path, rank: int) -> Path:
     return sdir / "rng" / f"rank_{rank:05d}.pt"
 
 
-def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
-    """Model chunks (``model`` or ``model0``, ``model1``.. with virtual stages) and the optimizer."""
+def model_sharded_state_dict(model: list[Any]) -> dict[str, Any]:
+    """Model chunks only: ``model``, or ``model0``, ``model1``.. with virtual stages."""
     if len(model) == 1:
-        sd: dict[str, Any] = {"model": model[0].module.sharded_state_dict()}
-    else:
-        sd = {f"model{i}": m.module.sharded_state_dict() for i, m in enumerate(model)}
+        return {"model": model[0].module.sharded_state_dict()}
+    return {f"model{i}": m.module.sharded_state_dict() for i, m in enumerate(model)}
+
+
+def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
+    """Model chunks (``model_sharded_state_dict``) and the optimizer."""
+    sd = model_sharded_state_dict(model)
     sd["optimizer"] = optimizer.sharded_state_dict(
         sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": OPTIM_SHARDING}
     )

@@ -188,6 +188,8 @@ def build_model_chunks(run_cfg: RunConfig, config: Any, backend: Backend) -> lis
             position_embedding_type=m.position_embedding_type,
             rotary_base=m.rotary_base,
             rotary_percent=m.rotary_percent,
+            rope_scaling=m.rope_scaling,
+            rope_scaling_factor=m.rope_scaling_factor,
             vp_stage=vp_stage,
         )
         if backend.is_cuda:

@@ -16,3 +16,6 @@ METRICS_FILE = "metrics.jsonl"
 """One JSON object per optimizer step, in the run directory."""
 EXIT_DIR_ENV = "KILOCARD_EXIT_DIR"
 """When set, every rank writes its exit code to ``$KILOCARD_EXIT_DIR/rank_<RANK>`` (torchrun reports only 0/1)."""
+MODEL_ONLY = "model_only"
+"""``TrainerState.extra`` key marking a step that holds model weights only (``kilocard convert hf-to-mcore``):
+a run starts from it at step 0 with a fresh optimizer and LR schedule."""

@@ -1,0 +1,53 @@
+"""``kilocard convert``: Hugging Face checkpoints in (``hf-to-mcore``) and out (``mcore-to-hf``).
+
+``hf-to-mcore HF_DIR OUT_DIR recipe=NAME [overrides]`` writes a committed, model-only kilocard
+checkpoint a run starts from with ``checkpoint.load=OUT_DIR``; ``mcore-to-hf CHECKPOINT OUT_DIR``
+writes ``config.json`` and safetensors shards. Exit 0, or 1 with one line naming what is wrong
+(nothing is written then). The work is ``kilocard.convert``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+
+from kilocard.commands import exits
+from kilocard.commands.common import add_config_args
+from kilocard.commands.report import fail
+
+HELP = "Hugging Face checkpoint <-> kilocard (Megatron-Core) checkpoint"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``DIRECTION SRC DST``, overrides (import), ``--max-shard-size`` (export)."""
+    p.add_argument("direction", choices=("hf-to-mcore", "mcore-to-hf"))
+    p.add_argument("src", help="HF model directory, or a kilocard checkpoint (step) directory")
+    p.add_argument("dst", help="output directory (must not exist or be empty)")
+    add_config_args(p, multirun=False)
+    p.add_argument("--max-shard-size", default="5GB", help="mcore-to-hf: largest safetensors shard (e.g. 5GB)")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Convert; one line on success or failure."""
+    # Megatron-Core warns at import that TE/Apex are absent: expected here, conversions run on CPU.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+    from kilocard.convert import st_io
+    from kilocard.convert.command import hf_to_mcore, mcore_to_hf
+    from kilocard.convert.maps import ConvertError
+    from kilocard.train.checkpoint import CheckpointError
+
+    try:
+        if args.direction == "hf-to-mcore":
+            hf_to_mcore(Path(args.src), Path(args.dst), args.overrides)
+        elif args.overrides:
+            raise ConvertError(
+                f"mcore-to-hf takes no overrides (got {' '.join(args.overrides)}); "
+                "the model comes from the checkpoint's saved config"
+            )
+        else:
+            mcore_to_hf(Path(args.src), Path(args.dst), st_io.parse_size(args.max_shard_size))
+    except (ConvertError, CheckpointError) as e:
+        return fail("convert", str(e), exits.INVALID)
+    print(f"kilocard convert: wrote {args.dst}")
+    return exits.OK

@@ -1,0 +1,212 @@
+"""Hugging Face checkpoints in (``hf-to-mcore``) and out (``mcore-to-hf``).
+
+``hf-to-mcore HF_DIR OUT_DIR recipe=NAME [overrides]`` writes a committed kilocard checkpoint
+(``OUT_DIR/step_0000000`` in torch_dist + ``trainer_state.json`` marked model-only + manifest, and
+``OUT_DIR/latest_committed.txt``) that a run starts from with ``checkpoint.load=OUT_DIR``.
+``mcore-to-hf CHECKPOINT OUT_DIR`` writes ``config.json`` and safetensors shards from a committed step
+(a step directory, or a checkpoint directory meaning its newest committed step).
+
+The model shape always comes from the recipe (import) or the checkpoint's saved model config
+(export); a ``config.json`` or a tensor that disagrees is refused with one line naming it. Output is
+written into a hidden sibling directory and renamed into place only when complete, so a failed
+conversion leaves nothing behind and a partial output never looks committed. The verb is ``kilocard.commands.convert``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kilocard.config.schema import ModelConfig, RunConfig
+from kilocard.convert import maps, st_io
+from kilocard.convert.maps import ConvertError, Slot
+from kilocard.train import checkpoint as ck
+from kilocard.train.names import MANIFEST, MODEL_ONLY, STATE, TRACKER
+
+_WIDENING = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
+"""Casts that are exact for every value."""
+
+
+# --- output directory -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def staging(out: Path) -> Iterator[Path]:
+    """A hidden sibling of ``out`` to write into; renamed to ``out`` on success, removed on failure."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConvertError(f"{out}: already exists and is not an empty directory; choose a new output directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.is_dir():
+        out.rmdir()
+    os.replace(tmp, out)
+
+
+# --- import -----------------------------------------------------------------------------------------
+
+
+def _run_config(overrides: Sequence[str]) -> RunConfig:
+    from kilocard.config.compose import compose, to_run_config
+
+    if not any(o.startswith("recipe=") for o in overrides):
+        raise ConvertError("hf-to-mcore needs recipe=NAME: the model shape comes from the recipe")
+    return to_run_config(compose(list(overrides)))
+
+
+def check_tensors(slots: list[Slot], found: dict[str, st_io.Header], recipe: str) -> None:
+    """Refuse missing or unexpected tensors (listed), a wrong shape or a dtype kilocard cannot hold."""
+    wanted = {s.hf: s for s in slots}
+    present = [n for n in found if not n.endswith(maps.IGNORED_SUFFIXES)]
+    missing = [n for n in wanted if n not in found]
+    unexpected = sorted(n for n in present if n not in wanted)
+    if missing or unexpected:
+        parts = [
+            f"{label} ({len(names)}): {_listed(names)}"
+            for label, names in (("missing", missing), ("unexpected", unexpected))
+            if names
+        ]
+        raise ConvertError(f"the tensors do not match recipe {recipe}'s model: " + "; ".join(parts))
+    for s in slots:
+        h = found[s.hf]
+        if h.shape != s.shape:
+            raise ConvertError(
+                f"{h.file.name}: tensor {s.hf} has shape {list(h.shape)}, recipe {recipe}'s model needs {list(s.shape)}"
+            )
+        st_io.torch_dtype(h)
+
+
+def _listed(names: list[str], most: int = 12) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f", ... and {len(names) - most} more" if len(names) > most else "")
+
+
+def cast(t: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """``t`` as ``dtype``; refuses a cast that would change any value."""
+    if t.dtype == dtype or (t.dtype, dtype) in _WIDENING:
+        return t.to(dtype)
+    out = t.to(dtype)
+    if not torch.equal(out.to(t.dtype), t):
+        src, dst = (str(x).removeprefix("torch.") for x in (t.dtype, dtype))
+        raise ConvertError(
+            f"tensor {name}: its {src} values do not fit {dst} (the recipe's parameter dtype) exactly; "
+            f"convert with precision=fp32 (or a precision that holds {src})"
+        )
+    return out
+
+
+def fill(model: Any, slots: list[Slot], files: list[Path], m: ModelConfig) -> None:
+    """Stream every Hugging Face tensor into its place in ``model``; vocabulary padding rows become zero."""
+    params = {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
+    uncovered = sorted(set(params) - {s.mcore for s in slots})
+    if uncovered:  # a map that misses a Megatron-Core tensor is a kilocard bug, not bad input
+        raise RuntimeError(f"the {m.name} map does not cover Megatron-Core tensors {uncovered}")
+    by_name = {s.hf: s for s in slots}
+    with torch.no_grad():
+        for s in slots:
+            if s.part == "rows":
+                params[s.mcore][s.shape[0] :].zero_()
+        for name, tensor in st_io.stream(files, set(by_name)):
+            s = by_name[name]
+            target = params[s.mcore]
+            maps.put(target, s, m, cast(tensor, target.dtype, name))
+
+
+def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
+    """Import a Hugging Face model directory as a committed, model-only kilocard checkpoint."""
+    from kilocard.convert import model as mm
+    from kilocard.perf.params import padded_vocab_size
+
+    run_cfg = _run_config(overrides)
+    m, recipe = run_cfg.model, run_cfg.recipe.name
+    hf_cfg = st_io.read_config(hf_dir)
+    family = maps.family_of_config(hf_cfg)
+    maps.check_model(family, m)
+    maps.check_config(hf_cfg, family, m, recipe)
+    files = st_io.shard_files(hf_dir)
+    slots = maps.slots(family, m)
+    check_tensors(slots, st_io.headers(files), recipe)
+    padded = padded_vocab_size(m, run_cfg.parallel.tensor_model_parallel_size)
+    one = mm.single_rank_config(run_cfg, padded)
+    with staging(out) as tmp, mm.single_rank():
+        model = mm.build(one)
+        fill(model, slots, files, m)
+        sdir = ck.step_dir(tmp, 0)
+        mm.save(model, sdir)
+        source = {"format": "huggingface", "family": family, "dir": str(hf_dir.resolve()), "recipe": recipe}
+        state = ck.TrainerState(
+            step=0,
+            consumed_samples=0,
+            scheduler={},
+            model=dataclasses.asdict(m),
+            layout=ck.layout_of(one, 1),
+            padded_vocab_size=padded,
+            extra={MODEL_ONLY: True, "source": source},
+        )
+        (sdir / STATE).write_text(json.dumps(dataclasses.asdict(state), indent=1) + "\n")
+        ck.commit_step(tmp, 0, keep_last=1)  # manifest (every file), then the tracker
+
+
+# --- export -----------------------------------------------------------------------------------------
+
+
+def committed_step_dir(src: Path) -> Path:
+    """``src`` if it is a step directory, else the newest committed step of the checkpoint directory ``src``."""
+    if (src / STATE).is_file() or (src / MANIFEST).is_file():
+        return src
+    step = ck.latest_committed(src) if src.is_dir() else None
+    if step is None:
+        raise ConvertError(f"{src}: neither a committed step directory nor a checkpoint directory with {TRACKER}")
+    return ck.step_dir(src, step)
+
+
+def saved_model(state: ck.TrainerState) -> ModelConfig:
+    """The model config a step was saved with (fields the schema no longer has are dropped)."""
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    return ModelConfig(**{k: v for k, v in state.model.items() if k in known})
+
+
+def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> None:
+    """Export a committed kilocard step as a Hugging Face model directory (config.json + safetensors).
+
+    Every tensor is written in the weights' dtype (the word embedding's), as Hugging Face checkpoints
+    are: a bf16 run keeps its torch norms in fp32, and those are cast down.
+    """
+    from kilocard.convert import model as mm
+
+    sdir = committed_step_dir(src)
+    ck.verify_step(sdir)
+    state = ck.TrainerState(**json.loads((sdir / STATE).read_text()))
+    m = saved_model(state)
+    family = state.extra.get("source", {}).get("family") or maps.family_of_model(m)
+    maps.check_model(family, m)
+    slots = maps.slots(family, m)
+    by_name = {s.hf: s for s in slots}
+    with staging(out) as tmp, mm.single_rank():
+        dtype = mm.saved_dtype(sdir)
+        model = mm.build(mm.single_rank_config(mm.run_config_for(m, dtype), state.padded_vocab_size))
+        mm.load(model, sdir)
+        tensors = model.state_dict()
+        st_io.write_sharded(
+            tmp,
+            list(by_name),
+            lambda n: maps.take(tensors[by_name[n].mcore], by_name[n], m).to(dtype),
+            lambda n: by_name[n].shape,
+            dtype.itemsize,
+            max_shard_bytes,
+        )
+        (tmp / st_io.CONFIG).write_text(json.dumps(maps.hf_config(family, m, dtype), indent=2) + "\n")

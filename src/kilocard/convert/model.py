@@ -1,0 +1,92 @@
+"""The single-rank Megatron-Core model a conversion fills or reads, and its torch_dist checkpoint.
+
+Conversions run in one process on CPU: a gloo group of one rank, Megatron-Core's parallel state at
+TP1/PP1/EP1, and the trainer's own model builder (``train.megatron_adapter``), so the tensors are
+exactly the ones a training run saves and loads. The weights are allocated but not initialised
+(every one is overwritten); ``megatron.core.dist_checkpointing`` reshards them on load onto any layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kilocard.config.schema import ModelConfig, ParallelConfig, RunConfig
+
+
+@contextlib.contextmanager
+def single_rank() -> Iterator[None]:
+    """A one-rank gloo group and Megatron-Core parallel state (TP=PP=EP=1) on CPU, torn down after."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from kilocard.backends import cpu_shim
+    from kilocard.train.dist_env import free_port
+
+    cpu_shim.apply()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        ps.initialize_model_parallel(1, 1)
+        yield
+    finally:
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def single_rank_config(run_cfg: RunConfig, padded_vocab: int) -> RunConfig:
+    """``run_cfg`` on one CPU rank: no parallelism, no FP8, the vocabulary padded to ``padded_vocab`` rows."""
+    # padded_vocab_size(m, tp=1) rounds up to make_vocab_size_divisible_by: this keeps the recipe's padding.
+    model = dataclasses.replace(run_cfg.model, make_vocab_size_divisible_by=padded_vocab)
+    precision = dataclasses.replace(run_cfg.precision, fp8=None, fp8_param=False, fp4=None)
+    return dataclasses.replace(run_cfg, model=model, parallel=ParallelConfig(), precision=precision)
+
+
+def build(run_cfg: RunConfig) -> Any:
+    """The GPTModel of ``run_cfg`` (a ``single_rank_config``) with uninitialised weights, in eval mode."""
+    from kilocard.backends import Backend
+    from kilocard.train import megatron_adapter as ma
+
+    backend = Backend(name="cpu", dist_backend="gloo", local_spec=True)
+    config = ma.transformer_config(run_cfg, backend)
+    config.perform_initialization = False
+    (model,) = ma.build_model_chunks(run_cfg, config, backend)
+    return model.eval()
+
+
+def run_config_for(m: ModelConfig, dtype: torch.dtype) -> RunConfig:
+    """A ``RunConfig`` holding model ``m`` with parameters of ``dtype`` (for export, where no recipe is given)."""
+    base = RunConfig()
+    name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
+    precision = dataclasses.replace(
+        base.precision, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=name
+    )
+    return dataclasses.replace(base, model=m, precision=precision)
+
+
+def save(model: Any, step_dir: Path) -> None:
+    """Write the model's sharded state dict as torch_dist under ``step_dir`` (the trainer's ``model`` key)."""
+    from megatron.core import dist_checkpointing
+
+    step_dir.mkdir(parents=True)
+    dist_checkpointing.save({"model": model.sharded_state_dict()}, str(step_dir))
+
+
+def load(model: Any, step_dir: Path) -> None:
+    """Load the model weights of a torch_dist step into ``model`` (optimizer state, if any, is left on disk)."""
+    from megatron.core import dist_checkpointing
+
+    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(step_dir))
+    model.load_state_dict(loaded["model"], strict=True)
+
+
+def saved_dtype(step_dir: Path) -> torch.dtype:
+    """The dtype the step's word embedding was saved in (the model's parameter dtype)."""
+    from megatron.core import dist_checkpointing
+
+    meta = dist_checkpointing.load_tensors_metadata(str(step_dir))
+    return meta["embedding.word_embeddings.weight"].dtype

@@ -1,0 +1,102 @@
+"""Tiny random Hugging Face models twinned with the tiny_llama / tiny_mixtral / tiny_qwen2 recipes.
+
+Made with ``transformers`` in the test (no download) and saved with ``save_pretrained`` in small
+safetensors shards, so the index path is the one exercised. Norm weights and biases are perturbed:
+a wrong norm or bias mapping would otherwise hide behind their default ones/zeros.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=258)
+
+LLAMA31_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+"""Llama 3.1's RoPE scaling (transformers 5 ``rope_parameters``); recipe side: ``model.rope_scaling=true``."""
+
+
+def hf_config(kind: str, **changes):
+    """The transformers config of ``kind`` (llama, llama31, mixtral, qwen2) matching its tiny recipe."""
+    from transformers import LlamaConfig, MixtralConfig, Qwen2Config
+
+    c = dict(COMMON, max_position_embeddings=64)
+    if kind in ("llama", "llama31"):
+        rope = LLAMA31_ROPE if kind == "llama31" else {"rope_type": "default", "rope_theta": 10000.0}
+        c.update(intermediate_size=128, rms_norm_eps=1e-5, rope_parameters=rope, tie_word_embeddings=False)
+        return LlamaConfig(**{**c, **changes})
+    if kind == "mixtral":
+        c.update(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5)
+        c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        return MixtralConfig(**{**c, **changes})
+    c.update(intermediate_size=160, rms_norm_eps=1e-6, tie_word_embeddings=True)
+    c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    return Qwen2Config(**{**c, **changes})
+
+
+def model_class(kind: str):
+    """The transformers CausalLM class of ``kind``."""
+    import transformers
+
+    name = {"llama": "Llama", "llama31": "Llama", "mixtral": "Mixtral", "qwen2": "Qwen2"}[kind]
+    return getattr(transformers, f"{name}ForCausalLM")
+
+
+def make(kind: str, path: Path, dtype: torch.dtype = torch.float32, seed: int = 0, **changes):
+    """Save a tiny random ``kind`` model under ``path`` (sharded safetensors); return it in eval mode."""
+    torch.manual_seed(seed)
+    model = model_class(kind)(hf_config(kind, **changes)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model = model.to(dtype)
+    model.save_pretrained(path, max_shard_size="40KB")
+    return model
+
+
+def recipe_of(kind: str) -> list[str]:
+    """The recipe (and overrides) an import of ``kind`` uses."""
+    return ["recipe=tiny_llama", "model.rope_scaling=true"] if kind == "llama31" else [f"recipe=tiny_{kind}"]
+
+
+RUNNER = """
+import json, sys
+from kilocard.cli import main
+print(json.dumps([main(a) for a in json.loads(sys.argv[1])]))
+"""
+
+
+def convert_all(*argvs: list[str], timeout: int = 600) -> list[int]:
+    """Run ``kilocard convert ARGV`` for each argv in one fresh interpreter (as users do, one import of
+    Megatron-Core for all); return the exit codes. Fails with the output when the runner itself fails."""
+    args = [["convert", *a] for a in argvs]
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", RUNNER, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def hf_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a saved Hugging Face directory, read with safetensors."""
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
