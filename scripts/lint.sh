@@ -7,3 +7,4 @@ bin=.venv/bin
 "$bin/ruff" check src tests scripts
 "$bin/ruff" format --check src tests scripts
 PYTHONPATH=src "$bin/lint-imports" --no-logo
+"$bin/mypy"

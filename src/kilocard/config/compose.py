@@ -139,12 +139,12 @@ def expand_sweeps(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
                 raise problem(
                     key.lstrip("+~"),
                     "a sweep needs --multirun",
-                    o.input_line.partition("=")[2],
+                    (o.input_line or "").partition("=")[2],
                     "one value, or --multirun for one config per value",
                 )
             axes.append([f"{key}={v}" for v in o.sweep_string_iterator()])
         else:
-            axes.append([o.input_line])
+            axes.append([o.input_line or ""])
     return [list(combo) for combo in itertools.product(*axes)] if axes else [[]]
 
 

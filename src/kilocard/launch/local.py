@@ -181,7 +181,7 @@ class StopForwarder:
         self.stop_wait = stop_wait
         self.since: float | None = None
         """``time.monotonic()`` of the first forwarded signal, or ``None``."""
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, signal._HANDLER] = {}
 
     def __enter__(self) -> StopForwarder:
         for sig in self.SIGNALS:

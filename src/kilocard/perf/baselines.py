@@ -160,7 +160,7 @@ def row_run_config(row: Row) -> RunConfig:
     p, b = raw["parallel"], raw["batch"]
     tp, vp = int(p["tp"]), p.get("vp")
     modern = not era_2021
-    par = dict(
+    par: dict[str, Any] = dict(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=int(p["pp"]),
         virtual_pipeline_model_parallel_size=int(vp) if vp else None,
@@ -236,7 +236,7 @@ def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FIT
         pub_tf = pub_tf if pub_tf is not None else (pub_mfu * peak if pub_mfu is not None else None)
         pub_mfu = pub_mfu if pub_mfu is not None else (pub_tf / peak if pub_tf is not None else None)
     conv = str(row.raw.get("flops_convention"))
-    base = dict(
+    base: dict[str, Any] = dict(
         id=row.id,
         recipe=recipes.get(row.id),
         convention=conv,
@@ -244,7 +244,7 @@ def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FIT
         published_mfu=pub_mfu,
         peak_tflops=peak,
     )
-    if not row.complete or conv not in CONVENTIONS:
+    if not row.complete or conv not in CONVENTIONS or pub_tf is None:
         note = "unverified/missing: " + ", ".join(row.missing or ["flops_convention"])
         return Comparison(**base, predicted_tflops_per_gpu=None, predicted_mfu=None, rel_error=None, note=note)
     cfg = row_run_config(row)

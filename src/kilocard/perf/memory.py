@@ -269,7 +269,15 @@ def _extra_params(cfg: RunConfig, layout: Layout, frac: float) -> float:
     return out
 
 
-def _last_stage_dense(cfg, layout, t, tp_block, rep_block, exp_block, etp_ep):
+def _last_stage_dense(
+    cfg: RunConfig,
+    layout: Layout,
+    t: dict[str, float],
+    tp_block: float,
+    rep_block: float,
+    exp_block: float,
+    etp_ep: int,
+) -> tuple[float, float] | None:
     """(dense, expert) params on the last stage of an uneven split; ``None`` when even."""
     st = layout.stage_layers
     if st is None or len(set(st)) == 1 or layout.pp == 1 or cfg.model.num_layers == 0:

@@ -178,7 +178,9 @@ def layer_forward(
     )
 
 
-def attention_forward(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, eff: GpuEfficiency, tok: float):
+def attention_forward(
+    shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, eff: GpuEfficiency, tok: float
+) -> tuple[float, float]:
     """(compute seconds, score bytes) of the attention core forward for one micro-batch on one GPU."""
     heads = shape.heads / lay.tp
     d = shape.kv_channels

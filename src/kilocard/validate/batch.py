@@ -48,8 +48,8 @@ def rule_global_batch(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 def rule_interleaved_microbatches(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """Interleaved 1F1B needs num_microbatches % pp == 0 (Megatron-Core's schedule)."""
-    vp, m = cfg.parallel.virtual_pipeline_model_parallel_size, lay.num_microbatches
-    if vp is None or lay.pp == 1 or m is None:
+    vp, m, dp = cfg.parallel.virtual_pipeline_model_parallel_size, lay.num_microbatches, lay.dp
+    if vp is None or lay.pp == 1 or m is None or dp is None:
         return
     if m % lay.pp:
         yield error(
@@ -57,10 +57,10 @@ def rule_interleaved_microbatches(cfg: RunConfig, lay: Layout) -> Iterable[Issue
             T + "global_batch_size",
             cfg.trainer.global_batch_size,
             f"interleaved schedule: num_microbatches = global_batch_size({cfg.trainer.global_batch_size}) / "
-            f"(micro_batch_size({cfg.trainer.micro_batch_size}) * dp({lay.dp})) = {m} is not a multiple of "
+            f"(micro_batch_size({cfg.trainer.micro_batch_size}) * dp({dp})) = {m} is not a multiple of "
             f"pp({lay.pp})",
             f"make the micro-batch count a multiple of {lay.pp}, e.g. {T}global_batch_size="
-            f"{(m // lay.pp + 1) * lay.pp * cfg.trainer.micro_batch_size * lay.dp}",
+            f"{(m // lay.pp + 1) * lay.pp * cfg.trainer.micro_batch_size * dp}",
         )
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 
 from kilocard.base import shell
 from kilocard.base.slurmtime import time_limit_problem
@@ -244,22 +245,22 @@ def script_value_issues(cfg: RunConfig) -> list[Issue]:
         v = get(cfg, field)
         if v is not None and shell.CONTROL.search(str(v)):
             out.append(_value_issue(shell.ShellValueError(field, v, "a single line without control characters")))
-    checks = [
-        (f, lambda f=f, k=k, o=o: (shell.optional_sbatch if o else shell.sbatch_value)(f, get(cfg, f), k))
-        for f, k, o in SBATCH_FIELDS
+    checks: list[tuple[str, Callable[[], object]]] = [
+        (f, partial(shell.optional_sbatch if o else shell.sbatch_value, f, get(cfg, f), k)) for f, k, o in SBATCH_FIELDS
     ]
     checks += [
-        (f"launcher.extra_sbatch[{i}]", lambda i=i, o=o: shell.extra_sbatch(f"launcher.extra_sbatch[{i}]", o))
+        (f"launcher.extra_sbatch[{i}]", partial(shell.extra_sbatch, f"launcher.extra_sbatch[{i}]", o))
         for i, o in enumerate(cfg.launcher.extra_sbatch)
     ]
     for group in ("cluster", "launcher"):
-        for name, value in get(cfg, f"{group}.env").items():
+        env: dict[str, str] = getattr(cfg, group).env
+        for name, value in env.items():
             f = f"{group}.env.{name}"
-            checks.append((f, lambda f=f, n=name: shell.env_name(f, n)))
-            checks.append((f, lambda f=f, v=value: shell.quote(f, v)))
+            checks.append((f, partial(shell.env_name, f, name)))
+            checks.append((f, partial(shell.quote, f, value)))
     for i, m in enumerate(cfg.cluster.container_mounts):
         f = f"cluster.container_mounts[{i}]"
-        checks.append((f, lambda f=f, m=m: shell.quote(f, m)))
+        checks.append((f, partial(shell.quote, f, m)))
     seen = {i.field for i in out}
     for field, check in checks:
         if field in seen:

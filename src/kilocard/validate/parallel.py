@@ -207,7 +207,7 @@ def rule_layers_per_stage(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
 
 
-def _uneven(cfg: RunConfig, lay: Layout, first, last, vp) -> Iterable[Issue]:
+def _uneven(cfg: RunConfig, lay: Layout, first: int | None, last: int | None, vp: int | None) -> Iterable[Issue]:
     p, L = cfg.parallel, cfg.model.num_layers
     if p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split:
         yield error(
@@ -272,7 +272,8 @@ def _divisors(n: int, near: int, k: int = 4) -> str:
     """Up to ``k`` divisors of ``n`` closest to ``near`` (for hints); cheap for huge ``n``."""
     if n <= 0:
         return "none"
-    ds, i = set(), 1
+    ds: set[int] = set()
+    i = 1
     while i * i <= n and i <= 1_000_000:
         if n % i == 0:
             ds.update((i, n // i))
