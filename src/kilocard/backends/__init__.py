@@ -41,6 +41,11 @@ def select(local_rank: int) -> Backend:
     if use_cuda:
         torch.cuda.set_device(local_rank)
         return Backend(name="cuda", dist_backend="nccl", local_spec=not _has_transformer_engine())
+    return cpu()
+
+
+def cpu() -> Backend:
+    """The CPU backend: gloo, the local layer spec, Megatron-Core patched by the CPU shim."""
     from kilocard.backends import cpu_shim
 
     cpu_shim.apply()

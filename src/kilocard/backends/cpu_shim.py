@@ -1,6 +1,6 @@
 """Patches that let Megatron-Core train on CPU ranks over gloo (no CUDA, no Apex, no TE).
 
-Imported only by the CPU backend (``kilocard.backends.select``); the GPU path never imports it.
+Imported only by the CPU backend (``kilocard.backends.cpu``); the GPU path never imports it.
 ``apply()`` installs the sections below once per process, before any Megatron-Core model is
 built. It refuses a megatron-core version it was not proven against (``PROVEN_VERSIONS``):
 each section reaches into Megatron-Core internals whose names move between releases.

@@ -47,7 +47,7 @@ def new_run(overrides: list[str], skip_paths: bool = False) -> Path | int:
         print_issues(report.issues)
     if not report.valid:
         return fail("run", f"the config is invalid ({count_line(report.issues)}); nothing was started", exits.INVALID)
-    missing = missing_secrets(run_cfg.launcher.secret_env)
+    missing = missing_secrets(run_cfg.launcher.secret_env)  # before anything is written
     if missing:
         return fail(
             "run", f"launcher.secret_env: {', '.join(missing)} not in the environment (export it first)", exits.USAGE
@@ -97,6 +97,10 @@ def execute(args: argparse.Namespace) -> int:
         frozen, _ = load_verified(run_dir)
     except FrozenConfigError as e:
         return fail("run", str(e), exits.USAGE)
+    missing = missing_secrets(frozen.launcher.secret_env) if args.resume else []  # a new run: new_run checked
+    if missing:
+        names = ", ".join(missing)
+        return fail("run", f"launcher.secret_env: {names} not in the environment (export it first)", exits.USAGE)
     world = frozen.cluster.nodes * frozen.cluster.gpus_per_node
     if args.resume and args.nproc is not None and args.nproc != world:
         return fail(

@@ -10,5 +10,5 @@ dependencies cannot be installed, and it has no Mixtral bridge (``MixtralForCaus
 supported``). The explicit maps are small, bit-identical to Bridge's Llama mapping, and each is
 checked against ``transformers`` by the tests.
 
-Only the CLI imports this package.
+Only the ``convert`` verb (``kilocard.commands.convert``) imports this package.
 """

@@ -25,10 +25,10 @@ def single_rank() -> Iterator[None]:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from kilocard.backends import cpu_shim
+    from kilocard.backends import cpu
     from kilocard.train.dist_env import free_port
 
-    cpu_shim.apply()
+    cpu()  # the CPU shim, before any Megatron-Core model is built
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         ps.initialize_model_parallel(1, 1)

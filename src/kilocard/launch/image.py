@@ -4,7 +4,7 @@
 Engine (the NeMo framework container by default), kilocard's wheel installed without dependencies
 (torch, megatron-core and TE stay the image's own builds), and the in-job preflight run once at build
 time so an image whose megatron-core is outside kilocard's range, or that lacks a module kilocard
-imports, fails to build instead of failing every job. ``image_command`` writes the build context
+imports, fails to build instead of failing every job. ``kilocard.commands.image`` writes the build context
 (Dockerfile, wheel, preflight.py) and prints the docker build and enroot import lines; the cluster
 profile then names the resulting image (``cluster.container_image``).
 """
@@ -20,7 +20,6 @@ from kilocard.launch.rundir import RunDirError
 from kilocard.paths import data_dir
 
 DEFAULT_BASE = "nvcr.io/nvidia/nemo:25.09"
-EXIT_OK, EXIT_INVALID = 0, 1
 #: Where the wheel and preflight go inside the image.
 IMAGE_DIR = "/opt/kilocard"
 

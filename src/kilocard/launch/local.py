@@ -26,14 +26,14 @@ from pathlib import Path
 
 from kilocard import exitcodes, runlock
 from kilocard.config.schema import RunConfig
-from kilocard.launch.slurm import missing_secrets
+from kilocard.launch.render import LOG_DIR
 from kilocard.plan import build_plan
 from kilocard.train.dist_env import free_port
 from kilocard.train.metrics import read_metrics
+from kilocard.train.names import EXIT_DIR_ENV
 from kilocard.train.progress import progress_line, summary_table
 from kilocard.validate.slurm import expected_save_time_s
 
-EXIT_DIR_ENV = "KILOCARD_EXIT_DIR"
 """When set, every rank writes its exit code to ``$KILOCARD_EXIT_DIR/rank_<N>`` (torchrun hides them)."""
 
 GRACE_S = 120.0
@@ -87,7 +87,7 @@ def rank_env(run_dir: Path, run_cfg: RunConfig, lock_token: str) -> dict:
         else:
             env.setdefault(name, value)
     tmp = run_dir / "tmp"
-    exit_dir = run_dir / "logs" / "exit"
+    exit_dir = run_dir / LOG_DIR / "exit"
     for d in (tmp, exit_dir):
         d.mkdir(parents=True, exist_ok=True)
     for f in exit_dir.glob("rank_*"):
@@ -111,15 +111,7 @@ def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     """
     from kilocard.config.freeze import load_verified
 
-    run_cfg, _ = load_verified(run_dir)
-    missing = missing_secrets(run_cfg.launcher.secret_env)  # a resume's shell may lack them
-    if missing:
-        print(
-            f"kilocard run: error: launcher.secret_env: {', '.join(missing)} not in the environment "
-            f"(export it before kilocard run)",
-            file=sys.stderr,
-        )
-        return exitcodes.BAD_CONFIG
+    run_cfg, _ = load_verified(run_dir)  # the verb has checked the secrets (kilocard.commands.run)
     lock = None
     try:
         lock = runlock.acquire(run_dir)
@@ -141,7 +133,7 @@ def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
 def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, lock_token: str) -> int:
     """Start torchrun, show progress, forward TERM/INT, guard against hangs; the run's exit code."""
     env = rank_env(run_dir, run_cfg, lock_token)
-    log = run_dir / "logs" / "train.log"
+    log = run_dir / LOG_DIR / "train.log"
     start_step = len(read_metrics(run_dir))
     stop_wait = stop_wait_s(run_cfg)
     with open(log, "ab") as out:
@@ -157,7 +149,7 @@ def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, loc
                 code = _watch(proc, run_dir, run_cfg.trainer.hang_timeout_s + GRACE_S, stop)
         finally:
             _end_group(proc.pid)
-    code = _rank_exit_code(run_dir / "logs" / "exit", proc.returncode if code is None else code)
+    code = _rank_exit_code(run_dir / LOG_DIR / "exit", proc.returncode if code is None else code)
     records = read_metrics(run_dir)
     print(summary_table(records, run_dir, code, first_new_step=start_step), flush=True)
     if code not in (exitcodes.DONE, exitcodes.RETRY):

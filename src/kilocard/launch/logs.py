@@ -15,7 +15,6 @@ from pathlib import Path
 
 from kilocard.launch.render import LOG_DIR
 
-EXIT_OK, EXIT_USAGE = 0, 2
 #: ``srun --label`` prefix: the task rank, right-aligned to the width of the largest one.
 LABEL = re.compile(r"^\s*(\d+): ")
 SCRIPT_LINE = "[kilocard "

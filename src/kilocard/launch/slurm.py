@@ -179,12 +179,3 @@ def record_jobs(run_dir: Path, ids: Sequence[int], chain: int, argv: Sequence[st
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
     return path
-
-
-def job_state(job_id: int) -> str:
-    """The job's state from ``scontrol show job`` (``PENDING``, ``RUNNING``, ``COMPLETED``...)."""
-    out = run_client(["scontrol", "show", "job", str(int(job_id))]).stdout
-    m = re.search(r"\bJobState=(\S+)", out)
-    if not m:
-        raise SlurmError(f"scontrol show job {job_id}: no JobState in {out[:200]!r}")
-    return m.group(1)

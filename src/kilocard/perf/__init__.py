@@ -1,1 +1,2 @@
-"""Performance model: parameter counts, FLOPs conventions, memory, step time, planner."""
+"""Performance model: parameter counts, FLOPs conventions, memory, step time, goodput (the planner is
+``kilocard.planner``)."""

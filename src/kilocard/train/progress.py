@@ -17,6 +17,7 @@ _CODE_NAMES = {
     exitcodes.BAD_CONFIG: "BAD_CONFIG",
     exitcodes.BAD_CKPT: "BAD_CKPT",
     exitcodes.CRASH: "CRASH",
+    exitcodes.BUSY: "BUSY (another writer holds the run directory)",
 }
 
 

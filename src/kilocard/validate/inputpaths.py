@@ -1,6 +1,7 @@
 """Inputs checked before anything is submitted: the data blend's weights and the paths a run reads.
 
-``validate`` (and so ``run`` and ``sbatch``) adds these issues to the report, so a run that would
+The verbs ``validate``, ``run`` and ``sbatch`` add these issues to the report
+(``kilocard.commands.common.check_config``), so a run that would
 fail on its first step for want of an input is refused on the submitting machine instead of after
 its wait in the queue:
 

@@ -1,7 +1,8 @@
 """Input files a run reads exist, checked before anything is launched (I/O: not a validator rule).
 
-``validate`` is pure, so the file checks are this separate step, which ``kilocard validate``,
-``kilocard run`` and ``kilocard sbatch`` all call next to it: every ``data.data_path`` prefix
+``validate`` is pure, so the file checks are this separate step, part of
+``validate.inputpaths.input_path_issues`` (which ``validate``, ``run`` and ``sbatch`` call next to
+it): every ``data.data_path`` prefix
 (the prefixes of a weighted blend ``[w1, p1, w2, p2]`` too) must have its ``.bin`` and ``.idx``,
 looked up as the trainer does (``kilocard.data.paths``: the current directory, then kilocard's
 shipped root). A missing prefix is a ``DATA_PATH`` error naming its place in the list.
