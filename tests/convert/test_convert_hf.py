@@ -143,7 +143,7 @@ def test_forward_matches_transformers_in_tp1_tp2_pp2_ep2(converted, tmp_path) ->
 @pytest.mark.slow
 def test_a_run_from_the_import_starts_at_the_transformers_loss(converted, kilocard_run) -> None:
     from kilocard.config.compose import compose, to_run_config
-    from kilocard.data import build_train_iterator
+    from kilocard.data.iterator import build_train_iterator
 
     root, models = converted
     overrides = [
