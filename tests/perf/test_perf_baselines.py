@@ -64,6 +64,8 @@ def test_json_format_and_custom_file(tmp_path, capsys):
     assert rows["a100-gpt-small"]["predicted_tflops_per_gpu"] > 0
     assert rows["half-known"]["rel_error"] is None
     assert doc["mean_abs_rel_error"] == pytest.approx(abs(rows["a100-gpt-small"]["rel_error"]))
+    # One source only: nothing to hold out, so no row is cross-validated.
+    assert doc["n_scored"] == 0 and rows["a100-gpt-small"]["cv_rel_error"] is None
 
 
 def test_unreadable_file_is_one_line_error(tmp_path, capsys):

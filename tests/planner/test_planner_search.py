@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
@@ -12,7 +13,15 @@ from kilocard.layout import compute_layout
 from kilocard.perf.baselines import load_rows, recipe_index
 from kilocard.perf.predict import predict
 from kilocard.planner.plots import simulate
-from kilocard.planner.search import apply, current_candidate, enumerate_candidates, plan
+from kilocard.planner.search import (
+    apply,
+    config_values,
+    current_candidate,
+    enumerate_candidates,
+    plan,
+    render_json,
+    render_text,
+)
 from kilocard.validate import validate
 
 
@@ -72,6 +81,35 @@ def test_override_line_selects_the_layout(llama70b):
     assert current_candidate(cfg) == best
 
 
+def test_override_line_lists_only_what_differs_from_the_config(llama70b):
+    """Each override names exactly the fields whose value differs from the config, and still selects the row."""
+    cfg, result = llama70b
+    base = config_values(cfg)
+    assert current_candidate(cfg).overrides(base) == []
+    for r in result.top:
+        shown = r.candidate.overrides(base)
+        differing = [f"{k}={v}" for k, v in r.candidate.override_values().items() if base[k] != v]
+        assert shown == differing and shown
+        assert current_candidate(to_run_config(compose(["recipe=bridge_llama3_70b_fp8", *shown]))) == r.candidate
+    assert render_json(result).count("parallel.recompute_granularity=") == 0  # the recipe's own value
+
+
+def test_own_layout_line_names_the_marked_row(llama70b):
+    """The own layout ranks below the top 5: the line's #N is a printed row marked '*', with the own
+    (TP, PP, CP, EP, ETP); the layout exactly as configured is a row too, with no override."""
+    cfg, result = llama70b
+    text = render_text(result)
+    rank = int(re.search(r"the config's own layout ranks #(\d+) ", text).group(1))
+    assert rank > len(result.top)
+    lines = text.splitlines()
+    own_row = next(i for i, line in enumerate(lines) if line.split()[:1] == [f"{rank}*"])
+    tp, pp, _vp, cp, ep, etp = (int(v) if v != "-" else None for v in lines[own_row].split()[1:7])
+    assert (tp, pp, cp, ep, etp) == current_candidate(cfg).layout_key
+    configured = next(i for i, line in enumerate(lines) if line.split()[:1] == ["cfg*"])
+    assert lines[configured + 1].strip() == "(as configured: no override)"
+    assert sum(bool(line.split()) and line.split()[0].endswith("*") for line in lines) == 2
+
+
 def test_divisibility_filters_hold_for_every_candidate(llama70b):
     cfg, _ = llama70b
     world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
@@ -109,7 +147,7 @@ def test_plot_writes_layout_and_schedule_pngs(tmp_path, capsys):
     rc = main(["plan", "recipe=sc21_76b", "--top", "4", "--plot", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "the config's own layout ranks #" in text and "parallel.tensor_model_parallel_size=" in text
+    assert "the config's own layout ranks #" in text and "parallel." in text
     _nontrivial_png(out)
     _nontrivial_png(tmp_path / "plan_schedule.png")
 

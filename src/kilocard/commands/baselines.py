@@ -6,7 +6,8 @@ import argparse
 
 from kilocard.commands import exits
 from kilocard.commands.report import fail
-from kilocard.perf.baselines import compare_all, render_json, render_text
+from kilocard.perf.baselines import compare_all, load_rows, render_json, render_text
+from kilocard.perf.crossval import with_cross_validation
 
 HELP = "published MFU baselines vs the performance model"
 
@@ -18,9 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Print the comparison; 2 on an unreadable baselines file."""
+    """Print the comparison, in sample and cross-validated; 2 on an unreadable baselines file."""
     try:
-        comps = compare_all(args.file)
+        comps = with_cross_validation(compare_all(args.file), load_rows(args.file))
     except (ValueError, KeyError, TypeError) as e:
         return fail("baselines", str(e), exits.USAGE)
     print(render_json(comps) if args.format == "json" else render_text(comps))

@@ -15,55 +15,80 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from kilocard.config.schema import RunConfig  # noqa: E402
+from kilocard.planner.search import OWN_MARK, table_rows  # noqa: E402
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")
+OWN_COLOR, OTHER_COLOR = "tab:orange", "tab:blue"
+KIND_COLORS = {"F": "#4c8bd6", "B": "#e8913a", "FB": "#b48ac9"}
+"""Forward, backward, and (dense schedules) a block of alternating forward and backward passes."""
+KIND_NAMES = {"F": "forward", "B": "backward", "FB": "forward/backward alternating (1F1B)"}
+DPI = 100
+TOTAL_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 1.0}
+"""Behind each memory total, so the usable-HBM line never crosses its digits."""
 
 
-def _label(c) -> str:
-    parts = [f"TP{c.tp}", f"PP{c.pp}"]
-    if c.vp:
-        parts.append(f"VP{c.vp}")
-    if c.cp > 1:
-        parts.append(f"CP{c.cp}")
-    if c.ep > 1:
-        parts.append(f"EP{c.ep}")
-    parts.append(f"mbs{c.mbs}")
-    if c.recompute != "none":
-        parts.append(c.recompute[:3])
-    return " ".join(parts)
+def _label(key: str, c) -> str:
+    """Two short lines under a bar: the table's ``#`` and the layout (recompute and micro-batch below)."""
+    head = [f"TP{c.tp}", f"PP{c.pp}"] + ([f"VP{c.vp}"] if c.vp else [])
+    head += [f"CP{c.cp}"] * (c.cp > 1) + [f"EP{c.ep}"] * (c.ep > 1)
+    tail = [f"mbs{c.mbs}"] + ([c.recompute] if c.recompute != "none" else [])
+    return f"#{key}\n{' '.join(head)}\n{' '.join(tail)}"
 
 
 def plot_plan(plan, path: str) -> None:
-    """Predicted MFU per ranked layout (top) and its memory per GPU by component (bottom)."""
-    entries = list(plan.top)
-    if plan.recipe is not None and all(r.candidate != plan.recipe.candidate for r in entries):
-        entries.append(plan.recipe)
-    labels = [_label(r.candidate) for r in entries]
-    own = [plan.recipe is not None and r.candidate == plan.recipe.candidate for r in entries]
+    """Predicted MFU per table row (top, zoomed) and its memory per GPU by component (bottom), the
+    bars named as the rows of ``kilocard plan``'s table (``*``: the config's own layout)."""
+    entries = table_rows(plan)
     x = list(range(len(entries)))
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.9 * len(entries) + 3), 8), sharex=True)
-    colors = ["tab:orange" if o else "tab:blue" for o in own]
-    ax1.bar(x, [100 * r.mfu for r in entries], color=colors)
-    ax1.set_ylabel("predicted MFU (%)")
-    ax1.set_title(
-        f"{plan.world} x {plan.gpu}: layouts by predicted throughput\n(orange: the config's own)", fontsize=10
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(9.0, 1.15 * len(entries) + 3), 9), sharex=True)
+    mfu_panel(ax1, plan, entries)
+    memory_panel(ax2, plan, entries)
+    ax2.set_xticks(x)
+    ax2.set_xticklabels([_label(k, r.candidate) for k, r in entries], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+
+
+def mfu_panel(ax, plan, entries) -> None:
+    """MFU bars with their values; the axis spans the values (not from zero) so differences show."""
+    mfu = [100 * r.mfu for _, r in entries]
+    colors = [OWN_COLOR if k.endswith(OWN_MARK) else OTHER_COLOR for k, _ in entries]
+    bars = ax.bar(range(len(entries)), mfu, color=colors)
+    ax.bar_label(bars, labels=[f"{v:.1f}%" for v in mfu], fontsize=8, padding=2)
+    lo, hi = min(mfu), max(mfu)
+    pad = max(0.15 * (hi - lo), 0.02 * hi, 0.1)
+    ax.set_ylim(max(0.0, lo - 2 * pad), hi + 1.5 * pad)
+    ax.set_ylabel("predicted MFU (%)\naxis zoomed, not from 0")
+    ax.set_title(
+        f"{plan.world} x {plan.gpu}: layouts by predicted throughput (bars named as the plan table's rows; "
+        f"orange, *: the config's own)",
+        fontsize=10,
     )
+
+
+def memory_panel(ax, plan, entries) -> None:
+    """Stacked memory per GPU with each part's GiB inside its segment (when tall enough) and the total
+    above; the legend sits outside the axes, right of them."""
+    x = range(len(entries))
+    totals = [sum(r.memory.get(p, 0) for p in MEMORY_PARTS) / 2**30 for _, r in entries]
+    top = max([*totals, (plan.hbm_usable_bytes or 0) / 2**30])
     bottom = [0.0] * len(entries)
     for part in MEMORY_PARTS:
-        vals = [r.memory.get(part, 0) / 2**30 for r in entries]
-        ax2.bar(x, vals, bottom=bottom, label=part)
-        bottom = [b + v for b, v in zip(bottom, vals, strict=False)]
+        vals = [r.memory.get(part, 0) / 2**30 for _, r in entries]
+        bars = ax.bar(x, vals, bottom=bottom, label=part)
+        ax.bar_label(bars, labels=[f"{v:.1f}" if v > 0.06 * top else "" for v in vals], label_type="center", fontsize=7)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    for i, t in enumerate(totals):
+        ax.text(i, t, f"{t:.1f}", ha="center", va="bottom", fontsize=8, fontweight="bold", bbox=TOTAL_BOX)
     if plan.hbm_usable_bytes:
-        ax2.axhline(plan.hbm_usable_bytes / 2**30, color="black", linestyle="--", label="usable HBM")
-    ax2.set_ylabel("memory per GPU (GiB)")
-    ax2.legend(loc="upper right", fontsize=8)
-    ax2.set_xticks(x)
-    ax2.set_xticklabels(labels, rotation=35, ha="right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        ax.axhline(plan.hbm_usable_bytes / 2**30, color="black", linestyle="--", label="usable HBM")
+    ax.set_ylim(0, top * 1.12)
+    ax.set_ylabel("memory per GPU (GiB)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
 
 def schedule_path(plot_path: str) -> str:
@@ -150,46 +175,106 @@ def simulate(pp: int, vp: int, micro: int, t_fwd: float, t_bwd: float) -> dict[O
     return times
 
 
+MIN_LABEL_PX = 14
+"""Narrowest pass (pixels) that gets its own box and label; denser schedules are drawn as runs."""
+
+
 def plot_schedule(candidate, cfg: RunConfig, path: str, max_micro: int = 0) -> float:
-    """Draw the pipeline schedule of ``candidate``; return the bubble fraction of the drawn part."""
+    """Draw the pipeline schedule of ``candidate``; return the bubble fraction of the drawn part.
+
+    Forward and backward passes have one colour each (legend); when a pass would be narrower than
+    ``MIN_LABEL_PX``, consecutive passes of one kind on a rank are drawn as one run, labelled with
+    how many passes it holds."""
     pp, vp = candidate.pp, candidate.vp or 1
     dp = (cfg.cluster.nodes * cfg.cluster.gpus_per_node) // (candidate.tp * candidate.pp * candidate.cp)
     micro_total = max(1, cfg.trainer.global_batch_size // (candidate.mbs * dp))
-    cap = max_micro or max(2 * pp, pp)
-    micro = min(micro_total, cap)
+    micro = min(micro_total, max_micro or max(2 * pp, 16))
     if vp > 1:
         micro = max(pp, micro - micro % pp)
     t_bwd = 3.0 if candidate.recompute == "full" else 2.0
     times = simulate(pp, vp, micro, 1.0 / vp, t_bwd / vp)
     span = max(e for _, e in times.values())
-    busy = sum(e - s for s, e in times.values())
-    bubble = 1.0 - busy / (span * pp)
-    fig, ax = plt.subplots(figsize=(12, 0.45 * pp + 1.8))
-    cmap = plt.get_cmap("tab20")
-    for op, (s, e) in times.items():
-        color = cmap((op.micro % 10) * 2 + (0 if op.kind == "F" else 1))
-        ax.barh(op.rank, e - s, left=s, height=0.8, color=color, edgecolor="black", linewidth=0.3)
-        if e - s > span / 120:
-            ax.text(
-                (s + e) / 2,
-                op.rank,
-                f"{op.kind}{op.micro}" + (f".{op.chunk}" if vp > 1 else ""),
-                ha="center",
-                va="center",
-                fontsize=5,
-            )
+    bubble = 1.0 - sum(e - s for s, e in times.values()) / (span * pp)
+    width_in = 13.0
+    fig, ax = plt.subplots(figsize=(width_in, 0.5 * pp + 2.0))
+    px = width_in * DPI * 0.85 / span  # pixels per time unit, about
+    dense = (1.0 / vp) * px < MIN_LABEL_PX
+    for rank, kind, s, e, ops in _runs(times, merge=MIN_LABEL_PX / px if dense else 0.0):
+        ax.barh(rank, e - s, left=s, height=0.8, color=KIND_COLORS[kind], edgecolor="black", linewidth=0.4)
+        text = (
+            _pass_label(kind, ops, vp) if not dense else (f"{kind}x{len(ops)}" if kind != "FB" else f"1F1B x{len(ops)}")
+        )
+        if (e - s) * px >= 6 * len(text):
+            ax.text((s + e) / 2, rank, text, ha="center", va="center", fontsize=7)
     ax.set_yticks(range(pp))
-    ax.set_yticklabels([f"stage {r}" for r in range(pp)], fontsize=7)
+    ax.set_yticklabels([f"stage {r}" for r in range(pp)], fontsize=8)
     ax.invert_yaxis()
+    ax.set_xlim(0, span)
     ax.set_xlabel("time (forward pass of one micro-batch through one stage = 1)")
+    legend = [Patch(color=KIND_COLORS[k], label=name) for k, name in KIND_NAMES.items() if dense or k != "FB"]
+    legend.append(Patch(facecolor="white", edgecolor="black", label="idle (bubble)"))
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     kind = f"interleaved 1F1B, VP={vp}" if vp > 1 else "1F1B"
-    shown = "" if micro == micro_total else f" (first {micro} of {micro_total} micro-batches)"
+    shown = "" if micro == micro_total else f" (the first {micro} of {micro_total})"
+    how = (
+        "\nback-to-back passes drawn as one block: Fxn n forward, Bxn n backward, 1F1B xn alternating" if dense else ""
+    )
     ax.set_title(
-        f"{kind}, PP={pp}, {micro} micro-batches{shown}\nidle (white) {bubble:.1%} of rank time; "
+        f"{kind}, PP={pp}, {micro} micro-batches{shown}{how}\nidle {bubble:.1%} of rank time; "
         f"(P-1)/(V*M) = {(pp - 1) / (vp * micro):.1%} of the ideal",
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return bubble
+
+
+def _pass_label(kind: str, ops: list[Op], vp: int) -> str:
+    """``F3`` (forward of micro-batch 3), ``B3.1`` (backward, model chunk 1) for one pass."""
+    return f"{kind}{ops[0].micro}" + (f".{ops[0].chunk}" if vp > 1 else "")
+
+
+def _block_label(kind: str, ops: list[Op]) -> str:
+    """``Fx12`` (12 forward passes back to back), ``1F1B x40`` (40 alternating passes)."""
+    return f"1F1B x{len(ops)}" if kind == "FB" else f"{kind}x{len(ops)}"
+
+
+def _runs(times: dict[Op, tuple[float, float]], merge: float):
+    """(rank, kind, start, end, passes) per drawn box: each pass; or, with ``merge`` (the narrowest
+    width drawn alone), each back-to-back run of one kind (``F``/``B``), and back-to-back runs that
+    are single passes or narrower than ``merge`` together as one alternating block (``FB``, the
+    steady 1F1B phase)."""
+    by_rank: dict[int, list[tuple[float, float, Op]]] = {}
+    for op, (s, e) in times.items():
+        by_rank.setdefault(op.rank, []).append((s, e, op))
+    for rank, ops in sorted(by_rank.items()):
+        ordered = sorted(ops, key=lambda t: t[0])
+        if not merge:
+            yield from ((rank, op.kind, s, e, [op]) for s, e, op in ordered)
+            continue
+        blocks: list[tuple[str, float, float, list[Op]]] = []
+        for kind, s, e, run in _kind_runs(ordered):
+            short = e - s < merge or len(run) == 1
+            last = blocks[-1] if blocks else None
+            if short and last and abs(last[2] - s) < 1e-9 and (last[0] == "FB" or _short(last, merge)):
+                blocks[-1] = ("FB", last[1], e, last[3] + run)
+            else:
+                blocks.append((kind, s, e, run))
+        yield from ((rank, kind, s, e, run) for kind, s, e, run in blocks)
+
+
+def _short(block: tuple[str, float, float, list[Op]], merge: float) -> bool:
+    return block[2] - block[1] < merge or len(block[3]) == 1
+
+
+def _kind_runs(ordered: list[tuple[float, float, Op]]):
+    """(kind, start, end, passes) of each back-to-back run of passes of one kind on one rank."""
+    run: list[tuple[float, float, Op]] = []
+    for s, e, op in ordered:
+        if run and (op.kind != run[-1][2].kind or s > run[-1][1] + 1e-9):
+            yield run[0][2].kind, run[0][0], run[-1][1], [o for _, _, o in run]
+            run = []
+        run.append((s, e, op))
+    if run:
+        yield run[0][2].kind, run[0][0], run[-1][1], [o for _, _, o in run]

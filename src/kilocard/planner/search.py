@@ -73,36 +73,50 @@ class Candidate:
         """(TP, PP, CP, EP, ETP): how the model is split; VP, MBS, recompute are schedule choices."""
         return (self.tp, self.pp, self.cp, self.ep, self.etp or self.tp)
 
-    def overrides(self) -> list[str]:
-        """Hydra overrides that select this candidate."""
+    def override_values(self) -> dict[str, str]:
+        """``{dotted field: value}`` of every field this candidate sets, as Hydra override values."""
         par = "parallel."
-        out = [
-            f"{par}tensor_model_parallel_size={self.tp}",
-            f"{par}pipeline_model_parallel_size={self.pp}",
-            f"{par}virtual_pipeline_model_parallel_size={'null' if self.vp is None else self.vp}",
-            f"{par}context_parallel_size={self.cp}",
-            f"{par}expert_model_parallel_size={self.ep}",
-            f"{par}expert_tensor_parallel_size={'null' if self.etp is None else self.etp}",
-            f"{par}sequence_parallel={'true' if self.tp > 1 else 'false'}",
-            f"{par}recompute_granularity={'null' if self.recompute == 'none' else self.recompute}",
-        ]
-        if self.recompute == "full":
-            out += [f"{par}recompute_method=uniform", f"{par}recompute_num_layers=1"]
-        else:
-            out += [f"{par}recompute_method=null", f"{par}recompute_num_layers=null"]
-        out += [
-            f"{par}num_layers_in_first_pipeline_stage={_null(self.first_stage_layers)}",
-            f"{par}num_layers_in_last_pipeline_stage={_null(self.last_stage_layers)}",
-        ]
-        out += [
-            f"{par}use_distributed_optimizer={'true' if self.distributed_optimizer else 'false'}",
-            f"trainer.micro_batch_size={self.mbs}",
-        ]
-        return out
+        full = self.recompute == "full"
+        return {
+            f"{par}tensor_model_parallel_size": str(self.tp),
+            f"{par}pipeline_model_parallel_size": str(self.pp),
+            f"{par}virtual_pipeline_model_parallel_size": _value(self.vp),
+            f"{par}context_parallel_size": str(self.cp),
+            f"{par}expert_model_parallel_size": str(self.ep),
+            f"{par}expert_tensor_parallel_size": _value(self.etp),
+            f"{par}sequence_parallel": _value(self.tp > 1),
+            f"{par}recompute_granularity": "null" if self.recompute == "none" else self.recompute,
+            f"{par}recompute_method": "uniform" if full else "null",
+            f"{par}recompute_num_layers": "1" if full else "null",
+            f"{par}num_layers_in_first_pipeline_stage": _value(self.first_stage_layers),
+            f"{par}num_layers_in_last_pipeline_stage": _value(self.last_stage_layers),
+            f"{par}use_distributed_optimizer": _value(self.distributed_optimizer),
+            "trainer.micro_batch_size": str(self.mbs),
+        }
+
+    def overrides(self, base: dict[str, str] | None = None) -> list[str]:
+        """Hydra overrides that select this candidate; with ``base`` (``config_values``), only the fields
+        whose value differs from it."""
+        base = base or {}
+        return [f"{k}={v}" for k, v in self.override_values().items() if base.get(k) != v]
 
 
-def _null(v: int | None) -> str:
-    return "null" if v is None else str(v)
+def config_values(cfg: RunConfig) -> dict[str, str]:
+    """The config's own values of the fields a candidate sets, formatted as ``override_values``."""
+    out = {}
+    for key in Candidate(1, 1, None, 1, 1, None, 1, "none", False).override_values():
+        section, _, name = key.partition(".")
+        out[key] = _value(getattr(getattr(cfg, section), name))
+    return out
+
+
+def _value(v: object) -> str:
+    """A config value as Hydra's override grammar writes it."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
 
 
 def apply(cfg: RunConfig, c: Candidate) -> RunConfig:
@@ -267,6 +281,11 @@ class Plan:
     """Candidates skipped because their memory estimate exceeds the usable HBM."""
     min_memory_bytes: int | None = None
     """Smallest memory estimate among those skipped."""
+    recipe_layout_best: Ranked | None = None
+    """The fastest accepted choice of the config's own layout (row ``recipe_layout_rank`` of the ranking)."""
+    base: dict[str, str] = field(default_factory=dict)
+    """The config's own values of the fields a candidate sets (``config_values``): override lines list
+    only the fields that differ from them."""
 
 
 def _predictor(cfg: RunConfig, hw: Hardware):
@@ -321,6 +340,8 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
         hbm_usable_bytes=usable,
         over_memory=walk.over_memory,
         min_memory_bytes=walk.min_memory,
+        recipe_layout_best=walk.accepted.get(own.layout_key),
+        base=config_values(cfg),
     )
 
 
@@ -413,8 +434,28 @@ def _num(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
+OWN_MARK = "*"
+"""Marks the table row of the config's own layout."""
+AS_CONFIGURED = "cfg"
+"""The ``#`` of the extra row showing the config's own layout exactly as configured."""
+
+
+def table_rows(p: Plan) -> list[tuple[str, Ranked]]:
+    """(``#``, entry) of every table row: the top layouts, the config's own layout marked ``*`` (appended
+    with its rank when below the top), then the own layout as configured (``cfg*``) when that is not
+    the row's choice of VP, micro-batch, recompute and optimizer."""
+    rank, best = p.recipe_layout_rank, p.recipe_layout_best
+    rows = [(f"{i + 1}{OWN_MARK if i + 1 == rank else ''}", r) for i, r in enumerate(p.top)]
+    if rank is not None and best is not None and rank > len(p.top):
+        rows.append((f"{rank}{OWN_MARK}", best))
+    if p.recipe is not None and (best is None or p.recipe.candidate != best.candidate):
+        rows.append((AS_CONFIGURED + OWN_MARK, p.recipe))
+    return rows
+
+
 def render_text(p: Plan) -> str:
-    """The table ``kilocard plan`` prints, each entry followed by its override line."""
+    """The table ``kilocard plan`` prints, each entry followed by the overrides that select it (only the
+    fields that differ from the config)."""
     header = (
         "#",
         "TP",
@@ -431,16 +472,17 @@ def render_text(p: Plan) -> str:
         "MFU",
         "mem GiB",
     )
-    rows = [header] + [_row(i + 1, r) for i, r in enumerate(p.top)]
+    entries = table_rows(p)
+    rows = [header] + [_row(i, r) for i, r in entries]
     widths = [max(len(r[j]) for r in rows) for j in range(len(header))]
     out = [
         f"{p.world} x {p.gpu}: {p.candidates} candidates after divisibility filters, {p.validated} validated; "
         f"MFU against {_num(p.peak_flops / 1e12)} TFLOP/s dense peak, FLOPs convention {CONVENTION}"
     ]
     out.append("  ".join(v.rjust(w) for v, w in zip(header, widths, strict=False)))
-    for i, r in enumerate(p.top):
-        out.append("  ".join(v.rjust(w) for v, w in zip(rows[i + 1], widths, strict=False)))
-        out.append("    " + " ".join(r.candidate.overrides()))
+    for (_, r), row in zip(entries, rows[1:], strict=True):
+        out.append("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=False)))
+        out.append("    " + (" ".join(r.candidate.overrides(p.base)) or "(as configured: no override)"))
     if not p.top:
         out.append(no_layout_line(p))
     else:
@@ -479,9 +521,10 @@ def own_layout_line(p: Plan) -> str:
     best = p.top[0].tflops_per_gpu if p.top else 0.0
     own = p.recipe.tflops_per_gpu if p.recipe else 0.0
     gap = f", {1 - own / best:.1%} below the best" if best and own < best else ""
+    rows = [label for label, r in table_rows(p) if label.endswith(OWN_MARK)]
     return (
-        f"the config's own layout ranks #{p.recipe_layout_rank} of the accepted layouts "
-        f"({_num(own)} TFLOP/s per GPU as configured{gap})"
+        f"the config's own layout ranks #{p.recipe_layout_rank} of the accepted layouts (table row "
+        f"{' and row '.join(rows)}; {_num(own)} TFLOP/s per GPU as configured{gap})"
     )
 
 
@@ -491,7 +534,7 @@ def render_json(p: Plan) -> str:
     def one(r: Ranked) -> dict:
         return {
             **dataclasses.asdict(r.candidate),
-            "overrides": r.candidate.overrides(),
+            "overrides": r.candidate.overrides(p.base),
             "step_time_s": r.step_time_s,
             "tflops_per_gpu": r.tflops_per_gpu,
             "mfu": r.mfu,

@@ -1,0 +1,105 @@
+"""Fitting the step-time model's free parameters on published rows (``scripts/fit_perf_model.py``,
+``kilocard baselines``' cross-validation).
+
+Coordinate search (no scipy): each free parameter in turn is scaled up and down by a step; a move
+is kept when it lowers the loss (mean squared relative error of TFLOP/s per GPU plus the squared
+worst error, over rows with full configurations); steps halve when nothing improves. Tied names
+move together (one knee, one HBM efficiency for every GPU family); every parameter stays in its
+physical range (``PHYSICAL_RANGES``). The loss has several minima, so ``fit`` runs from a few seeded
+starting points and keeps the best.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+
+from kilocard.perf.baselines import Row, compare_row
+from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, PerfModelParams, flat, with_values
+
+Groups = Sequence[Sequence[str]]
+
+#: Free parameters; names in one tuple move together. Everything else stays at its stated value.
+FREE: Groups = (
+    ("ampere.gemm_efficiency",),
+    ("hopper.gemm_efficiency",),
+    ("ampere.gemm_knee", "hopper.gemm_knee"),
+    ("ampere.hbm_efficiency", "hopper.hbm_efficiency"),
+    ("hopper.flash_attention_efficiency",),
+    ("network.nvlink_efficiency",),
+    ("network.network_efficiency",),
+    ("network.tp_overlap",),
+    ("network.p2p_latency_s",),
+)
+
+
+def loss(values: dict[str, float], rows: Sequence[Row], params: PerfModelParams = FITTED) -> float:
+    """Mean squared relative error of the rows plus the squared worst one, with ``values`` in ``params``."""
+    trial = with_values(params, values)
+    errs = [e for e in (compare_row(r, {}, trial).rel_error for r in rows) if e is not None]
+    return sum(e * e for e in errs) / len(errs) + max(abs(e) for e in errs) ** 2
+
+
+def clamp(name: str, v: float) -> float:
+    """``v`` within the physical range of parameter ``name``."""
+    lo, hi = PHYSICAL_RANGES[name.split(".")[-1]]
+    return min(hi, max(lo, v))
+
+
+def free_values(free: Groups = FREE, params: PerfModelParams = FITTED) -> dict[str, float]:
+    """The current values of the free parameters, clamped to their ranges."""
+    names = {n for group in free for n in group}
+    return {k: clamp(k, v) for k, v in flat(params).items() if k in names}
+
+
+def coordinate_search(
+    values: dict[str, float], rows: Sequence[Row], free: Groups = FREE, rounds: int = 60
+) -> dict[str, float]:
+    """Scale each free group up/down by ``step``; keep improvements; halve the step when none."""
+    best = loss(values, rows)
+    step = 0.2
+    for _ in range(rounds):
+        improved = False
+        for group in free:
+            for factor in (1 + step, 1 / (1 + step)):
+                trial = dict(values)
+                for name in group:
+                    trial[name] = clamp(name, values[name] * factor if values[name] else step * 1e-3)
+                trial_loss = loss(trial, rows)
+                if trial_loss < best - 1e-12:
+                    values, best, improved = trial, trial_loss, True
+        if not improved:
+            step /= 2
+            if step < 1e-3:
+                break
+    return values
+
+
+def fit(
+    rows: Sequence[Row],
+    starts: int = 6,
+    seed: int = 0,
+    free: Groups = FREE,
+    start: dict[str, float] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Best of ``starts`` coordinate searches: from ``start`` (default: the FITTED values), then from
+    seeded perturbations of it (each tied group scaled by one log-uniform factor in [0.7, 1.4])."""
+    base = dict(start) if start is not None else free_values(free)
+    rng = random.Random(seed)
+    best_values, best_loss = base, float("inf")
+    for i in range(starts):
+        trial = dict(base)
+        if i:
+            for group in free:
+                factor = math.exp(rng.uniform(math.log(0.7), math.log(1.4)))
+                for name in group:
+                    trial[name] = clamp(name, base[name] * factor)
+        values = coordinate_search(trial, rows, free)
+        value_loss = loss(values, rows)
+        if log:
+            log(f"start {i}: loss {value_loss:.5f}")
+        if value_loss < best_loss:
+            best_values, best_loss = values, value_loss
+    return best_values

@@ -1,0 +1,93 @@
+"""`kilocard baselines`' leave-one-source-out cross-validation and the fit it reuses."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import yaml
+
+from kilocard.cli import main
+from kilocard.perf.baselines import compare_row, load_rows
+from kilocard.perf.crossval import fold_setup, held_out_errors, source_group
+from kilocard.perf.fit import FREE, fit, free_values, loss
+
+
+@pytest.fixture(scope="module")
+def scored():
+    return [r for r in load_rows() if r.complete]
+
+
+def test_sources_group_by_document(scored):
+    """SC21's annotated rows are one table; the two Megatron-Bridge releases are separate documents."""
+    groups = {source_group(r) for r in scored}
+    assert groups == {
+        "SC21 Table 1",
+        "Megatron-Bridge performance summary 25.11",
+        "Megatron-Bridge performance summary archive 26.04.01",
+    }
+
+
+def test_unconstrained_parameters_do_not_keep_their_fitted_value(scored):
+    """Fitting on H100 rows only: the A100 GEMM efficiency is tied to Hopper's (no A100 row constrains
+    it); fitting on the 2021 rows only: the TP overlap (no row overlaps TP) goes to mid-range, unsearched."""
+    hopper_only = [r for r in scored if source_group(r) != "SC21 Table 1"]
+    groups, start = fold_setup(hopper_only)
+    tied = next(g for g in groups if "hopper.gemm_efficiency" in g)
+    assert "ampere.gemm_efficiency" in tied
+    assert start["ampere.gemm_efficiency"] == start["hopper.gemm_efficiency"]
+    groups, start = fold_setup([r for r in scored if source_group(r) == "SC21 Table 1"])
+    assert all("network.tp_overlap" not in g for g in groups)
+    assert start["network.tp_overlap"] == pytest.approx(0.475)
+
+
+def test_held_out_rows_are_not_seen_by_their_fit(scored):
+    """Changing a held-out row's published figure changes its error only through the figure itself:
+    the prediction (fitted without it) stays the same."""
+    rows = [r for r in scored if r.id in ("sc21-1.7b", "sc21-18b", "bridge-llama3-8b-fp8", "bridge-llama3-70b-fp8")]
+    before = held_out_errors(rows, starts=1)
+    target = next(r for r in rows if r.id == "bridge-llama3-70b-fp8")
+    doubled = type(target)(target.id, {**target.raw, "result": {"tflops_per_gpu": 1462}}, True, [])
+    after = held_out_errors([doubled if r is target else r for r in rows], starts=1)
+    predicted = [731 * (1 + before[target.id]), 1462 * (1 + after[target.id])]
+    assert predicted[0] == pytest.approx(predicted[1], rel=1e-9)
+    in_sample = compare_row(target, {}).rel_error
+    assert before[target.id] != pytest.approx(in_sample, abs=1e-6)
+
+
+def test_fit_lowers_the_loss_from_a_perturbed_start(scored):
+    rows = [r for r in scored if source_group(r) == "SC21 Table 1"][:4]
+    start = {k: v * 0.8 for k, v in free_values().items()}
+    fitted = fit(rows, starts=1, free=FREE, start=start)
+    assert loss(fitted, rows) < loss(start, rows) / 2
+
+
+def test_baselines_command_reports_cross_validation_within_a_minute(capsys):
+    """The real command end to end: the JSON contract, and the whole run under 60 s."""
+    t0 = time.perf_counter()
+    assert main(["baselines", "--format", "json"]) == 0
+    elapsed = time.perf_counter() - t0
+    doc = json.loads(capsys.readouterr().out)
+    assert elapsed < 60, f"kilocard baselines took {elapsed:.0f} s"
+    rows = {r["id"]: r for r in doc["rows"]}
+    scored = [r for r in rows.values() if r["cv_rel_error"] is not None]
+    assert doc["n_scored"] == len(scored) == doc["rows_included"] == 13
+    assert rows["megascale-175b"]["cv_rel_error"] is None
+    held = [abs(r["cv_rel_error"]) for r in scored]
+    assert doc["cv_mean_abs_rel_error"] == pytest.approx(sum(held) / len(held))
+    assert doc["cv_max_abs_rel_error"] == pytest.approx(max(held))
+    assert all(math.isfinite(v) for v in held)
+    assert any(r["cv_rel_error"] != pytest.approx(r["rel_error"], abs=1e-4) for r in scored)
+
+
+def test_text_gives_both_errors(scored, tmp_path, capsys):
+    """Two rows from two sources: each is predicted by a fit on the other."""
+    picked = [r.raw for r in scored if r.id in ("sc21-1.7b", "bridge-llama3-8b-fp8")]
+    f = tmp_path / "two.yaml"
+    f.write_text(yaml.safe_dump({"rows": picked}))
+    assert main(["baselines", "--file", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "CV error" in out.splitlines()[0]
+    assert "in sample: mean |error|" in out and "held out:  mean |error|" in out
