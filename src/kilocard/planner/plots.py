@@ -21,6 +21,8 @@ from kilocard.config.schema import RunConfig  # noqa: E402
 from kilocard.planner.search import OWN_MARK, table_rows  # noqa: E402
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")
+MEMORY_COLORS = {"weights": "#7f7f7f", "gradients": "#bcbd22", "optimizer": "#17becf", "activations": "#9467bd"}
+"""Memory parts: colours the MFU panel above does not use, so no colour means two things."""
 OWN_COLOR, OTHER_COLOR = "tab:orange", "tab:blue"
 KIND_COLORS = {"F": "#4c8bd6", "B": "#e8913a", "FB": "#b48ac9"}
 """Forward, backward, and (dense schedules) a block of alternating forward and backward passes."""
@@ -79,7 +81,7 @@ def memory_panel(ax, plan, entries) -> None:
     bottom = [0.0] * len(entries)
     for part in MEMORY_PARTS:
         vals = [r.memory.get(part, 0) / 2**30 for _, r in entries]
-        bars = ax.bar(x, vals, bottom=bottom, label=part)
+        bars = ax.bar(x, vals, bottom=bottom, label=part, color=MEMORY_COLORS[part])
         ax.bar_label(bars, labels=[f"{v:.1f}" if v > 0.06 * top else "" for v in vals], label_type="center", fontsize=7)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     for i, t in enumerate(totals):
