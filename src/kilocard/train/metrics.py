@@ -24,6 +24,10 @@ FLOPS_CONVENTION = "megatron_current"
 """FLOPs convention of every TFLOP/s and MFU figure the trainer reports."""
 
 
+NOT_SCALARS = frozenset({"step", "time"})
+"""Record keys that are no TensorBoard scalar: the step is the x axis, the unix time its wall time."""
+
+
 @dataclass(frozen=True)
 class Throughput:
     """Constants that turn a step time into throughput figures."""
@@ -85,7 +89,8 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int) -> None:
         self.path = run_dir / METRICS_FILE
-        self._truncate_after(resume_step)
+        self.superseded: dict[str, Any] | None = self._truncate_after(resume_step)
+        """The newest record dropped on resume (a step trained again now), ``None`` when none was."""
         self._file = open(self.path, "a", buffering=1)
         self._tb: Any = None
         if tensorboard:
@@ -95,14 +100,18 @@ class MetricsWriter:
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=resume_step + 1)
             self._summary = Summary
 
-    def _truncate_after(self, step: int) -> None:
-        """Drop records of steps after the resumed one (they are trained again) and a torn last line."""
+    def _truncate_after(self, step: int) -> dict[str, Any] | None:
+        """Drop records of steps after the resumed one (they are trained again) and a torn last line;
+        return the newest dropped record (``None`` when nothing was dropped)."""
         if not self.path.exists():
-            return
-        keep = [r for r in _parse(self.path.read_text()) if r.get("step", 0) <= step]
+            return None
+        records = _parse(self.path.read_text())
+        keep = [r for r in records if r.get("step", 0) <= step]
+        dropped = [r for r in records if r.get("step", 0) > step]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, self.path)
+        return max(dropped, key=lambda r: r["step"]) if dropped else None
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one step's record: a JSON line, and its numbers as ``train/<key>`` TensorBoard scalars.
@@ -117,7 +126,7 @@ class MetricsWriter:
             values = [
                 Summary.Value(tag=f"train/{k}", simple_value=float(v))
                 for k, v in record.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in NOT_SCALARS
             ]
             self._tb.file_writer.add_summary(Summary(value=values), record["step"])
 

@@ -53,6 +53,8 @@ class _InFlight:
     """``train_step``'s figures of this step (grad norm, lr)."""
     started: float
     """``time.perf_counter()`` when the step began."""
+    started_wall: float
+    """``time.time()`` when the step began (the record's ``time`` is this plus the step time)."""
 
 
 class Trainer:
@@ -159,6 +161,7 @@ class Trainer:
             work=dist.all_reduce(t, async_op=True),
             result=r,
             started=t0,
+            started_wall=time.time() - (time.perf_counter() - t0),
         )
 
     def _settle(self, f: _InFlight, writer: MetricsWriter | None, next_start: float | None) -> bool:
@@ -175,7 +178,7 @@ class Trainer:
             raise NonFiniteLoss(f"step {f.step}: loss is {loss}; lower optim.lr or check the data")
         if writer is not None:
             dt = (next_start if next_start is not None else time.perf_counter()) - f.started
-            writer.write(self._record(f.step, f.consumed, loss, f.result, dt))
+            writer.write(self._record(f.step, f.consumed, loss, f.result, dt, f.started_wall + dt))
         return stops > 0
 
     def run(self, writer: MetricsWriter | None) -> Outcome:
@@ -208,10 +211,14 @@ class Trainer:
         self.ckpt.finalize(blocking=True)
         return Outcome.DONE
 
-    def _record(self, step: int, consumed: int, loss: float, r: dict[str, Any], dt: float) -> dict[str, Any]:
+    def _record(
+        self, step: int, consumed: int, loss: float, r: dict[str, Any], dt: float, ended: float
+    ) -> dict[str, Any]:
+        """Step ``step``'s metrics line; ``time`` is ``ended``, the unix time at the end of its period."""
         gn = r["grad_norm"]
         rec = {
             "step": step,
+            "time": ended,
             "loss": loss,
             "lr": r["lr"],
             "grad_norm": float(gn) if gn is not None else None,
