@@ -290,6 +290,9 @@ class TrainerConfig:
     """A rank that makes no progress for this long fails the run with a clear message."""
     tensorboard: bool = True
     """Also write TensorBoard scalars under ``<run_dir>/tensorboard``."""
+    rank_time_interval: int = 10
+    """Every N steps the ranks all-gather their own step times (one small collective): metrics get the
+    slowest rank and the median, and a persistently slower rank is named in a warning (0 = off)."""
 
 
 @dataclass(kw_only=True)
@@ -433,6 +436,7 @@ CONFIG_GROUPS = ("model", "parallel", "precision", "optim", "data", "checkpoint"
 
 #: Fields of model/parallel/precision that are not Megatron-Core config fields, with the reason.
 KILOCARD_OWN_FIELDS: dict[str, str] = {
+    "trainer.rank_time_interval": "kilocard's straggler report (kilocard.train.straggler); Megatron-LM has none",
     "model.name": "a label for tables and run names",
     "model.seq_length": "Megatron-LM --seq-length; reaches Megatron-Core as the dataset sequence_length",
     "model.vocab_size": "GPTModel(vocab_size=...) after padding by make_vocab_size_divisible_by",

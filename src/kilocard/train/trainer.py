@@ -20,6 +20,7 @@ from kilocard.train import megatron_adapter as ma
 from kilocard.train.ckpt_manager import CheckpointManager
 from kilocard.train.metrics import MetricsWriter, Throughput, peak_memory_bytes
 from kilocard.train.signals import StopFlag, Watchdog
+from kilocard.train.straggler import StragglerWatch, spread
 
 _T0 = time.monotonic()
 
@@ -87,7 +88,50 @@ class Trainer:
         self._loss_ranks = self.world // ps.get_pipeline_model_parallel_world_size()
         self._device = torch.device("cuda") if backend.is_cuda else torch.device("cpu")
         self.throughput = Throughput.for_run(run_cfg, self.world)
+        self._ready_at: float | None = None
+        """``time.perf_counter()`` when this rank last became ready to reduce its gradients."""
+        self._own_s = 0.0
+        """This rank's own step time (start to gradient reduction) summed since the last gather."""
+        self._own_n = 0
+        """Steps summed in ``_own_s``."""
+        self._stragglers = StragglerWatch()
+        self._time_grad_reduction()
         self.log(f"built model ({self.num_micro} micro-batches per step, world {self.world}, backend {backend.name})")
+
+    def _time_grad_reduction(self) -> None:
+        """Stamp the moment this rank is ready to reduce gradients (``finalize_model_grads``, called by the
+        schedule; see ``kilocard.train.straggler``)."""
+        from megatron.core.utils import get_model_config
+
+        config = get_model_config(self.built.model[0])
+        inner = config.finalize_model_grads_func
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._ready_at = time.perf_counter()
+            return inner(*args, **kwargs)
+
+        config.finalize_model_grads_func = timed
+
+    def _rank_times(self, t0: float) -> dict[str, float | int]:
+        """Add this step's own time; every ``trainer.rank_time_interval`` steps all-gather the per-rank means
+        (one collective) and return the spread's record fields, warning about a persistent straggler."""
+        n = self.cfg.trainer.rank_time_interval
+        if not n:
+            return {}
+        self._own_s += (self._ready_at if self._ready_at is not None else time.perf_counter()) - t0
+        self._own_n += 1
+        self._ready_at = None
+        if self.step % n:
+            return {}
+        mine = torch.tensor([self._own_s / self._own_n], dtype=torch.float64, device=self._device)
+        gathered = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(gathered, mine)
+        self._own_s, self._own_n = 0.0, 0
+        s = spread([float(g.item()) for g in gathered])
+        warning = self._stragglers.observe(s, self.step)
+        if warning:
+            self.log(warning)
+        return s.record()
 
     def log(self, msg: str) -> None:
         """A rank-0 line in the training log, stamped with seconds since the process started."""
@@ -195,6 +239,7 @@ class Trainer:
             t0 = time.perf_counter()
             r = self.train_step(iterators)
             self.step += 1
+            r["rank_times"] = self._rank_times(t0)
             self.consumed += t.global_batch_size
             current = self._start_reduce(r, t0)
             stop = self._settle(pending, writer, next_start=t0) if pending is not None else False
@@ -226,6 +271,7 @@ class Trainer:
             "consumed_samples": consumed,
         }
         rec.update(self.throughput.figures(dt))
+        rec.update(r.get("rank_times", {}))
         rec["peak_mem_bytes"] = peak_memory_bytes()
         rec["train_iters"] = self.cfg.trainer.train_iters
         rec["mfu_peak"] = self.throughput.peak_name
