@@ -293,6 +293,10 @@ class TrainerConfig:
     rank_time_interval: int = 10
     """Every N steps the ranks all-gather their own step times (one small collective): metrics get the
     slowest rank and the median, and a persistently slower rank is named in a warning (0 = off)."""
+    wandb: bool = False
+    """Also log the TensorBoard scalars to Weights & Biases, offline, under ``<run_dir>/wandb`` (needs wandb)."""
+    mlflow: bool = False
+    """Also log the TensorBoard scalars to MLflow, a local file store ``<run_dir>/mlruns`` (needs mlflow)."""
 
 
 @dataclass(kw_only=True)
@@ -437,6 +441,8 @@ CONFIG_GROUPS = ("model", "parallel", "precision", "optim", "data", "checkpoint"
 #: Fields of model/parallel/precision that are not Megatron-Core config fields, with the reason.
 KILOCARD_OWN_FIELDS: dict[str, str] = {
     "trainer.rank_time_interval": "kilocard's straggler report (kilocard.train.straggler); Megatron-LM has none",
+    "trainer.wandb": "kilocard's optional tracker (offline W&B); Megatron-LM's --wandb-project takes a project name",
+    "trainer.mlflow": "kilocard's optional tracker (a local MLflow file store); Megatron-LM has none",
     "model.name": "a label for tables and run names",
     "model.seq_length": "Megatron-LM --seq-length; reaches Megatron-Core as the dataset sequence_length",
     "model.vocab_size": "GPTModel(vocab_size=...) after padding by make_vocab_size_divisible_by",

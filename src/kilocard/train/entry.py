@@ -77,10 +77,12 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
     from kilocard.train.claim import claim_run_dir
     from kilocard.train.megatron_adapter import UnsupportedConfig
     from kilocard.train.signals import Watchdog
+    from kilocard.train.tracking import TrackingUnavailable, check_available
     from kilocard.train.trainer import NonFiniteLoss
 
     watchdog = Watchdog(run_cfg.trainer.hang_timeout_s, env.rank).start()
     try:
+        check_available(run_cfg)  # every rank, before any collective: all stop alike
         backend = select(env.local_rank)
         _deterministic(run_cfg.trainer.deterministic)
         timeout = datetime.timedelta(seconds=max(run_cfg.trainer.hang_timeout_s, 1.0) + 60)
@@ -95,7 +97,7 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
     except FrozenConfigError as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
-    except (ck.ModelMismatch, UnsupportedConfig) as e:
+    except (ck.ModelMismatch, UnsupportedConfig, TrackingUnavailable) as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
     except (ck.DiskFull, NonFiniteLoss) as e:  # a person must look, but the message says it all
@@ -135,6 +137,7 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
     import torch.distributed as dist
 
     from kilocard.train.metrics import MetricsWriter
+    from kilocard.train.tracking import Trackers, enabled
     from kilocard.train.trainer import Outcome
 
     trainer = build_trainer(
@@ -143,7 +146,8 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
     trainer.resume()
     writer = None
     if dist.get_rank() == 0:
-        writer = MetricsWriter(run_dir, run_cfg.trainer.tensorboard, resume_step=trainer.step)
+        trackers = Trackers(run_cfg, run_dir) if enabled(run_cfg) else None
+        writer = MetricsWriter(run_dir, run_cfg.trainer.tensorboard, resume_step=trainer.step, trackers=trackers)
         dropped = writer.superseded or {}
         events.append(
             run_dir,

@@ -87,11 +87,13 @@ def peak_memory_bytes() -> int:
 class MetricsWriter:
     """metrics.jsonl (append, one line per step) plus TensorBoard scalars; used on one rank."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int, trackers: Any = None) -> None:
         self.path = run_dir / METRICS_FILE
         self.superseded: dict[str, Any] | None = self._truncate_after(resume_step)
         """The newest record dropped on resume (a step trained again now), ``None`` when none was."""
         self._file = open(self.path, "a", buffering=1)
+        self._trackers = trackers
+        """``kilocard.train.tracking.Trackers`` (W&B, MLflow) or ``None``."""
         self._tb: Any = None
         if tensorboard:
             from tensorboard.compat.proto.summary_pb2 import Summary
@@ -121,20 +123,32 @@ class MetricsWriter:
         merged event about 35 us (``scripts/bench_train_overhead.py`` counts every bit of it).
         """
         self._file.write(json.dumps(record) + "\n")
+        if self._tb is None and self._trackers is None:
+            return
+        values = scalars(record)
         if self._tb is not None:
             Summary = self._summary
-            values = [
-                Summary.Value(tag=f"train/{k}", simple_value=float(v))
-                for k, v in record.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in NOT_SCALARS
-            ]
-            self._tb.file_writer.add_summary(Summary(value=values), record["step"])
+            summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+            self._tb.file_writer.add_summary(summary, record["step"])
+        if self._trackers is not None:
+            self._trackers.log(values, record["step"])
 
     def close(self) -> None:
         """Flush and close both outputs."""
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._trackers is not None:
+            self._trackers.close()
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """A record's numbers as ``train/<key>`` scalars (what TensorBoard and the trackers get)."""
+    return {
+        f"train/{k}": float(v)
+        for k, v in record.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in NOT_SCALARS
+    }
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
