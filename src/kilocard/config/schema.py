@@ -297,6 +297,9 @@ class TrainerConfig:
     """Also log the TensorBoard scalars to Weights & Biases, offline, under ``<run_dir>/wandb`` (needs wandb)."""
     mlflow: bool = False
     """Also log the TensorBoard scalars to MLflow, a local file store ``<run_dir>/mlruns`` (needs mlflow)."""
+    profile_steps: list[int] = field(default_factory=list)
+    """``[a, b]``: trace steps a..b with torch's profiler into ``<run_dir>/profile/`` (one file per rank);
+    empty: no tracing."""
 
 
 @dataclass(kw_only=True)
@@ -443,6 +446,7 @@ KILOCARD_OWN_FIELDS: dict[str, str] = {
     "trainer.rank_time_interval": "kilocard's straggler report (kilocard.train.straggler); Megatron-LM has none",
     "trainer.wandb": "kilocard's optional tracker (offline W&B); Megatron-LM's --wandb-project takes a project name",
     "trainer.mlflow": "kilocard's optional tracker (a local MLflow file store); Megatron-LM has none",
+    "trainer.profile_steps": "torch profiler window; Megatron-LM's --profile-step-start/--profile-step-end as one list",
     "model.name": "a label for tables and run names",
     "model.seq_length": "Megatron-LM --seq-length; reaches Megatron-Core as the dataset sequence_length",
     "model.vocab_size": "GPTModel(vocab_size=...) after padding by make_vocab_size_divisible_by",

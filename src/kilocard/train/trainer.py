@@ -19,6 +19,7 @@ from kilocard.config.schema import RunConfig
 from kilocard.train import megatron_adapter as ma
 from kilocard.train.ckpt_manager import CheckpointManager
 from kilocard.train.metrics import MetricsWriter, Throughput, peak_memory_bytes
+from kilocard.train.profiling import StepProfiler
 from kilocard.train.signals import StopFlag, Watchdog
 from kilocard.train.straggler import StragglerWatch, spread
 
@@ -95,6 +96,8 @@ class Trainer:
         self._own_n = 0
         """Steps summed in ``_own_s``."""
         self._stragglers = StragglerWatch()
+        self.profiler = StepProfiler(run_dir, list(run_cfg.trainer.profile_steps), self.rank, backend.is_cuda)
+        """Traces ``trainer.profile_steps``."""
         self._time_grad_reduction()
         self.log(f"built model ({self.num_micro} micro-batches per step, world {self.world}, backend {backend.name})")
 
@@ -226,7 +229,15 @@ class Trainer:
         return stops > 0
 
     def run(self, writer: MetricsWriter | None) -> Outcome:
-        """Train until train_iters or a stop request, saving every ``checkpoint.save_interval`` steps and at the end."""
+        """Train until train_iters or a stop request, saving every ``checkpoint.save_interval`` steps and at the end;
+        a profiler window cut short by a stop or an error is written as far as it got."""
+        try:
+            return self._loop(writer)
+        finally:
+            self.profiler.finish()
+
+    def _loop(self, writer: MetricsWriter | None) -> Outcome:
+        """The step loop of ``run``."""
         t = self.cfg.trainer
         if self.step >= t.train_iters:
             return Outcome.DONE
@@ -236,9 +247,11 @@ class Trainer:
         pending: _InFlight | None = None  # the previous step, its all-reduce still in flight
         while self.step < t.train_iters:
             self.watchdog.beat(f"step {self.step + 1}")
+            self.profiler.before_step(self.step + 1)
             t0 = time.perf_counter()
             r = self.train_step(iterators)
             self.step += 1
+            self.profiler.after_step(self.step)
             r["rank_times"] = self._rank_times(t0)
             self.consumed += t.global_batch_size
             current = self._start_reduce(r, t0)
