@@ -1,6 +1,7 @@
-"""A real slow rank: two gloo CPU ranks of tiny_gpt, rank 1 repeatedly paused (SIGSTOP for 0.3 s, then
-SIGCONT: a node whose CPU is taken away). The per-rank step times reach metrics.jsonl every
-``trainer.rank_time_interval`` steps and the log names rank 1 as persistently slower."""
+"""A real slow rank: two gloo CPU ranks of tiny_gpt, rank 1 paused three quarters of the time in short
+slices (SIGSTOP 15 ms, SIGCONT 5 ms: a rank running at a quarter of its speed). The per-rank step
+times reach metrics.jsonl every ``trainer.rank_time_interval`` steps and the log names rank 1 as
+persistently slower."""
 
 from __future__ import annotations
 
@@ -18,20 +19,20 @@ pytestmark = pytest.mark.slow
 
 
 def _throttle(proc, rank: int, done: threading.Event) -> None:
-    """Pause ``rank`` 0.3 s of every 0.4 s until ``done`` or until it has exited."""
+    """Pause ``rank`` 15 ms of every 20 ms until ``done`` or until it has exited."""
     p = rank_process(proc.pid, rank)
     try:
         while not done.is_set():
             p.send_signal(signal.SIGSTOP)
-            time.sleep(0.3)
+            time.sleep(0.015)
             p.send_signal(signal.SIGCONT)
-            time.sleep(0.1)
+            time.sleep(0.005)
     except psutil.NoSuchProcess:
         return
 
 
 def test_a_paused_rank_is_the_slowest_and_named_in_a_warning(kilocard_run):
-    args = ["--nproc", "2", "recipe=tiny_gpt", "trainer.train_iters=30", "trainer.rank_time_interval=2"]
+    args = ["--nproc", "2", "recipe=tiny_gpt", "trainer.train_iters=30", "trainer.rank_time_interval=3"]
     proc = kilocard_run.start(*args, "trainer.tensorboard=false", "checkpoint.save_interval=0")
     done = threading.Event()
     throttle = None
@@ -48,8 +49,8 @@ def test_a_paused_rank_is_the_slowest_and_named_in_a_warning(kilocard_run):
     assert proc.returncode == exitcodes.DONE, out[-3000:]
     run_dir = kilocard_run.run_dir_of(out)
     gathered = [r for r in records(run_dir) if "slowest_rank" in r]
-    assert [r["step"] for r in gathered] == list(range(2, 31, 2))
+    assert [r["step"] for r in gathered] == list(range(3, 31, 3))
     assert all(r["step_time_max_s"] >= r["step_time_median_s"] > 0 for r in gathered)
     late = gathered[len(gathered) // 2 :]  # the throttle starts after the first progress line
-    assert sum(r["slowest_rank"] == 1 for r in late) >= len(late) - 1, late
+    assert all(r["slowest_rank"] == 1 for r in late), late
     assert "warning: rank 1 is persistently slower" in train_log(run_dir)
