@@ -28,6 +28,7 @@ FROZEN_VERBS = (
     "image",
     "logs",
     "convert",
+    "goodput",
 )
 
 

@@ -18,6 +18,7 @@ from kilocard.commands import (
     baselines,
     convert,
     exits,
+    goodput,
     image,
     logs,
     plan,
@@ -44,6 +45,7 @@ COMMANDS: dict[str, ModuleType] = {
     "image": image,
     "logs": logs,
     "convert": convert,
+    "goodput": goodput,
 }
 VERBS = tuple(COMMANDS)
 

@@ -290,6 +290,16 @@ class TrainerConfig:
     """A rank that makes no progress for this long fails the run with a clear message."""
     tensorboard: bool = True
     """Also write TensorBoard scalars under ``<run_dir>/tensorboard``."""
+    rank_time_interval: int = 10
+    """Every N steps the ranks all-gather their own step times (one small collective): metrics get the
+    slowest rank and the median, and a persistently slower rank is named in a warning (0 = off)."""
+    wandb: bool = False
+    """Also log the TensorBoard scalars to Weights & Biases, offline, under ``<run_dir>/wandb`` (needs wandb)."""
+    mlflow: bool = False
+    """Also log the TensorBoard scalars to MLflow, a local file store ``<run_dir>/mlruns`` (needs mlflow)."""
+    profile_steps: list[int] = field(default_factory=list)
+    """``[a, b]``: trace steps a..b with torch's profiler into ``<run_dir>/profile/`` (one file per rank);
+    empty: no tracing."""
 
 
 @dataclass(kw_only=True)
@@ -433,6 +443,10 @@ CONFIG_GROUPS = ("model", "parallel", "precision", "optim", "data", "checkpoint"
 
 #: Fields of model/parallel/precision that are not Megatron-Core config fields, with the reason.
 KILOCARD_OWN_FIELDS: dict[str, str] = {
+    "trainer.rank_time_interval": "kilocard's straggler report (kilocard.train.straggler); Megatron-LM has none",
+    "trainer.wandb": "kilocard's optional tracker (offline W&B); Megatron-LM's --wandb-project takes a project name",
+    "trainer.mlflow": "kilocard's optional tracker (a local MLflow file store); Megatron-LM has none",
+    "trainer.profile_steps": "torch profiler window; Megatron-LM's --profile-step-start/--profile-step-end as one list",
     "model.name": "a label for tables and run names",
     "model.seq_length": "Megatron-LM --seq-length; reaches Megatron-Core as the dataset sequence_length",
     "model.vocab_size": "GPTModel(vocab_size=...) after padding by make_vocab_size_divisible_by",

@@ -29,6 +29,7 @@ from kilocard.config.schema import RunConfig
 from kilocard.perf.params import padded_vocab_size
 from kilocard.train import checkpoint as ck
 from kilocard.train import ckpt_state as cs
+from kilocard.train import events
 from kilocard.train.names import CHECKPOINTS_DIR, MODEL_ONLY, STATE
 from kilocard.train.signals import Watchdog
 
@@ -62,7 +63,7 @@ class CheckpointManager:
         from megatron.core import parallel_state as ps
 
         c = run_cfg.checkpoint
-        self.cfg, self.sha, self.built = run_cfg, config_sha256, built
+        self.cfg, self.sha, self.built, self.run_dir = run_cfg, config_sha256, built, run_dir
         self.save_root = Path(c.save) if c.save else run_dir / CHECKPOINTS_DIR
         """Where this run's steps are committed."""
         self.load_root = Path(c.load) if c.load else None
@@ -249,7 +250,10 @@ class CheckpointManager:
         if self.rank == 0:
             ck.commit_step(self.save_root, step, self.cfg.checkpoint.keep_last)
         dist.barrier()
-        self._log(f"committed step {step} in {time.monotonic() - t0:.1f}s ({sdir})")
+        seconds = time.monotonic() - t0
+        if self.rank == 0:
+            events.append(self.run_dir, "commit", step=step, seconds=seconds, tier=events.PERSISTENT)
+        self._log(f"committed step {step} in {seconds:.1f}s ({sdir})")
 
     def _save_strategy(self) -> Any:
         if not self.cfg.checkpoint.fully_parallel_save or self._ps.get_data_parallel_world_size() == 1:

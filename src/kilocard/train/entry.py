@@ -10,11 +10,13 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
 from kilocard import exitcodes
 from kilocard.config.freeze import FrozenConfigError, load_verified
+from kilocard.train import events
 from kilocard.train.signals import StopFlag, die_with_parent_in_forks, record_exit
 
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistNetworkError")
@@ -39,20 +41,33 @@ def _deterministic(on: bool) -> None:
         torch.use_deterministic_algorithms(True)
 
 
-def train(run_dir: Path, stop: StopFlag) -> int:
-    """Train the run in ``run_dir`` on this rank (``stop`` installed); return an exit code of ``kilocard.exitcodes``."""
+def train(run_dir: Path, stop: StopFlag, started: float | None = None) -> int:
+    """Train the run in ``run_dir`` on this rank (``stop`` installed; the process began at unix time
+    ``started``, default now); return an exit code of ``kilocard.exitcodes``."""
     from kilocard.train.dist_env import resolve
 
+    started = time.time() if started is None else started
     env = resolve(os.environ)
     try:
         run_cfg, sha = load_verified(run_dir)
     except FrozenConfigError as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
-    return _train_verified(run_dir, run_cfg, sha, env, stop)
+    attempt: dict[str, bool] = {"recorded": False}
+    code = _train_verified(run_dir, run_cfg, sha, env, stop, started, attempt)
+    if attempt["recorded"]:
+        events.append(run_dir, "exit", code=code)
+    return code
 
 
-def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag) -> int:
+def _record_start(run_dir: Path, env, started: float, attempt: dict[str, bool]) -> None:
+    """Rank 0 (holding the run directory) records this launch attempt in events.jsonl."""
+    if env.rank == 0:
+        events.append(run_dir, "start", when=started, world_size=env.world_size, **events.attempt_fields(os.environ))
+        attempt["recorded"] = True
+
+
+def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, started: float, attempt) -> int:
     import torch.distributed as dist
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -62,15 +77,18 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag) -> in
     from kilocard.train.claim import claim_run_dir
     from kilocard.train.megatron_adapter import UnsupportedConfig
     from kilocard.train.signals import Watchdog
+    from kilocard.train.tracking import TrackingUnavailable, check_available
     from kilocard.train.trainer import NonFiniteLoss
 
     watchdog = Watchdog(run_cfg.trainer.hang_timeout_s, env.rank).start()
     try:
+        check_available(run_cfg)  # every rank, before any collective: all stop alike
         backend = select(env.local_rank)
         _deterministic(run_cfg.trainer.deterministic)
         timeout = datetime.timedelta(seconds=max(run_cfg.trainer.hang_timeout_s, 1.0) + 60)
         dist.init_process_group(backend.dist_backend, timeout=timeout)
         claim_run_dir(run_dir)  # one writer per run directory; a lock taken here lasts until this rank exits
+        _record_start(run_dir, env, started, attempt)
         return _train_in_group(run_dir, run_cfg, sha, backend, stop, watchdog, timeout)
     except RunDirBusy as e:
         if env.rank == 0:
@@ -79,7 +97,7 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag) -> in
     except FrozenConfigError as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
-    except (ck.ModelMismatch, UnsupportedConfig) as e:
+    except (ck.ModelMismatch, UnsupportedConfig, TrackingUnavailable) as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
     except (ck.DiskFull, NonFiniteLoss) as e:  # a person must look, but the message says it all
@@ -119,6 +137,7 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
     import torch.distributed as dist
 
     from kilocard.train.metrics import MetricsWriter
+    from kilocard.train.tracking import Trackers, enabled
     from kilocard.train.trainer import Outcome
 
     trainer = build_trainer(
@@ -127,7 +146,16 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
     trainer.resume()
     writer = None
     if dist.get_rank() == 0:
-        writer = MetricsWriter(run_dir, run_cfg.trainer.tensorboard, resume_step=trainer.step)
+        trackers = Trackers(run_cfg, run_dir) if enabled(run_cfg) else None
+        writer = MetricsWriter(run_dir, run_cfg.trainer.tensorboard, resume_step=trainer.step, trackers=trackers)
+        dropped = writer.superseded or {}
+        events.append(
+            run_dir,
+            "resume",
+            step=trainer.step,
+            superseded_step=dropped.get("step"),
+            superseded_time=dropped.get("time"),
+        )
     try:
         outcome = trainer.run(writer)
     finally:
@@ -161,6 +189,7 @@ def _shutdown() -> None:
 def main(argv: list[str] | None = None, stop: StopFlag | None = None) -> int:
     """Command line: ``python -m kilocard.train RUN_DIR``; ``stop`` is the flag ``__main__`` installed before
     the heavy imports (it keeps a signal that came early)."""
+    started = time.time()
     stop = stop or StopFlag()
     stop.install()  # a USR1/TERM during start-up (imports, rendezvous) must not kill the rank
     die_with_parent_in_forks()  # a killed rank's checkpoint writers must not keep its sockets open
@@ -172,6 +201,6 @@ def main(argv: list[str] | None = None, stop: StopFlag | None = None) -> int:
     if not run_dir.is_dir():
         print(f"kilocard.train: error: run directory {run_dir} does not exist", file=sys.stderr)
         return exitcodes.BAD_CONFIG
-    code = train(run_dir, stop)
+    code = train(run_dir, stop, started)
     record_exit(code)
     return code

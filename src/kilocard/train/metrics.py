@@ -24,6 +24,10 @@ FLOPS_CONVENTION = "megatron_current"
 """FLOPs convention of every TFLOP/s and MFU figure the trainer reports."""
 
 
+NOT_SCALARS = frozenset({"step", "time"})
+"""Record keys that are no TensorBoard scalar: the step is the x axis, the unix time its wall time."""
+
+
 @dataclass(frozen=True)
 class Throughput:
     """Constants that turn a step time into throughput figures."""
@@ -83,10 +87,13 @@ def peak_memory_bytes() -> int:
 class MetricsWriter:
     """metrics.jsonl (append, one line per step) plus TensorBoard scalars; used on one rank."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int, trackers: Any = None) -> None:
         self.path = run_dir / METRICS_FILE
-        self._truncate_after(resume_step)
+        self.superseded: dict[str, Any] | None = self._truncate_after(resume_step)
+        """The newest record dropped on resume (a step trained again now), ``None`` when none was."""
         self._file = open(self.path, "a", buffering=1)
+        self._trackers = trackers
+        """``kilocard.train.tracking.Trackers`` (W&B, MLflow) or ``None``."""
         self._tb: Any = None
         if tensorboard:
             from tensorboard.compat.proto.summary_pb2 import Summary
@@ -95,14 +102,18 @@ class MetricsWriter:
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=resume_step + 1)
             self._summary = Summary
 
-    def _truncate_after(self, step: int) -> None:
-        """Drop records of steps after the resumed one (they are trained again) and a torn last line."""
+    def _truncate_after(self, step: int) -> dict[str, Any] | None:
+        """Drop records of steps after the resumed one (they are trained again) and a torn last line;
+        return the newest dropped record (``None`` when nothing was dropped)."""
         if not self.path.exists():
-            return
-        keep = [r for r in _parse(self.path.read_text()) if r.get("step", 0) <= step]
+            return None
+        records = _parse(self.path.read_text())
+        keep = [r for r in records if r.get("step", 0) <= step]
+        dropped = [r for r in records if r.get("step", 0) > step]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, self.path)
+        return max(dropped, key=lambda r: r["step"]) if dropped else None
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one step's record: a JSON line, and its numbers as ``train/<key>`` TensorBoard scalars.
@@ -112,20 +123,32 @@ class MetricsWriter:
         merged event about 35 us (``scripts/bench_train_overhead.py`` counts every bit of it).
         """
         self._file.write(json.dumps(record) + "\n")
+        if self._tb is None and self._trackers is None:
+            return
+        values = scalars(record)
         if self._tb is not None:
             Summary = self._summary
-            values = [
-                Summary.Value(tag=f"train/{k}", simple_value=float(v))
-                for k, v in record.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
-            ]
-            self._tb.file_writer.add_summary(Summary(value=values), record["step"])
+            summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+            self._tb.file_writer.add_summary(summary, record["step"])
+        if self._trackers is not None:
+            self._trackers.log(values, record["step"])
 
     def close(self) -> None:
         """Flush and close both outputs."""
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._trackers is not None:
+            self._trackers.close()
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """A record's numbers as ``train/<key>`` scalars (what TensorBoard and the trackers get)."""
+    return {
+        f"train/{k}": float(v)
+        for k, v in record.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in NOT_SCALARS
+    }
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -19,7 +19,9 @@ from kilocard.config.schema import RunConfig
 from kilocard.train import megatron_adapter as ma
 from kilocard.train.ckpt_manager import CheckpointManager
 from kilocard.train.metrics import MetricsWriter, Throughput, peak_memory_bytes
+from kilocard.train.profiling import StepProfiler
 from kilocard.train.signals import StopFlag, Watchdog
+from kilocard.train.straggler import StragglerWatch, spread
 
 _T0 = time.monotonic()
 
@@ -53,6 +55,8 @@ class _InFlight:
     """``train_step``'s figures of this step (grad norm, lr)."""
     started: float
     """``time.perf_counter()`` when the step began."""
+    started_wall: float
+    """``time.time()`` when the step began (the record's ``time`` is this plus the step time)."""
 
 
 class Trainer:
@@ -85,7 +89,52 @@ class Trainer:
         self._loss_ranks = self.world // ps.get_pipeline_model_parallel_world_size()
         self._device = torch.device("cuda") if backend.is_cuda else torch.device("cpu")
         self.throughput = Throughput.for_run(run_cfg, self.world)
+        self._ready_at: float | None = None
+        """``time.perf_counter()`` when this rank last became ready to reduce its gradients."""
+        self._own_s = 0.0
+        """This rank's own step time (start to gradient reduction) summed since the last gather."""
+        self._own_n = 0
+        """Steps summed in ``_own_s``."""
+        self._stragglers = StragglerWatch()
+        self.profiler = StepProfiler(run_dir, list(run_cfg.trainer.profile_steps), self.rank, backend.is_cuda)
+        """Traces ``trainer.profile_steps``."""
+        self._time_grad_reduction()
         self.log(f"built model ({self.num_micro} micro-batches per step, world {self.world}, backend {backend.name})")
+
+    def _time_grad_reduction(self) -> None:
+        """Stamp the moment this rank is ready to reduce gradients (``finalize_model_grads``, called by the
+        schedule; see ``kilocard.train.straggler``)."""
+        from megatron.core.utils import get_model_config
+
+        config = get_model_config(self.built.model[0])
+        inner = config.finalize_model_grads_func
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._ready_at = time.perf_counter()
+            return inner(*args, **kwargs)
+
+        config.finalize_model_grads_func = timed
+
+    def _rank_times(self, t0: float) -> dict[str, float | int]:
+        """Add this step's own time; every ``trainer.rank_time_interval`` steps all-gather the per-rank means
+        (one collective) and return the spread's record fields, warning about a persistent straggler."""
+        n = self.cfg.trainer.rank_time_interval
+        if not n:
+            return {}
+        self._own_s += (self._ready_at if self._ready_at is not None else time.perf_counter()) - t0
+        self._own_n += 1
+        self._ready_at = None
+        if self.step % n:
+            return {}
+        mine = torch.tensor([self._own_s / self._own_n], dtype=torch.float64, device=self._device)
+        gathered = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(gathered, mine)
+        self._own_s, self._own_n = 0.0, 0
+        s = spread([float(g.item()) for g in gathered])
+        warning = self._stragglers.observe(s, self.step)
+        if warning:
+            self.log(warning)
+        return s.record()
 
     def log(self, msg: str) -> None:
         """A rank-0 line in the training log, stamped with seconds since the process started."""
@@ -159,6 +208,7 @@ class Trainer:
             work=dist.all_reduce(t, async_op=True),
             result=r,
             started=t0,
+            started_wall=time.time() - (time.perf_counter() - t0),
         )
 
     def _settle(self, f: _InFlight, writer: MetricsWriter | None, next_start: float | None) -> bool:
@@ -175,11 +225,19 @@ class Trainer:
             raise NonFiniteLoss(f"step {f.step}: loss is {loss}; lower optim.lr or check the data")
         if writer is not None:
             dt = (next_start if next_start is not None else time.perf_counter()) - f.started
-            writer.write(self._record(f.step, f.consumed, loss, f.result, dt))
+            writer.write(self._record(f.step, f.consumed, loss, f.result, dt, f.started_wall + dt))
         return stops > 0
 
     def run(self, writer: MetricsWriter | None) -> Outcome:
-        """Train until train_iters or a stop request, saving every ``checkpoint.save_interval`` steps and at the end."""
+        """Train until train_iters or a stop request, saving every ``checkpoint.save_interval`` steps and at the end;
+        a profiler window cut short by a stop or an error is written as far as it got."""
+        try:
+            return self._loop(writer)
+        finally:
+            self.profiler.finish()
+
+    def _loop(self, writer: MetricsWriter | None) -> Outcome:
+        """The step loop of ``run``."""
         t = self.cfg.trainer
         if self.step >= t.train_iters:
             return Outcome.DONE
@@ -189,9 +247,12 @@ class Trainer:
         pending: _InFlight | None = None  # the previous step, its all-reduce still in flight
         while self.step < t.train_iters:
             self.watchdog.beat(f"step {self.step + 1}")
+            self.profiler.before_step(self.step + 1)
             t0 = time.perf_counter()
             r = self.train_step(iterators)
             self.step += 1
+            self.profiler.after_step(self.step)
+            r["rank_times"] = self._rank_times(t0)
             self.consumed += t.global_batch_size
             current = self._start_reduce(r, t0)
             stop = self._settle(pending, writer, next_start=t0) if pending is not None else False
@@ -208,10 +269,14 @@ class Trainer:
         self.ckpt.finalize(blocking=True)
         return Outcome.DONE
 
-    def _record(self, step: int, consumed: int, loss: float, r: dict[str, Any], dt: float) -> dict[str, Any]:
+    def _record(
+        self, step: int, consumed: int, loss: float, r: dict[str, Any], dt: float, ended: float
+    ) -> dict[str, Any]:
+        """Step ``step``'s metrics line; ``time`` is ``ended``, the unix time at the end of its period."""
         gn = r["grad_norm"]
         rec = {
             "step": step,
+            "time": ended,
             "loss": loss,
             "lr": r["lr"],
             "grad_norm": float(gn) if gn is not None else None,
@@ -219,6 +284,7 @@ class Trainer:
             "consumed_samples": consumed,
         }
         rec.update(self.throughput.figures(dt))
+        rec.update(r.get("rank_times", {}))
         rec["peak_mem_bytes"] = peak_memory_bytes()
         rec["train_iters"] = self.cfg.trainer.train_iters
         rec["mfu_peak"] = self.throughput.peak_name

@@ -26,6 +26,7 @@ from kilocard.validate.issues import Issue, error
 FLOORS: tuple[tuple[str, float, bool, str], ...] = (
     ("trainer.train_iters", 1, True, "optimizer steps to train"),
     ("trainer.log_interval", 1, True, "steps between log lines"),
+    ("trainer.rank_time_interval", 0, True, "steps between per-rank step-time gathers (0 = off)"),
     ("trainer.hang_timeout_s", 0, True, "seconds without progress before a rank is declared hung (0 = off)"),
     ("trainer.seed", 0, True, "the seed of model init, dropout and data order (numpy takes 0 .. 2**32 - 1)"),
     ("data.random_seed", 0, True, "the seed of Megatron-Core's dataset shuffle (numpy takes 0 .. 2**32 - 1)"),
@@ -190,6 +191,20 @@ def rule_launcher_time(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
 
 
+def rule_profile_steps(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``trainer.profile_steps`` is empty or ``[a, b]`` with 1 <= a <= b <= trainer.train_iters."""
+    steps, iters = list(cfg.trainer.profile_steps), cfg.trainer.train_iters
+    if not steps or (len(steps) == 2 and 1 <= steps[0] <= steps[1] <= iters):
+        return
+    yield error(
+        "PROFILE_STEPS",
+        "trainer.profile_steps",
+        steps,
+        f"trainer.profile_steps={steps} is not a window of steps [first, last] within 1..{iters}",
+        f"set trainer.profile_steps=[a,b] with 1 <= a <= b <= {iters}, e.g. [2,3], or [] for no trace",
+    )
+
+
 def rule_master_port(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """``launcher.master_port``, when fixed, is a TCP port 1..65535."""
     port = cfg.launcher.master_port
@@ -297,6 +312,7 @@ RULES = (
     rule_seed_range,
     rule_train_samples,
     rule_launcher_time,
+    rule_profile_steps,
     rule_master_port,
     rule_run_name,
     rule_script_values,

@@ -1,0 +1,55 @@
+"""The run's event record, ``<run_dir>/events.jsonl``: what ``kilocard goodput`` needs besides metrics.jsonl.
+
+Rank 0 appends one JSON line per event, each with ``event`` and ``time`` (unix seconds):
+
+- ``start``: a launch attempt began (``time``: the rank process's start), with ``restart``
+  (``SLURM_RESTART_COUNT``, else torchrun's ``TORCHELASTIC_RESTART_COUNT``, else 0), ``job_id``
+  (``SLURM_JOB_ID`` or null) and ``world_size``;
+- ``resume``: the attempt continues from committed ``step`` (0 on a fresh start); ``superseded_step`` and
+  ``superseded_time`` name the newest metrics record it drops (steps an earlier attempt trained after
+  that commit, trained again now), null when none;
+- ``commit``: checkpoint ``step`` committed, ``seconds`` from the start of its save to the commit, ``tier``
+  (``persistent``: the checkpoint directory);
+- ``exit``: rank 0 leaves with exit ``code`` (a killed rank 0 writes nothing).
+
+Lines are short and appended with one ``write`` (``O_APPEND``), so a torn last line is the only damage
+a kill can do; readers skip it. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kilocard.train.names import EVENTS_FILE
+
+PERSISTENT = "persistent"
+"""Checkpoint tier of ``<run_dir>/checkpoints`` (or ``checkpoint.save``): the shared filesystem."""
+
+
+def append(run_dir: Path, event: str, when: float | None = None, **fields: Any) -> None:
+    """Append one event line (``time`` = ``when`` or now) to the run's events.jsonl."""
+    record = {"event": event, "time": time.time() if when is None else when, **fields}
+    fd = os.open(Path(run_dir) / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def attempt_fields(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``restart`` and ``job_id`` of this launch attempt, from Slurm's or torchrun's variables."""
+    restart = environ.get("SLURM_RESTART_COUNT") or environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    return {"restart": int(restart) if restart.isdigit() else 0, "job_id": environ.get("SLURM_JOB_ID")}
+
+
+def read(run_dir: Path) -> list[dict[str, Any]]:
+    """Every whole event line of the run (empty when there is none); a torn last line is skipped."""
+    path = Path(run_dir) / EVENTS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().split("\n")[:-1] if line.strip()]
