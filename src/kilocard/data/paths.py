@@ -58,8 +58,8 @@ def split_blend(data_path: Sequence[str | float | int]) -> tuple[list[str], list
     items = [str(x) for x in data_path]
     if not items:
         raise DataError("data.data_path: empty for data.type=indexed; fix: data.data_path=[PREFIX] or data=tiny_corpus")
-    if not _is_number(items[0]):
-        numbers = [x for x in items if _is_number(x)]
+    if not is_number(items[0]):
+        numbers = [x for x in items if is_number(x)]
         if numbers:
             raise DataError(f"data.data_path: {items} mixes weights and prefixes; fix: [w1, p1, w2, p2] or [p1, p2]")
         return items, None
@@ -67,12 +67,13 @@ def split_blend(data_path: Sequence[str | float | int]) -> tuple[list[str], list
         raise DataError(f"data.data_path: {items} has an odd number of entries; fix: weighted form [w1, p1, w2, p2]")
     weights, prefixes = items[0::2], items[1::2]
     for w, p in zip(weights, prefixes, strict=False):
-        if not _is_number(w) or _is_number(p) or float(w) < 0:
+        if not is_number(w) or is_number(p) or float(w) < 0:
             raise DataError(f"data.data_path: pair ({w!r}, {p!r}) is not (weight >= 0, prefix); fix: [w1, p1, w2, p2]")
     return prefixes, [float(w) for w in weights]
 
 
-def _is_number(text: str) -> bool:
+def is_number(text: str) -> bool:
+    """Whether ``text`` reads as a number (a blend weight, not a prefix)."""
     try:
         float(text)
     except ValueError:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from kilocard.data.paths import is_number
 from kilocard.paths import data_dir
 
 PATH_FIELDS = (
@@ -52,14 +53,6 @@ def _has_pair(prefix: str) -> bool:
     return Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file()
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def absolute_paths(cfg: DictConfig, cwd: Path) -> DictConfig:
     """A copy of ``cfg`` whose path fields (``PATH_FIELDS``, data prefixes, a tokenizer file) are absolute."""
     out = copy.deepcopy(cfg)
@@ -69,7 +62,7 @@ def absolute_paths(cfg: DictConfig, cwd: Path) -> DictConfig:
             OmegaConf.update(out, dotted, absolute(str(value), cwd))
     data = out.data
     data.data_path = [
-        item if _is_number(str(item)) else _found(str(item), cwd, _has_pair) or absolute(str(item), cwd)
+        item if is_number(str(item)) else _found(str(item), cwd, _has_pair) or absolute(str(item), cwd)
         for item in data.data_path
     ]
     if data.tokenizer not in BUILTIN_TOKENIZERS:  # a file; left as typed when none exists (the rank names it)

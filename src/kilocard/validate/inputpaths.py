@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 
 from kilocard.config.schema import CheckpointConfig, DataConfig, RunConfig
+from kilocard.data.paths import is_number
 from kilocard.validate.issues import Issue, error, warning
 from kilocard.validate.paths import check_paths
 from kilocard.validate.tokenizer import BYTES_TOKENIZER, tokenizer_issues
@@ -94,15 +95,15 @@ def blend_issues(data: DataConfig) -> list[Issue]:
     items = [str(x) for x in data.data_path]
     if data.type != "indexed" or not items:
         return []
-    if not _is_number(items[0]):
-        numbers = [x for x in items if _is_number(x)]
+    if not is_number(items[0]):
+        numbers = [x for x in items if is_number(x)]
         if numbers:
             return [_blend_error("DATA_BLEND_PAIRS", items, f"mixes prefixes with weights {numbers}")]
         return []
     if len(items) % 2:
         return [_blend_error("DATA_BLEND_PAIRS", items, f"has {len(items)} entries: a weight without its prefix")]
     for weight, prefix in zip(items[0::2], items[1::2], strict=True):
-        if not _is_number(weight) or _is_number(prefix):
+        if not is_number(weight) or is_number(prefix):
             return [_blend_error("DATA_BLEND_PAIRS", items, f"pair ({weight!r}, {prefix!r}) is not (weight, prefix)")]
     return _weight_issues(items, [float(w) for w in items[0::2]])
 
@@ -118,14 +119,6 @@ def _weight_issues(items: list[str], weights: list[float]) -> list[Issue]:
 
 def _blend_error(code: str, items: list[str], what: str) -> Issue:
     return error(code, "data.data_path", items, f"data.data_path {what}", WEIGHTED_FORM)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 __all__ = ["input_path_issues", "blend_issues", "checkpoint_load_issues", "input_paths"]
