@@ -14,6 +14,14 @@ marker, since the run directory belongs to the writer that holds its lock.
 | 3    | BAD_CKPT   | the checkpoint to resume from failed its integrity check           | fail, do not retry  |
 | 4    | BUSY       | another writer holds the run directory's lock (kilocard.runlock)  | end this job only   |
 | 1    | CRASH      | any other error (a bug, NaN loss, disk full): a person must look   | fail, do not retry  |
+
+In-job restarts (``launcher.max_restarts`` > 0): a restarting launcher (NVRx ``ft_launcher``,
+torchrun) restarts every rank after any non-zero exit and reports only 0 or 1 itself. So each rank
+writes its code to ``$KILOCARD_EXIT_DIR/rank_<RANK>`` and, when ``$KILOCARD_INJOB_RESTARTS`` is set,
+exits non-zero only for codes in ``RESTART_IN_JOB`` (a fault: restart the ranks in the allocation);
+a deliberate end (DONE, RETRY, BAD_CONFIG, ...) exits 0 so the launcher ends instead of repeating it.
+The run's code is then ``from_exit_dir(EXIT_DIR, launcher_code)``; the batch script gets it with
+``python -m kilocard.exitcodes EXIT_DIR LAUNCHER_CODE``.
 """
 
 from __future__ import annotations
@@ -28,3 +36,57 @@ FAULT = 76
 
 RETRYABLE = frozenset({RETRY, FAULT})
 NO_RETRY = frozenset({CRASH, BAD_CONFIG, BAD_CKPT, BUSY})
+RESTART_IN_JOB = frozenset({FAULT})
+"""Codes on which a restarting launcher should restart the ranks inside the allocation."""
+INJOB_ENV = "KILOCARD_INJOB_RESTARTS"
+"""Set (to ``launcher.max_restarts``) for ranks under a restarting launcher: see the module docstring."""
+SEVERITY = (BAD_CONFIG, BAD_CKPT, BUSY, CRASH, FAULT, RETRY)
+"""Which rank's code wins, first first, when ranks end differently."""
+
+
+def combine(codes: list[int], launcher_code: int) -> int:
+    """The run's code from its ranks' recorded codes and the launcher's own exit status.
+
+    A launcher that ended the ranks itself for a hang (``FAULT``) wins; with no recorded code the
+    launcher's status decides (0 DONE, anything else CRASH); else the most severe recorded code.
+    Every rank recording 0 under a failed launcher means a rank died after recording: FAULT.
+    """
+    if launcher_code == FAULT:
+        return FAULT
+    if not codes:
+        return DONE if launcher_code == 0 else CRASH
+    for severe in SEVERITY:
+        if severe in codes:
+            return severe
+    if any(c != 0 for c in codes):
+        return CRASH
+    return DONE if launcher_code == 0 else FAULT
+
+
+def from_exit_dir(exit_dir: str, launcher_code: int) -> int:
+    """``combine`` over the ``rank_*`` files in ``exit_dir`` (a file that is not an integer is ignored)."""
+    import glob
+    import os
+
+    codes = []
+    for path in glob.glob(os.path.join(exit_dir, "rank_*")):
+        with open(path) as f:
+            text = f.read().strip()
+        if text.lstrip("-").isdigit():
+            codes.append(int(text))
+    return combine(codes, launcher_code)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m kilocard.exitcodes EXIT_DIR LAUNCHER_CODE``: print the run's code."""
+    if len(argv) != 2 or not argv[1].lstrip("-").isdigit():
+        print("usage: python -m kilocard.exitcodes EXIT_DIR LAUNCHER_CODE", flush=True)
+        return 2
+    print(from_exit_dir(argv[0], int(argv[1])), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

@@ -9,7 +9,7 @@ import pytest
 
 from kilocard import exitcodes
 from kilocard.config.compose import compose, to_run_config
-from kilocard.launch.local import _rank_exit_code, torchrun_command
+from kilocard.launch.local import torchrun_command
 from kilocard.train.dist_env import resolve
 from kilocard.train.metrics import Throughput
 
@@ -36,11 +36,39 @@ def test_single_process_defaults():
 def test_rank_exit_codes_decide_the_run_code(tmp_path):
     for name, code in (("rank_0", "75"), ("rank_1", "75")):
         (tmp_path / name).write_text(code)
-    assert _rank_exit_code(tmp_path, 1) == exitcodes.RETRY
+    assert exitcodes.from_exit_dir(str(tmp_path), 1) == exitcodes.RETRY
     (tmp_path / "rank_1").write_text("3")
-    assert _rank_exit_code(tmp_path, 1) == exitcodes.BAD_CKPT
-    assert _rank_exit_code(tmp_path / "none", 1) == exitcodes.CRASH
-    assert _rank_exit_code(tmp_path, exitcodes.FAULT) == exitcodes.FAULT
+    assert exitcodes.from_exit_dir(str(tmp_path), 1) == exitcodes.BAD_CKPT
+    assert exitcodes.from_exit_dir(str(tmp_path / "none"), 1) == exitcodes.CRASH
+    assert exitcodes.from_exit_dir(str(tmp_path), exitcodes.FAULT) == exitcodes.FAULT
+
+
+def test_every_rank_recording_done_under_a_failed_launcher_is_a_fault(tmp_path):
+    for name in ("rank_0", "rank_1"):
+        (tmp_path / name).write_text("0")
+    assert exitcodes.from_exit_dir(str(tmp_path), 0) == exitcodes.DONE
+    assert exitcodes.from_exit_dir(str(tmp_path), 1) == exitcodes.FAULT
+
+
+def test_exitcodes_module_prints_the_run_code_for_the_batch_script(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "rank_0").write_text("75")
+    out = subprocess.run(
+        [sys.executable, "-m", "kilocard.exitcodes", str(tmp_path), "0"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "75"
+
+
+def test_under_a_restarting_launcher_only_a_fault_exits_non_zero():
+    from kilocard.train.entry import launcher_status
+
+    injob = {exitcodes.INJOB_ENV: "2"}
+    assert launcher_status(exitcodes.FAULT, injob) == exitcodes.FAULT
+    for code in (exitcodes.DONE, exitcodes.RETRY, exitcodes.BAD_CONFIG, exitcodes.BAD_CKPT, exitcodes.CRASH):
+        assert launcher_status(code, injob) == 0
+        assert launcher_status(code, {}) == code
 
 
 def test_torchrun_command_runs_the_train_module(tmp_path):
@@ -149,4 +177,4 @@ def test_recorded_exit_code_is_what_the_launcher_reads(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "3")
     record_exit(exitcodes.BAD_CKPT)
     assert (tmp_path / "rank_3").read_text() == "3\n"
-    assert _rank_exit_code(tmp_path, 1) == exitcodes.BAD_CKPT
+    assert exitcodes.from_exit_dir(str(tmp_path), 1) == exitcodes.BAD_CKPT

@@ -149,7 +149,7 @@ def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, loc
                 code = _watch(proc, run_dir, run_cfg.trainer.hang_timeout_s + GRACE_S, stop)
         finally:
             _end_group(proc.pid)
-    code = _rank_exit_code(run_dir / LOG_DIR / "exit", proc.returncode if code is None else code)
+    code = exitcodes.from_exit_dir(str(run_dir / LOG_DIR / "exit"), proc.returncode if code is None else code)
     records = read_metrics(run_dir)
     print(summary_table(records, run_dir, code, first_new_step=start_step), flush=True)
     if code not in (exitcodes.DONE, exitcodes.RETRY):
@@ -244,32 +244,6 @@ def _end_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _rank_exit_code(exit_dir: Path, launcher_code: int) -> int:
-    """The run's exit code from the ranks' own codes (torchrun reports 1 for any failure)."""
-    codes = []
-    for f in exit_dir.glob("rank_*"):
-        text = f.read_text().strip()
-        if text.lstrip("-").isdigit():
-            codes.append(int(text))
-    if launcher_code == exitcodes.FAULT:
-        return exitcodes.FAULT
-    if not codes:
-        return launcher_code if launcher_code == 0 else exitcodes.CRASH
-    for severe in (
-        exitcodes.BAD_CONFIG,
-        exitcodes.BAD_CKPT,
-        exitcodes.BUSY,
-        exitcodes.CRASH,
-        exitcodes.FAULT,
-        exitcodes.RETRY,
-    ):
-        if severe in codes:
-            return severe
-    if any(c != 0 for c in codes):
-        return exitcodes.CRASH
-    return exitcodes.DONE if launcher_code == 0 else exitcodes.FAULT
 
 
 def _print_tail(log: Path, lines: int = 30) -> None:

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 from kilocard import exitcodes
@@ -203,4 +204,12 @@ def main(argv: list[str] | None = None, stop: StopFlag | None = None) -> int:
         return exitcodes.BAD_CONFIG
     code = train(run_dir, stop, started)
     record_exit(code)
+    return launcher_status(code, os.environ)
+
+
+def launcher_status(code: int, env: Mapping[str, str]) -> int:
+    """The process's exit status for run code ``code``: the code itself, except under a restarting
+    launcher (``exitcodes.INJOB_ENV`` set), where only a fault is non-zero (``kilocard.exitcodes``)."""
+    if env.get(exitcodes.INJOB_ENV) and code not in exitcodes.RESTART_IN_JOB:
+        return 0
     return code
