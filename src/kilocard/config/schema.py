@@ -372,7 +372,8 @@ class LauncherConfig:
     dependency: str | None = None
     """Slurm dependency expression (``afterany:123``)."""
     max_restarts: int = 0
-    """torchrun ``--max-restarts`` for local runs."""
+    """In-job restarts: after a rank dies or hangs, every rank is restarted inside the same allocation (NVRx
+    ``ft_launcher``, locally and on Slurm) at most this many times before the job falls back to requeue."""
     master_port: int | None = None
     """Rendezvous port; ``None`` means derived from the Slurm job id (or a free local port)."""
     extra_sbatch: list[str] = field(default_factory=list)

@@ -41,7 +41,7 @@ FLOORS: tuple[tuple[str, float, bool, str], ...] = (
     ("cluster.fs_write_bandwidth_gbs", 0, False, "the shared filesystem's write bandwidth in GB/s"),
     ("launcher.nproc", 1, True, "local ranks"),
     ("launcher.signal_lead_s", 0, True, "seconds between USR1 and the time limit"),
-    ("launcher.max_restarts", 0, True, "torchrun restarts of a failed local run"),
+    ("launcher.max_restarts", 0, True, "in-job restarts after a rank fault"),
     ("launcher.max_requeues", 0, True, "times a job may requeue itself"),
 )
 

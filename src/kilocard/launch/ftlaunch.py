@@ -1,0 +1,63 @@
+"""The NVRx fault-tolerance launcher (``ft_launcher``) for in-job restarts: one argument list, for
+``kilocard run`` and for the batch script alike.
+
+With ``launcher.max_restarts`` > 0 the ranks are started by NVIDIA Resiliency Extension's
+``ft_launcher`` (torchrun-compatible) instead of torchrun or a bare ``srun``: when a rank dies or
+stops sending heartbeats, it stops every rank and starts them again inside the same allocation, at
+most ``max_restarts`` times, each attempt with a fresh rendezvous store (no stale gloo addresses).
+The ranks resume from the newest usable checkpoint. The heartbeat timeout starts at
+``trainer.hang_timeout_s`` (a start-up allowance: model build and checkpoint load) and the ranks
+narrow it once they have measured their step time (``kilocard.train.heartbeat``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+from kilocard import exitcodes
+from kilocard.config.schema import RunConfig
+
+MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
+"""``python -m MODULE`` is ``ft_launcher`` (the console script may not be on a node's PATH)."""
+CHECK_INTERVAL_S = 1.0
+"""How often the launcher's rank monitors check the heartbeats (NVRx default 5 s): detection in seconds."""
+WORKERS_STOP_TIMEOUT_S = 15.0
+"""Seconds the launcher gives the surviving ranks to exit after a fault before it SIGKILLs them."""
+
+
+def available() -> bool:
+    """Whether NVRx (the ``resiliency`` extra) is importable here."""
+    try:
+        return importlib.util.find_spec(MODULE) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def in_job(cfg: RunConfig) -> bool:
+    """Whether this run restarts its ranks inside the allocation (``launcher.max_restarts`` > 0)."""
+    return cfg.launcher.max_restarts > 0
+
+
+def ft_launcher_args(cfg: RunConfig, *, nnodes: str, nproc: int, rdzv_endpoint: str) -> list[str]:
+    """``ft_launcher``'s options (after ``python -m MODULE``) for ``nproc`` ranks per node on ``nnodes``
+    nodes (a number, or a shell expression such as ``$SLURM_NNODES`` for the batch script), up to the
+    module to run; the caller appends ``-m kilocard.train RUN_DIR``."""
+    first_hb = max(math.ceil(cfg.trainer.hang_timeout_s), 1) if cfg.trainer.hang_timeout_s > 0 else 3600
+    return [
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rdzv_endpoint}",
+        f"--max-restarts={cfg.launcher.max_restarts}",
+        f"--workers-stop-timeout={WORKERS_STOP_TIMEOUT_S:g}",
+        f"--ft-initial-rank-heartbeat-timeout={first_hb}",
+        f"--ft-rank-heartbeat-timeout={first_hb}",
+        f"--ft-workload-check-interval={CHECK_INTERVAL_S:g}",
+        "--ft-enable-nic-monitor=false",
+    ]
+
+
+def rank_env(cfg: RunConfig) -> dict[str, str]:
+    """What the ranks under ``ft_launcher`` must see: only a fault exits non-zero (``kilocard.exitcodes``)."""
+    return {exitcodes.INJOB_ENV: str(cfg.launcher.max_restarts)}
