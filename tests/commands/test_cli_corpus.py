@@ -31,7 +31,10 @@ def sentinel(tmp_path, monkeypatch):
 @pytest.mark.parametrize("entry", CORPUS, ids=lambda e: " ".join(e["argv"])[:60])
 def test_bad_command_line_is_refused(entry, sentinel, capsys):
     root, record = sentinel
-    argv = [a.replace("{long}", "x" * 300) for a in entry["argv"]]
+    damaged = root.parent / "damaged-run"  # a run directory whose events.jsonl was edited by hand
+    damaged.mkdir()
+    (damaged / "events.jsonl").write_text('{"event": "start", "time": 1.0}\n{"event": oops\n')
+    argv = [a.replace("{long}", "x" * 300).replace("{damaged_run}", str(damaged)) for a in entry["argv"]]
     if argv[0] in ("sbatch", "run") and not any(a.startswith("--resume") for a in argv):
         argv.append(f"cluster.shared_fs={root}")
     try:

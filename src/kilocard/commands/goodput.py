@@ -15,6 +15,7 @@ from pathlib import Path
 from kilocard.commands import exits
 from kilocard.commands.report import fail
 from kilocard.config.freeze import FrozenConfigError
+from kilocard.train.events import BadRecord
 from kilocard.train.goodput_report import NoRecords, RunGoodput, report
 
 HELP = "where a run's time went: steps, checkpoints, each fault; goodput vs the Young/Daly prediction"
@@ -69,7 +70,7 @@ def execute(args: argparse.Namespace) -> int:
         )
     try:
         r = report(run_dir)
-    except (NoRecords, FrozenConfigError) as e:
+    except (NoRecords, FrozenConfigError, BadRecord) as e:
         return fail("goodput", f"RUN_DIR: {e}", exits.USAGE)
     if args.format == "json":
         print(json.dumps(r.to_json(), indent=1))

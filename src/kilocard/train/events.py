@@ -47,9 +47,31 @@ def attempt_fields(environ: Mapping[str, str]) -> dict[str, Any]:
     return {"restart": int(restart) if restart.isdigit() else 0, "job_id": environ.get("SLURM_JOB_ID")}
 
 
-def read(run_dir: Path) -> list[dict[str, Any]]:
-    """Every whole event line of the run (empty when there is none); a torn last line is skipped."""
-    path = Path(run_dir) / EVENTS_FILE
+class BadRecord(ValueError):
+    """A whole line of a run's JSON-lines record file is not a record: the message names file and line."""
+
+
+def json_lines(path: Path, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (empty when absent): its whole lines, each an object holding
+    ``required``. The text after the last newline is the torn tail of a write a killed rank never
+    finished (or one still being written); it is dropped. Any other bad line raises ``BadRecord``."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().split("\n")[:-1] if line.strip()]
+    records = []
+    for n, line in enumerate(path.read_text(errors="replace").split("\n")[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BadRecord(f"{path} line {n}: not JSON ({e.msg}); the file was edited or damaged") from None
+        missing = [k for k in required if not isinstance(record, dict) or k not in record]
+        if missing:
+            raise BadRecord(f"{path} line {n}: a record without {', '.join(missing)}; the file was edited or damaged")
+        records.append(record)
+    return records
+
+
+def read(run_dir: Path) -> list[dict[str, Any]]:
+    """Every whole event line of the run (empty when there is none); a torn last line is skipped."""
+    return json_lines(Path(run_dir) / EVENTS_FILE, required=("event", "time"))

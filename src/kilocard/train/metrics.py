@@ -18,6 +18,7 @@ from typing import Any
 from kilocard.config.schema import RunConfig
 from kilocard.perf.flops import flops_per_iteration
 from kilocard.topology import compute_dtype, gpu_spec
+from kilocard.train.events import json_lines
 from kilocard.train.names import METRICS_FILE
 
 FLOPS_CONVENTION = "megatron_current"
@@ -107,7 +108,7 @@ class MetricsWriter:
         return the newest dropped record (``None`` when nothing was dropped)."""
         if not self.path.exists():
             return None
-        records = _parse(self.path.read_text())
+        records = json_lines(self.path)
         keep = [r for r in records if r.get("step", 0) <= step]
         dropped = [r for r in records if r.get("step", 0) > step]
         tmp = self.path.with_suffix(".tmp")
@@ -153,11 +154,4 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """All records of a run's metrics.jsonl (empty when absent); a torn last line is not a record."""
-    path = Path(run_dir) / METRICS_FILE
-    return _parse(path.read_text()) if path.exists() else []
-
-
-def _parse(text: str) -> list[dict[str, Any]]:
-    """The records of metrics.jsonl text: its whole lines. The text after the last newline is the torn
-    tail of a write that a killed rank never finished (or one still being written); it is dropped."""
-    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+    return json_lines(Path(run_dir) / METRICS_FILE)
