@@ -20,6 +20,7 @@ from kilocard.config.freeze import FrozenConfigError, load_verified
 from kilocard.launch.local import launch
 from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import missing_secrets
+from kilocard.validate.packages import local_package_issues
 
 HELP = "validate, write a run dir and train on local ranks (torchrun)"
 
@@ -43,6 +44,7 @@ def new_run(overrides: list[str], skip_paths: bool = False) -> Path | int:
     """Compose, validate and write a new run directory; its path, or the exit code after printing why not."""
     cfg = compose(overrides)
     run_cfg, report = check_config(cfg, skip_paths)
+    report.issues.extend(local_package_issues(run_cfg))  # the ranks start here
     if report.issues:  # warnings too (e.g. the paths left unchecked), on stderr
         print_issues(report.issues)
     if not report.valid:

@@ -1,10 +1,11 @@
 """Optional experiment tracking beside TensorBoard: Weights & Biases (offline) and MLflow (a local file store).
 
 Both are off by default and never required: ``trainer.wandb`` / ``trainer.mlflow`` turn them on, and the
-package is imported only then. Every rank checks at start-up (``check_available``) that the enabled
-packages are importable, so a missing one stops all ranks at once with one line naming the field
-(exit BAD_CONFIG) instead of a traceback on rank 0. Rank 0 logs the same scalars TensorBoard gets
-(``kilocard.train.metrics.scalars``), at the step of the record:
+package is imported only then. ``kilocard run`` refuses a run whose tracker package is missing before it
+writes anything (``kilocard.validate.packages``); on a cluster every rank checks at start-up
+(``check_available``) that the enabled packages are importable, so a missing one stops all ranks at
+once with one line naming the field (exit BAD_CONFIG) instead of a traceback on rank 0. Rank 0 logs
+the same scalars TensorBoard gets (``kilocard.train.metrics.scalars``), at the step of the record:
 
 - W&B: ``wandb.init(mode="offline", dir=<run_dir>, id=<run dir name>, resume="allow")``; sync later with
   ``wandb sync <run_dir>/wandb/offline-run-*``;
@@ -20,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from kilocard.config.schema import RunConfig
+from kilocard.validate.packages import TRACKERS
 
-PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
-"""``trainer.<field>`` -> the package it needs."""
+PACKAGES = TRACKERS
+"""``trainer.<field>`` -> the package it needs (``kilocard.validate.packages``)."""
 
 
 class TrackingUnavailable(Exception):

@@ -1,0 +1,44 @@
+"""Optional packages a config switches on, checked where the ranks will run (``kilocard run``: here).
+
+Experiment trackers are off by default and never required (``kilocard.train.tracking``); a run that
+turns one on must find its package, or it is refused before its run directory is written, with one
+line naming the field and the fix. On a cluster the batch script's preflight checks the nodes instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from kilocard.config.schema import RunConfig
+from kilocard.validate.issues import Issue, error
+
+TRACKERS = {"wandb": "wandb", "mlflow": "mlflow"}
+"""``trainer.<field>`` -> the package it needs."""
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` can be imported in this Python."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def tracker_issues(cfg: RunConfig) -> list[Issue]:
+    """One error per enabled tracker whose package is not installed here."""
+    return [
+        error(
+            "PACKAGE_MISSING",
+            f"trainer.{name}",
+            True,
+            f"trainer.{name} is on, but the {module} package is not installed here",
+            f"pip install {module}, or trainer.{name}=false",
+        )
+        for name, module in TRACKERS.items()
+        if getattr(cfg.trainer, name) and not importable(module)
+    ]
+
+
+def local_package_issues(cfg: RunConfig) -> list[Issue]:
+    """Every package problem of a run whose ranks start on this machine."""
+    return tracker_issues(cfg)
