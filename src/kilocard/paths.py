@@ -6,6 +6,7 @@ In an installed wheel they sit inside the package (``kilocard/conf`` ...); in a 
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 #: Longest run directory name kilocard creates: file systems allow 255 bytes per name, less the
@@ -14,6 +15,15 @@ MAX_NAME_BYTES = 200
 
 _PKG = Path(__file__).resolve().parent
 _REPO = _PKG.parent.parent
+
+
+def checkout_root() -> Path | None:
+    """The source checkout kilocard is imported from (``<root>/src/kilocard``), or ``None`` if installed."""
+    pyproject = _REPO / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    project = tomllib.loads(pyproject.read_text()).get("project", {})
+    return _REPO if project.get("name") == "kilocard" else None
 
 
 def data_dir(name: str) -> Path:

@@ -56,7 +56,8 @@ def test_installed_kilocard_without_checkout_is_repacked(tmp_path):
     stage_code(tmp_path / "first", "snapshot")
     site = tmp_path / "first" / "code" / "site"
     probe = (
-        "from pathlib import Path; import zipfile; from kilocard.launch.package import checkout_root, write_snapshot; "
+        "from pathlib import Path; import zipfile; from kilocard.launch.package import write_snapshot; "
+        "from kilocard.paths import checkout_root; "
         f"assert checkout_root() is None; w = write_snapshot(Path({str(tmp_path / 'again')!r})); "
         "print(w); print('\\n'.join(zipfile.ZipFile(w).namelist()))"
     )

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PACKAGING_MODES = ("snapshot", "image", "none")
+BYTES_TOKENIZER = "kilocard-bytes"
+"""``data.tokenizer`` naming kilocard's built-in UTF-8 byte tokenizer (``kilocard.data.byte_tokenizer``)."""
 """How a Slurm job gets kilocard's code (``launcher.packaging``): a wheel in the run directory, the
 container image, or the environment already holds it."""
 
@@ -233,7 +235,7 @@ class DataConfig:
     """Indexed dataset prefixes (without .bin/.idx), optionally weighted: ``[0.3, a, 0.7, b]``."""
     split: str = "969,30,1"
     """Train/valid/test split weights."""
-    tokenizer: str = "kilocard-bytes"
+    tokenizer: str = BYTES_TOKENIZER
     """Tokenizer: ``kilocard-bytes`` (offline byte-level) or a local tokenizer path."""
     random_seed: int = 1234
     """Seed for dataset shuffling."""

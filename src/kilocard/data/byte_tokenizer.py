@@ -20,9 +20,8 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed", category=UserWarning)
     from megatron.core.tokenizers import MegatronTokenizerBase
 
+from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.errors import DataError
-
-BYTES_TOKENIZER = "kilocard-bytes"
 
 
 class ByteTokenizer(MegatronTokenizerBase):

@@ -28,6 +28,7 @@ import numpy
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 from tqdm import tqdm
 
+from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.errors import DataError
 from kilocard.data.tokenizer import MegatronTokenizerBase, get_tokenizer
 
@@ -166,7 +167,7 @@ def _check_workers(workers: int) -> None:
 def preprocess_jsonl(
     input_path: str,
     output_prefix: str,
-    tokenizer: str = "kilocard-bytes",
+    tokenizer: str = BYTES_TOKENIZER,
     workers: int = 1,
 ) -> PreprocessResult:
     """Tokenize ``input_path`` into ``output_prefix + "_text_document"`` ``.bin/.idx`` (atomically)."""

@@ -15,9 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kilocard.launch.package import PREFLIGHT, build_wheel, checkout_root, mcore_range, repack_installed
+from kilocard.launch.package import PREFLIGHT, build_wheel, mcore_range, repack_installed
 from kilocard.launch.rundir import RunDirError
-from kilocard.paths import data_dir
+from kilocard.paths import checkout_root, data_dir
 
 DEFAULT_BASE = "nvcr.io/nvidia/nemo:25.09"
 #: Where the wheel and preflight go inside the image.

@@ -28,10 +28,9 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-import kilocard
 from kilocard.config.schema import PACKAGING_MODES
 from kilocard.launch.rundir import RunDirError
-from kilocard.paths import data_dir
+from kilocard.paths import checkout_root, data_dir
 
 PACKAGING = PACKAGING_MODES
 CODE_DIR = "code"
@@ -46,16 +45,6 @@ INSTALL_ONLY = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD")
 
 class PackageError(RunDirError):
     """kilocard's code cannot be packaged into the run directory."""
-
-
-def checkout_root() -> Path | None:
-    """The source checkout kilocard is imported from (``<root>/src/kilocard``), or ``None`` if installed."""
-    root = Path(kilocard.__file__).resolve().parents[2]
-    pyproject = root / "pyproject.toml"
-    if not pyproject.is_file():
-        return None
-    project = tomllib.loads(pyproject.read_text()).get("project", {})
-    return root if project.get("name") == "kilocard" else None
 
 
 #: Wheels built by this process, by checkout and source fingerprint: a sweep builds once.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kilocard.config.schema import RunConfig
 from kilocard.launch.render import render_script
-from kilocard.launch.rundir import default_name
+from kilocard.launch.rundir import base_name
 from kilocard.launch.slurm import run_client, sbatch_argv
 from kilocard.plan import LaunchPlan
 
@@ -21,7 +21,7 @@ from kilocard.plan import LaunchPlan
 def would_be_run_dir(cfg: RunConfig) -> Path:
     """The run directory ``kilocard sbatch`` would create now (before any ``-2`` suffix)."""
     root = Path(cfg.cluster.shared_fs).expanduser().resolve()
-    return root / (cfg.launcher.run_name or default_name(cfg.launcher.job_name))
+    return root / base_name(cfg)
 
 
 def dry_run(runs: Sequence[tuple[RunConfig, LaunchPlan]], chain: int) -> str:

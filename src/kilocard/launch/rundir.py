@@ -22,8 +22,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from kilocard.config.freeze import write_frozen
+from kilocard.config.schema import RunConfig
 from kilocard.launch.abspaths import absolute_paths
-from kilocard.paths import MAX_NAME_BYTES
+from kilocard.paths import MAX_NAME_BYTES, checkout_root
 
 PROVENANCE_FILE = "provenance.json"
 PROVENANCE_DIR = "provenance"
@@ -51,8 +52,8 @@ def code_version() -> dict[str, object]:
     Without a usable ``git`` the version is recorded as unknown, with the reason (``git_error``):
     that is no reason to refuse a run, and not the shared filesystem's fault.
     """
-    src = Path(__file__).resolve().parents[3]
-    if not (src / ".git").exists():
+    src = checkout_root()
+    if src is None or not (src / ".git").exists():
         return {"git_commit": None, "dirty": None}
 
     def git(*args: str) -> str:
@@ -93,6 +94,11 @@ def default_name(job_name: str) -> str:
     return f"{job_name}-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
+def base_name(cfg: DictConfig | RunConfig) -> str:
+    """The run directory's name before any ``-2`` suffix: ``launcher.run_name``, else ``default_name``."""
+    return cfg.launcher.run_name or default_name(cfg.launcher.job_name)
+
+
 def _check_name(name: str, field: str) -> None:
     if not name or name.startswith(".") or "/" in name or any(c.isspace() for c in name):
         raise RunDirError(
@@ -121,7 +127,7 @@ def create_run_dir(
     root = Path(root if root is not None else cfg.cluster.shared_fs).expanduser()
     cfg = absolute_paths(cfg, Path.cwd())  # the returned path stays as given; the frozen one is absolute
     explicit = cfg.launcher.run_name
-    base = explicit or default_name(cfg.launcher.job_name)
+    base = base_name(cfg)
     _check_name(base, "launcher.run_name" if explicit else "launcher.job_name")
     try:
         root.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,9 @@ from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.perf.megatron_lm import megatron_lm_args
 from kilocard.perf.params import count_parameters, is_gated, moe_layer_pattern, padded_vocab_size
 
-CONVENTIONS = ("megatron_sc21", "megatron_legacy", "megatron_current", "six_n")
+CURRENT = "megatron_current"
+"""The convention kilocard reports its own figures in (Megatron-LM's ``num_floating_point_operations``)."""
+CONVENTIONS = ("megatron_sc21", "megatron_legacy", CURRENT, "six_n")
 """Every FLOPs convention kilocard knows."""
 
 
@@ -225,7 +227,7 @@ def check_convention(convention: str) -> str:
     return convention
 
 
-def shape_flops(shape: ModelShape, batch: float, convention: str = "megatron_current") -> float:
+def shape_flops(shape: ModelShape, batch: float, convention: str = CURRENT) -> float:
     """FLOPs of one iteration of ``batch`` sequences of ``shape`` under ``convention``."""
     return float(_FORMULAS[check_convention(convention)](shape, batch))
 

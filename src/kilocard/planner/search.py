@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import compute_layout, split_layers
-from kilocard.perf.flops import flops_per_iteration, shape_from_model
+from kilocard.perf.flops import CURRENT, flops_per_iteration, shape_from_model
 from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import hardware_for, precision_of, step_time
 from kilocard.perf.steptime import Hardware
@@ -35,7 +35,7 @@ from kilocard.validate.memory import hbm_bytes, usable_bytes
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 MBS_CHOICES = (1, 2, 4, 8, 16)
-CONVENTION = "megatron_current"
+CONVENTION = CURRENT
 MIN_CP_TOKENS = 4096
 """Context parallelism is tried only while each CP rank keeps at least this many tokens of a sequence:
 below it the ring exchange no longer hides behind the attention blocks (CP is a long-context tool)."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kilocard.perf.flops import CURRENT
 from kilocard.perf.memory import MemoryEstimate
 from kilocard.perf.predict import Prediction
 
-FLOPS_CONVENTION = "megatron_current"
+FLOPS_CONVENTION = CURRENT
 """The FLOPs convention of ``flops_per_iteration``."""
 
 

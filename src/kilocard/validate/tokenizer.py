@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kilocard.config.schema import RunConfig
+from kilocard.config.schema import BYTES_TOKENIZER, RunConfig
 from kilocard.layout import Layout
 from kilocard.perf.params import padded_vocab_size
 from kilocard.validate.issues import Issue, error
 
-BYTES_TOKENIZER = "kilocard-bytes"
 BYTES_VOCAB = 258
 """``kilocard.data.byte_tokenizer.ByteTokenizer().vocab_size`` (a test keeps them equal; validate stays torch-free)."""
 
