@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+FIX_MARK = "; fix: "
+"""Separates what is wrong from how to fix it in a ``DataError``'s message."""
+
 
 class DataError(Exception):
-    """Bad data input (a config field, a file or a line in it); ``str(e)`` is the whole message."""
+    """Bad data input (a config field, a file or a line in it); ``str(e)`` is the whole message,
+    ``<what>; fix: <how>`` where there is a fix to name."""
+
+    def parts(self) -> tuple[str, str]:
+        """``(what, how)``; ``how`` is empty when the message names no fix."""
+        what, _, how = str(self).partition(FIX_MARK)
+        return what, how

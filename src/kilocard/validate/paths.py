@@ -15,12 +15,10 @@ from kilocard.data.errors import DataError
 from kilocard.data.paths import resolve_data_prefix, split_blend
 from kilocard.validate.issues import Issue, error
 
-FIX_MARK = "; fix: "
-
 
 def _issue(err: DataError, field: str, value: object) -> Issue:
     """A ``DATA_PATH`` error from a ``DataError`` (``<what>; fix: <how>``)."""
-    what, _, how = str(err).partition(FIX_MARK)
+    what, how = err.parts()
     return error("DATA_PATH", field, value, what.removeprefix("data.data_path: "), how or f"change {field}")
 
 

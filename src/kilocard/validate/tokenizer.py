@@ -65,6 +65,6 @@ def tokenizer_issues(cfg: RunConfig) -> list[Issue]:
     try:
         tok = get_tokenizer(cfg.data.tokenizer)
     except DataError as err:
-        message, _, fix = str(err).partition("; fix: ")
+        message, fix = err.parts()
         return [error("TOKENIZER_FILE", "data.tokenizer", cfg.data.tokenizer, message, fix or "set data.tokenizer")]
     return vocab_issues(cfg, tok.vocab_size)
