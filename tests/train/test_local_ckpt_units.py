@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import sys
 
 import pytest
 import torch
@@ -110,3 +111,12 @@ def test_newest_committed_is_what_a_local_step_must_beat(tmp_path):
     assert ck.newest_committed(own, other) == 12
     (own / ck.TRACKER).write_text("garbage\n")
     assert ck.newest_committed(own, other) == 0
+
+
+def test_without_nvrx_the_tier_is_refused_naming_the_field(monkeypatch):
+    """An install without the ``resiliency`` extra (stood in for by hiding NVRx's module: it is installed here)."""
+    from kilocard.train.megatron_adapter import UnsupportedConfig
+
+    monkeypatch.setitem(sys.modules, "nvidia_resiliency_ext.checkpointing.local.ckpt_managers.local_manager", None)
+    with pytest.raises(UnsupportedConfig, match=r"checkpoint.non_persistent_save_interval needs nvidia-resiliency-ext"):
+        lc._manager_class()
