@@ -31,13 +31,17 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f} s"
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f} ms"
+
+
 def text_lines(r: RunGoodput) -> list[str]:
     """The report as aligned text lines."""
     rows = [
         ("wall time", _s(r.wall_s)),
         ("productive step time", f"{_s(r.productive_s)} ({r.steps} steps, median {_s(r.median_step_s)})"),
         ("checkpoints (persistent)", f"{_s(r.checkpoint_persistent_s)} (median save {_s(r.median_save_s)})"),
-        ("checkpoints (local)", f"{_s(r.checkpoint_local_s)} (no node-memory tier yet)"),
+        ("checkpoints (local)", f"{_s(r.checkpoint_local_s)} (median save {_ms(r.median_local_save_s)})"),
         ("launch attempts", str(r.attempts)),
         ("faults", str(len(r.faults))),
         ("goodput", f"{r.goodput:.1%}"),
@@ -54,8 +58,9 @@ def text_lines(r: RunGoodput) -> list[str]:
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     for f in r.faults:
+        origin = f"{f.resumed_tier} step {f.resumed_step}" if f.resumed_tier else f"step {f.resumed_step}"
         lines.append(
-            f"fault at step {f.step} ({f.kind}): detected in {_s(f.seconds_to_detect)}, resumed in "
+            f"fault at step {f.step} ({f.kind}): detected in {_s(f.seconds_to_detect)}, resumed from {origin} in "
             f"{_s(f.seconds_to_resume)}, {f.steps_recomputed} step(s) recomputed, {_s(f.seconds_lost)} lost"
         )
     return lines

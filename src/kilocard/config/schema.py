@@ -270,6 +270,17 @@ class CheckpointConfig:
     ignored once the run has committed steps of its own."""
     expected_save_time_s: float | None = None
     """Expected save time; ``None`` means estimated from checkpoint size and filesystem bandwidth."""
+    non_persistent_save_interval: int | None = None
+    """Save to the non-persistent (node-local) tier every N steps besides the persistent saves (Megatron-LM
+    ``--non-persistent-save-interval``); a step that is also a persistent save is saved only there.
+    ``None``: no local tier."""
+    non_persistent_ckpt_type: str = "local"
+    """Kind of non-persistent checkpoint (Megatron-LM ``--non-persistent-ckpt-type``); kilocard has ``local``:
+    every rank writes its own shard to ``non_persistent_local_ckpt_dir`` with NVRx's ``LocalCheckpointManager``."""
+    non_persistent_local_ckpt_dir: str | None = None
+    """Node-local root of the local tier (Megatron-LM ``--non-persistent-local-ckpt-dir``); each run gets
+    ``<root>/<run name>-<hash of the run dir>/<rank>/``. ``None``: node memory, ``/dev/shm``, else
+    ``$TMPDIR``, else ``/tmp``, resolved on each node. Never on the shared filesystem."""
 
 
 @dataclass(kw_only=True)

@@ -221,6 +221,20 @@ def model_differences(saved: dict[str, Any], current: ModelConfig) -> list[str]:
     ]
 
 
+def newest_committed(save_root: Path, load_root: Path | None, ckpt_step: int | None = None) -> int:
+    """The step ``load_root_and_step`` would try first, before any verification (0 when there is none or its
+    tracker is unreadable): what a newer local-tier step must beat."""
+    try:
+        own = latest_committed(save_root)
+        if own is not None:
+            return own
+        if load_root is None:
+            return 0
+        return ckpt_step if ckpt_step is not None else (latest_committed(load_root) or 0)
+    except CheckpointError:
+        return 0
+
+
 def load_root_and_step(
     save_root: Path, load_root: Path | None, fallback: bool, ckpt_step: int | None = None
 ) -> tuple[Path | None, int | None]:

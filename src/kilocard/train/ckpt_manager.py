@@ -8,6 +8,12 @@ on rank 0, the trainer state; once every rank has written, rank 0 commits it bet
 ``DiskFull``. ``load()`` lets rank 0 choose the step (own save directory first, then
 ``checkpoint.load``; verified against its manifest, with ``checkpoint.fallback_to_previous``), refuses
 a model of another shape, and restores model, optimizer, scheduler and RNG on every rank.
+
+With ``checkpoint.non_persistent_save_interval``, ``save_local(step, consumed)`` also writes every rank's
+own copy to node-local storage (``kilocard.train.local_ckpt``), and ``load()`` first asks every rank for
+the newest local step they all hold intact: it is restored when it is newer than the newest committed
+persistent step, otherwise (or when a rank's copy is missing or fails its sha256) the persistent one is,
+and why is logged. ``drop_local()`` removes the local copies once the run ends committed.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -30,6 +37,7 @@ from kilocard.perf.params import padded_vocab_size
 from kilocard.train import checkpoint as ck
 from kilocard.train import ckpt_state as cs
 from kilocard.train import events
+from kilocard.train import local_ckpt as lc
 from kilocard.train.names import CHECKPOINTS_DIR, MODEL_ONLY, STATE
 from kilocard.train.signals import Watchdog
 
@@ -74,6 +82,17 @@ class CheckpointManager:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._ps, self._watchdog, self._log = ps, watchdog, log
         self._async_queue: Any = None
+        self.local = self._local_tier(run_dir)
+        """The node-local tier (``None`` when ``checkpoint.non_persistent_save_interval`` is null)."""
+        self.resumed_tier: str | None = None
+        """Tier of the step ``load`` restored (``events.LOCAL`` / ``events.PERSISTENT``; ``None``: fresh start)."""
+
+    def _local_tier(self, run_dir: Path) -> lc.LocalTier | None:
+        c = self.cfg.checkpoint
+        if c.non_persistent_save_interval is None:
+            return None
+        root = Path(c.non_persistent_local_ckpt_dir) if c.non_persistent_local_ckpt_dir else lc.default_root(os.environ)
+        return lc.LocalTier(root, run_dir)
 
     # --- resume --------------------------------------------------------------------------------
 
@@ -84,8 +103,39 @@ class CheckpointManager:
         ``ck.ModelMismatch`` when the step holds another model shape.
         """
         self._watchdog.beat("finding the checkpoint to resume from")
+        local = self._newest_local()
+        if local is not None:
+            self.resumed_tier = events.LOCAL
+            return self._restore_local(local)
         sdir = self._choose()
-        return None if sdir is None else self._restore(sdir)
+        state = None if sdir is None else self._restore(sdir)
+        if self.local is not None:
+            self.local.discard_after(state.step if state is not None else 0)
+        self.resumed_tier = None if state is None else events.PERSISTENT
+        return state
+
+    def _newest_persistent(self) -> int:
+        """The newest committed persistent step (unverified; 0 when none), read on rank 0 and broadcast."""
+        c, found = self.cfg.checkpoint, [0]
+        if self.rank == 0:
+            found = [ck.newest_committed(self.save_root, self.load_root, c.ckpt_step)]
+        dist.broadcast_object_list(found, src=0)
+        return int(found[0])
+
+    def _newest_local(self) -> int | None:
+        """The local step to resume from: the newest every rank holds intact, when newer than the persistent one
+        (collective); logs why a newer local step is not used."""
+        if self.local is None:
+            return None
+        step, notes = self.local.newest()
+        persistent = self._newest_persistent()
+        if step is not None and step > persistent:
+            return step
+        if notes:
+            self._log(
+                f"local tier not used ({'; '.join(notes)}); resuming from the persistent tier (step {persistent})"
+            )
+        return None
 
     def _choose(self) -> Path | None:
         """The step directory to resume from, decided (and verified) on rank 0 and broadcast."""
@@ -115,10 +165,7 @@ class CheckpointManager:
         cs.init_optimizer_states(b.optimizer)
         sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=True)
         loaded = dist_checkpointing.load(sd, str(sdir))
-        self._load_model_chunks(loaded)
-        with torch.no_grad():
-            b.optimizer.load_state_dict(loaded["optimizer"])
-        b.scheduler.load_state_dict(state.scheduler)
+        self._apply(loaded, state)
         self.last_saved = state.step
         if state.layout == ck.layout_of(self.cfg, self.world) and cs.rng_file(sdir, self.rank).is_file():
             cs.set_rng_state(torch.load(cs.rng_file(sdir, self.rank), weights_only=False))
@@ -126,6 +173,30 @@ class CheckpointManager:
         else:
             rng = "re-seeded (layout changed)"
         self._log(f"resumed from {sdir} (step {state.step}, {state.consumed_samples} samples; RNG {rng})")
+        return state
+
+    def _apply(self, loaded: dict[str, Any], state: ck.TrainerState) -> None:
+        """Model chunks and optimizer from ``loaded``, the LR scheduler from ``state``."""
+        b = self.built
+        self._load_model_chunks(loaded)
+        with torch.no_grad():
+            b.optimizer.load_state_dict(loaded["optimizer"])
+        b.scheduler.load_state_dict(state.scheduler)
+
+    def _restore_local(self, step: int) -> ck.TrainerState:
+        """Restore local ``step`` on every rank: model, optimizer, scheduler, this rank's RNG."""
+        assert self.local is not None
+        self._watchdog.beat(f"loading local step {step}")
+        loaded, rank_state = self.local.load(self.built.model, self.built.optimizer)
+        state = ck.TrainerState(**rank_state["trainer_state"])
+        self._check_model(self.local.directory, state)
+        self._apply(loaded, state)
+        cs.set_rng_state(rank_state["rng"])
+        self.local.discard_after(step)
+        self._log(
+            f"resumed from local step {state.step} ({self.local.directory.parent}, "
+            f"{state.consumed_samples} samples; RNG restored)"
+        )
         return state
 
     def _load_model_chunks(self, loaded: dict[str, Any]) -> None:
@@ -233,16 +304,38 @@ class CheckpointManager:
         cs.rng_file(sdir, self.rank).parent.mkdir(exist_ok=True)
         torch.save(cs.rng_state(), cs.rng_file(sdir, self.rank))
         if self.rank == 0:
-            state = ck.TrainerState(
-                step=step,
-                consumed_samples=consumed,
-                scheduler=self.built.scheduler.state_dict(),
-                model=asdict(self.cfg.model),
-                layout=ck.layout_of(self.cfg, self.world),
-                padded_vocab_size=padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size),
-                config_sha256=self.sha,
-            )
-            (sdir / STATE).write_text(json.dumps(vars(state), indent=1) + "\n")
+            (sdir / STATE).write_text(json.dumps(vars(self._trainer_state(step, consumed)), indent=1) + "\n")
+
+    def _trainer_state(self, step: int, consumed: int) -> ck.TrainerState:
+        """The non-tensor state of ``step``: data position, LR scheduler, model config, layout."""
+        return ck.TrainerState(
+            step=step,
+            consumed_samples=consumed,
+            scheduler=self.built.scheduler.state_dict(),
+            model=asdict(self.cfg.model),
+            layout=ck.layout_of(self.cfg, self.world),
+            padded_vocab_size=padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size),
+            config_sha256=self.sha,
+        )
+
+    def save_local(self, step: int, consumed: int) -> None:
+        """Save ``step`` to the local tier on every rank and record its duration (``commit``, tier ``local``)."""
+        if self.local is None:
+            return
+        self._watchdog.beat(f"saving local step {step}")
+        t0 = time.monotonic()
+        rank_state = {"trainer_state": vars(self._trainer_state(step, consumed)), "rng": cs.rng_state()}
+        self.local.save(step, self.built.model, self.built.optimizer, rank_state)
+        seconds = time.monotonic() - t0
+        if self.rank == 0:
+            events.append(self.run_dir, "commit", step=step, seconds=seconds, tier=events.LOCAL)
+        self._log(f"saved local step {step} in {seconds * 1000:.0f} ms ({self.local.directory.parent})")
+
+    def drop_local(self) -> None:
+        """Remove this rank's local copies: the run ended with its last step committed persistently."""
+        if self.local is not None:
+            dist.barrier()  # every rank is past its last local load or save
+            self.local.remove()
 
     def _commit(self, sdir: Path, step: int, t0: float) -> None:
         """After every rank has written: ``ck.commit_step`` on rank 0, between barriers (collective)."""

@@ -154,6 +154,7 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
             run_dir,
             "resume",
             step=trainer.step,
+            tier=trainer.ckpt.resumed_tier,
             superseded_step=dropped.get("step"),
             superseded_time=dropped.get("time"),
         )

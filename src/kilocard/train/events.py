@@ -5,11 +5,12 @@ Rank 0 appends one JSON line per event, each with ``event`` and ``time`` (unix s
 - ``start``: a launch attempt began (``time``: the rank process's start), with ``restart``
   (``SLURM_RESTART_COUNT``, else torchrun's ``TORCHELASTIC_RESTART_COUNT``, else 0), ``job_id``
   (``SLURM_JOB_ID`` or null) and ``world_size``;
-- ``resume``: the attempt continues from committed ``step`` (0 on a fresh start); ``superseded_step`` and
-  ``superseded_time`` name the newest metrics record it drops (steps an earlier attempt trained after
-  that commit, trained again now), null when none;
+- ``resume``: the attempt continues from committed ``step`` (0 on a fresh start) of checkpoint ``tier``
+  (``local``, ``persistent``, null on a fresh start); ``superseded_step`` and ``superseded_time`` name the
+  newest metrics record it drops (steps an earlier attempt trained after that commit, trained again
+  now), null when none;
 - ``commit``: checkpoint ``step`` committed, ``seconds`` from the start of its save to the commit, ``tier``
-  (``persistent``: the checkpoint directory);
+  (``persistent``: the checkpoint directory; ``local``: every rank's node-local copy);
 - ``exit``: rank 0 leaves with exit ``code`` (a killed rank 0 writes nothing).
 
 Lines are short and appended with one ``write`` (``O_APPEND``), so a torn last line is the only damage
@@ -29,6 +30,8 @@ from kilocard.train.names import EVENTS_FILE
 
 PERSISTENT = "persistent"
 """Checkpoint tier of ``<run_dir>/checkpoints`` (or ``checkpoint.save``): the shared filesystem."""
+LOCAL = "local"
+"""Checkpoint tier in node-local storage (``checkpoint.non_persistent_*``, ``kilocard.train.local_ckpt``)."""
 
 
 def append(run_dir: Path, event: str, when: float | None = None, **fields: Any) -> None:

@@ -8,17 +8,18 @@ of the step's period) and returns a ``RunGoodput``; prints nothing. Definitions:
 - ``productive_s``: the step times of the records kept (every step once: a step trained again after
   a fault counts once, in the attempt that kept it);
 - ``checkpoint_s``: the seconds of every committed save, per tier (``persistent``: the checkpoint
-  directory; ``local`` is 0 until a node-memory tier exists);
+  directory; ``local``: the node-local tier, ``checkpoint.non_persistent_save_interval``);
 - a fault is an attempt that a later attempt followed although it did not end DONE (0) or RETRY (75).
   Its ``step`` is the newest step it recorded; the fault time is estimated as the last thing the
   attempt recorded (a step's end, a commit, or its start), so ``seconds_to_detect`` (to rank 0's exit;
   to the next attempt's start when rank 0 left no exit) is an upper bound. ``seconds_to_resume`` runs
   from the fault to the end of the first step computed after it, ``steps_recomputed`` counts the
-  steps after the resumed commit that had been recorded before the fault, and ``seconds_lost`` is all
+  steps after the resumed commit (of either tier: ``resumed_step``, ``resumed_tier``) that had been
+  recorded before the fault, and ``seconds_lost`` is all
   the wall time from the later of that commit and the attempt's first step to the start of the first
   step after the fault: the work redone, the detection, the restart and the resume;
 - ``predicted``: the Young/Daly figures (``kilocard.perf.goodput``) for the run's GPU count, its measured
-  median save time and its checkpoint interval (``checkpoint.save_interval`` x median step time).
+  median persistent save time and its checkpoint interval (``checkpoint.save_interval`` x median step time).
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class Fault:
     """Steps recorded after the resumed commit and before the fault, trained again."""
     seconds_lost: float | None
     """Wall time from the resumed commit (or the attempt's first step) to the first step after the fault."""
+    resumed_step: int = 0
+    """The committed step the next attempt resumed from (0: from scratch)."""
+    resumed_tier: str | None = None
+    """Its tier (``events.LOCAL`` or ``events.PERSISTENT``; ``None`` from scratch or when not recorded)."""
 
     def to_json(self) -> dict[str, Any]:
         """The fault as ``kilocard goodput --format json`` prints it."""
@@ -81,7 +86,7 @@ class RunGoodput:
     productive_s: float
     """Sum of the kept step times."""
     checkpoint_local_s: float
-    """Seconds of node-memory checkpoints: 0 (kilocard has no such tier yet)."""
+    """Seconds of saves to the node-local tier."""
     checkpoint_persistent_s: float
     """Seconds of committed saves to the checkpoint directory."""
     faults: tuple[Fault, ...]
@@ -93,9 +98,11 @@ class RunGoodput:
     median_step_s: float | None
     """Median kept step time."""
     median_save_s: float | None
-    """Median committed save time."""
+    """Median persistent save time."""
+    median_local_save_s: float | None
+    """Median local-tier save time (``None``: no local save)."""
     predicted: Goodput | None
-    """Young/Daly figures for this run (GPU count, measured save time); ``None`` without saves or steps."""
+    """Young/Daly figures for this run (GPU count, measured persistent save time); ``None`` without saves or steps."""
     checkpoint_interval_s: float | None
     """``checkpoint.save_interval`` x the median step time (``None`` when saves are off)."""
 
@@ -148,21 +155,28 @@ def report(run_dir: Path) -> RunGoodput:
     commits = [e for e in evts if e["event"] == "commit"]
     last = max([evts[-1]["time"], *(r["time"] for r in records)])
     step_times = [r["step_time_s"] for r in records]
-    saves = [e["seconds"] for e in commits]
+    saves = _save_seconds(commits, events.PERSISTENT)
+    local_saves = _save_seconds(commits, events.LOCAL)
     median_step = statistics.median(step_times) if step_times else None
     median_save = statistics.median(saves) if saves else None
     return RunGoodput(
         wall_s=last - starts[0],
         productive_s=sum(step_times),
-        checkpoint_local_s=0.0,
-        checkpoint_persistent_s=sum(e["seconds"] for e in commits if e.get("tier") == events.PERSISTENT),
+        checkpoint_local_s=sum(local_saves),
+        checkpoint_persistent_s=sum(saves),
         faults=tuple(f for i in range(len(attempts) - 1) if (f := _fault(attempts, i, commits)) is not None),
         attempts=len(attempts),
         steps=len(records),
         median_step_s=median_step,
         median_save_s=median_save,
+        median_local_save_s=statistics.median(local_saves) if local_saves else None,
         **_prediction(run_dir, evts, median_step, median_save),
     )
+
+
+def _save_seconds(commits: list[dict[str, Any]], tier: str) -> list[float]:
+    """Seconds of every committed save of ``tier`` (a commit without a tier is persistent: older records)."""
+    return [e["seconds"] for e in commits if e.get("tier", events.PERSISTENT) == tier]
 
 
 def _attempts(starts: list[float], evts: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[_Attempt]:
@@ -217,6 +231,8 @@ def _fault(attempts: list[_Attempt], i: int, commits: list[dict[str, Any]]) -> F
         seconds_to_resume=first["time"] - fault_t if first else None,
         steps_recomputed=step - resumed,
         seconds_lost=(first["time"] - first["step_time_s"]) - max(commit_t, progress_from) if first else None,
+        resumed_step=resumed,
+        resumed_tier=resume.get("tier"),
     )
 
 

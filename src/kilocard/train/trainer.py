@@ -229,12 +229,15 @@ class Trainer:
         return stops > 0
 
     def run(self, writer: MetricsWriter | None) -> Outcome:
-        """Train until train_iters or a stop request, saving every ``checkpoint.save_interval`` steps and at the end;
-        a profiler window cut short by a stop or an error is written as far as it got."""
+        """Train until train_iters or a stop request, saving every ``checkpoint.save_interval`` steps and at the end
+        (and every ``checkpoint.non_persistent_save_interval`` steps to the local tier, removed once the run ends
+        committed); a profiler window cut short by a stop or an error is written as far as it got."""
         try:
-            return self._loop(writer)
+            outcome = self._loop(writer)
         finally:
             self.profiler.finish()
+        self.ckpt.drop_local()
+        return outcome
 
     def _loop(self, writer: MetricsWriter | None) -> Outcome:
         """The step loop of ``run``."""
@@ -243,7 +246,7 @@ class Trainer:
             return Outcome.DONE
         iterators = self._iterators()
         self.log(f"data ready; training steps {self.step + 1}..{t.train_iters}")
-        interval = self.cfg.checkpoint.save_interval
+        interval, local = self.cfg.checkpoint.save_interval, self.cfg.checkpoint.non_persistent_save_interval
         pending: _InFlight | None = None  # the previous step, its all-reduce still in flight
         while self.step < t.train_iters:
             self.watchdog.beat(f"step {self.step + 1}")
@@ -257,11 +260,15 @@ class Trainer:
             current = self._start_reduce(r, t0)
             stop = self._settle(pending, writer, next_start=t0) if pending is not None else False
             pending = current
-            if stop or self.step >= t.train_iters or (interval and self.step % interval == 0):
+            persist = stop or self.step >= t.train_iters or bool(interval and self.step % interval == 0)
+            if persist or (local and self.step % local == 0):
                 # a step is checked (finite loss) and recorded before it is saved
                 stop = self._settle(pending, writer, next_start=None) or stop
                 pending = None
-                self.ckpt.save(self.step, self.consumed)
+                if persist or stop:
+                    self.ckpt.save(self.step, self.consumed)
+                else:
+                    self.ckpt.save_local(self.step, self.consumed)
                 if stop:
                     self.ckpt.finalize(blocking=True)
                     return Outcome.STOPPED

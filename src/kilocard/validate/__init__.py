@@ -53,6 +53,7 @@ RULES: tuple[Rule, ...] = (
     + tokenizer_rules.RULES
     + environment.RULES
     + slurm.RULES
+    + checkpointing.RULES
 )
 
 #: Issue codes for conditions Megatron-Core itself rejects (at config, group or model construction).
