@@ -1,0 +1,116 @@
+"""Heartbeats to NVRx's rank monitor under ``ft_launcher``: a hung rank is found in seconds, not minutes.
+
+Only when ``FT_RANK_MONITOR_IPC_SOCKET`` is set (the rank was started by ``ft_launcher``) does
+``start`` return a ``Heartbeat``: a ``Watchdog`` whose every ``beat`` (each step, and each long phase:
+model build, checkpoint search and load, data iterator, save) also sends a heartbeat to this rank's
+monitor. A rank whose heartbeats stop for longer than the timeout is killed by its monitor, and
+``ft_launcher`` restarts every rank (``kilocard.launch.ftlaunch``).
+
+Timeouts: until calibrated, the launcher's start-up allowance (``trainer.hang_timeout_s``) holds.
+At the first step after each committed save (so that a save is among the intervals measured), the
+ranks call NVRx's ``calculate_and_set_hb_timeouts`` (a collective: every rank beats the same steps):
+``initial`` = ``safety_factor`` (NVRx's, 5) x the longest time from ``init_workload_monitoring`` to
+the first heartbeat, ``subsequent`` = ``safety_factor`` x the longest interval between two
+heartbeats, both the maximum over the ranks, and merged half and half with the previous calibrated
+values; each is then raised to at least ``MIN_TIMEOUT_S`` (noise on shared CPUs is not a hang). The
+calibrated timeouts (the client's ``state_dict``, the same on every rank) are kept in
+``<run_dir>/HEARTBEAT_FILE``, so a restarted attempt starts calibrated. The own watchdog keeps
+running beside it with ``trainer.hang_timeout_s`` (and alone for runs without ``ft_launcher``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kilocard.train.signals import Watchdog
+
+SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+"""Set by ``ft_launcher`` for every rank: where its rank monitor listens."""
+HEARTBEAT_FILE = "heartbeat.json"
+"""The calibrated heartbeat timeouts (``RankMonitorClient.state_dict()``), in the run directory."""
+MIN_TIMEOUT_S = 10.0
+"""The shortest heartbeat timeout kilocard sets: a busy shared CPU can stall a rank for seconds."""
+QUIET_LOGGERS = ("RankMonitorClient", "nvidia_resiliency_ext")
+"""NVRx's loggers in the rank: warnings and errors only (its INFO lines would flood the training log)."""
+
+
+class Heartbeat(Watchdog):
+    """The watchdog that also sends NVRx heartbeats and calibrates their timeouts (see the module docstring)."""
+
+    def __init__(self, timeout_s: float, rank: int, client: Any, state_file: Path) -> None:
+        super().__init__(timeout_s, rank)
+        self.client = client
+        """NVRx's ``RankMonitorClient``, monitoring initialised."""
+        self.state_file = state_file
+        """Where rank 0 keeps the calibrated timeouts."""
+        self._saved = False
+        """A save began since the last calibration: the next step calibrates."""
+
+    def beat(self, where: str) -> None:
+        """Record progress, send a heartbeat; at the first step after a save, calibrate (collective)."""
+        super().beat(where)
+        self.client.send_heartbeat()
+        if where.startswith("saving "):
+            self._saved = True
+        elif where.startswith("step ") and self._saved:
+            self._saved = False
+            self.calibrate()
+
+    def calibrate(self) -> None:
+        """Set the heartbeat timeouts from the measured intervals (every rank at once) and keep them."""
+        import torch.distributed as dist
+
+        if not self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
+            return
+        self.client.load_state_dict(with_floor(self.client.state_dict()))
+        if dist.get_rank() == 0:
+            tmp = self.state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.client.state_dict()) + "\n")
+            os.replace(tmp, self.state_file)
+
+    def stop(self) -> None:
+        """Stop watching and leave the rank monitor (the rank ends on purpose)."""
+        super().stop()
+        self.client.shutdown_workload_monitoring()
+
+
+def with_floor(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` (a ``RankMonitorClient.state_dict()``) with each heartbeat timeout at least ``MIN_TIMEOUT_S``."""
+    out = json.loads(json.dumps(state))
+    hb = out.get("current_timeouts", {}).get("heartbeat")
+    if hb:
+        for key in ("initial", "subsequent"):
+            if hb.get(key) is not None:
+                hb[key] = max(float(hb[key]), MIN_TIMEOUT_S)
+    return out
+
+
+def load_state(state_file: Path) -> dict[str, Any] | None:
+    """The calibrated timeouts an earlier attempt kept, or ``None`` (none yet, or a torn file)."""
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def start(timeout_s: float, rank: int, run_dir: Path, env: Mapping[str, str]) -> Watchdog:
+    """This rank's progress guard, started: a ``Heartbeat`` under ``ft_launcher``, else the plain ``Watchdog``."""
+    if not env.get(SOCKET_ENV):
+        return Watchdog(timeout_s, rank).start()
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    client = RankMonitorClient()
+    state_file = Path(run_dir) / HEARTBEAT_FILE
+    kept = load_state(state_file)
+    if kept is not None:
+        client.load_state_dict(kept)
+    client.init_workload_monitoring()
+    return Heartbeat(timeout_s, rank, client, state_file).start()
