@@ -123,7 +123,8 @@ def test_killed_rank_restarts_in_job_exactly_and_goodput_reports_the_cost(refere
     resumed from a committed step; the loss curve equals the uninterrupted run's; the first step after
     the kill came within RESUME_WITHIN_S; ``kilocard goodput`` reports that fault with seconds to resume
     and seconds lost within 10% of what this test measured."""
-    trial = _faulted_run(tmp_path, INJOB, lambda d, step: step > EVERY + 1, lambda p: p.kill())
+    calibrated = lambda d, step: (d / HEARTBEAT_FILE).exists() and step > EVERY + 1  # noqa: E731
+    trial = _faulted_run(tmp_path, INJOB, calibrated, lambda p: p.kill())
     out = "".join(trial.output)
     assert trial.code == exitcodes.DONE, out[-3000:]
     run_dir = trial.run_dir
@@ -135,6 +136,7 @@ def test_killed_rank_restarts_in_job_exactly_and_goodput_reports_the_cost(refere
     assert [e["restart"] for e in starts] == [0, 1], starts
     assert 0 < trial.resumed < ITERS and (trial.resumed % EVERY == 0)
     assert f"{ck.step_dir(Path('checkpoints'), trial.resumed)} (step {trial.resumed}," in train_log(run_dir)
+    assert "heartbeat timeouts kept from an earlier attempt: initial" in train_log(run_dir), "restarted uncalibrated"
 
     cli = [sys.executable, "-m", "kilocard.cli", "goodput", str(run_dir), "--format", "json"]
     got = json.loads(subprocess.run(cli, capture_output=True, text=True, check=True).stdout)

@@ -323,8 +323,14 @@ def _end_group(pgid: int) -> None:
         pass
 
 
+LOG_NOISE = ("UserWarning", "warnings.warn", "NVML", "pynvml")
+"""Lines of the training log never shown on the terminal: library warnings, and NVRx's and torch's notes
+that the NVIDIA management library is missing (every start without a GPU)."""
+
+
 def _print_tail(log: Path, lines: int = 30) -> None:
-    """The ranks' own error lines (once each), else the log's last lines (torchrun's report hides them)."""
+    """The ranks' own error lines (once each), else the log's last lines without ``LOG_NOISE`` (torchrun's
+    report hides them)."""
     text = log.read_text(errors="replace").splitlines()
     errors = list(
         dict.fromkeys(
@@ -333,6 +339,6 @@ def _print_tail(log: Path, lines: int = 30) -> None:
             if "kilocard.train: error" in l or "kilocard.train: crashed" in l or "kilocard.train: no progress" in l
         )
     )
-    keep = errors or [l for l in text if "UserWarning" not in l and "warnings.warn" not in l][-lines:]
+    keep = errors or [l for l in text if not any(noise in l for noise in LOG_NOISE)][-lines:]
     print(f"--- from {log} ---", file=sys.stderr)
     print("\n".join(keep), file=sys.stderr)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ class Heartbeat(Watchdog):
             tmp = self.state_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.client.state_dict()) + "\n")
             os.replace(tmp, self.state_file)
+            _say(f"heartbeat timeouts calibrated: {describe(self.client.state_dict())}")
 
     def stop(self) -> None:
         """Stop watching and leave the rank monitor (the rank ends on purpose)."""
@@ -88,6 +90,16 @@ def with_floor(state: Mapping[str, Any]) -> dict[str, Any]:
             if hb.get(key) is not None:
                 hb[key] = max(float(hb[key]), MIN_TIMEOUT_S)
     return out
+
+
+def describe(state: Mapping[str, Any]) -> str:
+    """``initial Ns, subsequent Ms`` of a ``RankMonitorClient.state_dict()`` (``uncalibrated`` when it has none)."""
+    hb = state.get("current_timeouts", {}).get("heartbeat")
+    return f"initial {hb['initial']:.1f}s, subsequent {hb['subsequent']:.1f}s" if hb else "uncalibrated"
+
+
+def _say(msg: str) -> None:
+    print(f"kilocard.train: {msg}", file=sys.stderr, flush=True)
 
 
 def load_state(state_file: Path) -> dict[str, Any] | None:
@@ -112,5 +124,7 @@ def start(timeout_s: float, rank: int, run_dir: Path, env: Mapping[str, str]) ->
     kept = load_state(state_file)
     if kept is not None:
         client.load_state_dict(kept)
+        if rank == 0:
+            _say(f"heartbeat timeouts kept from an earlier attempt: {describe(kept)}")
     client.init_workload_monitoring()
     return Heartbeat(timeout_s, rank, client, state_file).start()
