@@ -15,10 +15,11 @@ def _state(initial: float, subsequent: float) -> dict:
     return {"current_timeouts": {"heartbeat": {"initial": initial, "subsequent": subsequent, "were_calculated": True}}}
 
 
-def test_calibrated_timeouts_never_go_below_the_floor():
+def test_calibrated_timeouts_keep_the_startup_allowance_and_never_go_below_the_floor():
     floor = heartbeat.MIN_TIMEOUT_S
-    assert heartbeat.with_floor(_state(0.4, 2 * floor)) == _state(floor, 2 * floor)
-    assert heartbeat.with_floor({"current_timeouts": {}}) == {"current_timeouts": {}}
+    assert heartbeat.bounded(_state(0.4, 0.3), 300) == _state(300, floor)
+    assert heartbeat.bounded(_state(0.4, 2 * floor), 300) == _state(300, 2 * floor)
+    assert heartbeat.bounded({"current_timeouts": {}}, 300) == {"current_timeouts": {}}
 
 
 def test_kept_state_is_read_back_and_a_torn_file_is_ignored(tmp_path):

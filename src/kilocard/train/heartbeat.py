@@ -6,16 +6,16 @@ model build, checkpoint search and load, data iterator, save) also sends a heart
 monitor. A rank whose heartbeats stop for longer than the timeout is killed by its monitor, and
 ``ft_launcher`` restarts every rank (``kilocard.launch.ftlaunch``).
 
-Timeouts: until calibrated, the launcher's start-up allowance (``trainer.hang_timeout_s``) holds.
-At the first step after each committed save (so that a save is among the intervals measured), the
-ranks call NVRx's ``calculate_and_set_hb_timeouts`` (a collective: every rank beats the same steps):
-``initial`` = ``safety_factor`` (NVRx's, 5) x the longest time from ``init_workload_monitoring`` to
-the first heartbeat, ``subsequent`` = ``safety_factor`` x the longest interval between two
-heartbeats, both the maximum over the ranks, and merged half and half with the previous calibrated
-values; each is then raised to at least ``MIN_TIMEOUT_S`` (noise on shared CPUs is not a hang). The
-calibrated timeouts (the client's ``state_dict``, the same on every rank) are kept in
-``<run_dir>/HEARTBEAT_FILE``, so a restarted attempt starts calibrated. The own watchdog keeps
-running beside it with ``trainer.hang_timeout_s`` (and alone for runs without ``ft_launcher``).
+Timeouts: until calibrated, both are the launcher's start-up allowance (``trainer.hang_timeout_s``).
+At the first step after each save (so that a save is among the intervals measured), the ranks call
+NVRx's ``calculate_and_set_hb_timeouts`` (a collective: every rank beats the same steps):
+``subsequent`` = ``safety_factor`` (NVRx's, 5) x the longest interval between two heartbeats, the
+maximum over the ranks, merged half and half with the previous calibrated value; kilocard then raises
+it to at least ``MIN_TIMEOUT_S`` (noise on shared CPUs is not a hang) and keeps ``initial`` (up to the
+first heartbeat of an attempt: imports, rendezvous) at the start-up allowance. The calibrated timeouts
+(the client's ``state_dict``, the same on every rank) are kept in ``<run_dir>/HEARTBEAT_FILE``, so a
+restarted attempt starts calibrated. The own watchdog keeps running beside it with
+``trainer.hang_timeout_s`` (and alone for runs without ``ft_launcher``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ class Heartbeat(Watchdog):
 
         if not self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
             return
-        self.client.load_state_dict(with_floor(self.client.state_dict()))
+        startup_s = self.client.cfg.initial_rank_heartbeat_timeout  # as the launcher set it
+        self.client.load_state_dict(bounded(self.client.state_dict(), startup_s))
         if dist.get_rank() == 0:
             tmp = self.state_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.client.state_dict()) + "\n")
@@ -81,14 +82,14 @@ class Heartbeat(Watchdog):
         self.client.shutdown_workload_monitoring()
 
 
-def with_floor(state: Mapping[str, Any]) -> dict[str, Any]:
-    """``state`` (a ``RankMonitorClient.state_dict()``) with each heartbeat timeout at least ``MIN_TIMEOUT_S``."""
+def bounded(state: Mapping[str, Any], startup_s: float) -> dict[str, Any]:
+    """``state`` (a ``RankMonitorClient.state_dict()``) with the ``initial`` timeout at the start-up allowance
+    ``startup_s`` and the ``subsequent`` one at least ``MIN_TIMEOUT_S``."""
     out = json.loads(json.dumps(state))
     hb = out.get("current_timeouts", {}).get("heartbeat")
     if hb:
-        for key in ("initial", "subsequent"):
-            if hb.get(key) is not None:
-                hb[key] = max(float(hb[key]), MIN_TIMEOUT_S)
+        hb["initial"] = startup_s
+        hb["subsequent"] = max(float(hb["subsequent"]), MIN_TIMEOUT_S)
     return out
 
 
