@@ -21,7 +21,6 @@ restarted attempt starts calibrated. The own watchdog keeps running beside it wi
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -36,8 +35,6 @@ HEARTBEAT_FILE = "heartbeat.json"
 """The calibrated heartbeat timeouts (``RankMonitorClient.state_dict()``), in the run directory."""
 MIN_TIMEOUT_S = 10.0
 """The shortest heartbeat timeout kilocard sets: a busy shared CPU can stall a rank for seconds."""
-QUIET_LOGGERS = ("RankMonitorClient", "nvidia_resiliency_ext")
-"""NVRx's loggers in the rank: warnings and errors only (its INFO lines would flood the training log)."""
 
 
 class Heartbeat(Watchdog):
@@ -118,8 +115,6 @@ def start(timeout_s: float, rank: int, run_dir: Path, env: Mapping[str, str]) ->
         return Watchdog(timeout_s, rank).start()
     from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
     client = RankMonitorClient()
     state_file = Path(run_dir) / HEARTBEAT_FILE
     kept = load_state(state_file)
