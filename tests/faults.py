@@ -42,16 +42,21 @@ def tracker(run_dir: Path) -> int | None:
     return int(t.read_text()) if t.exists() else None
 
 
+LAUNCHERS = ("torch.distributed.run", "fault_tolerance.launcher")
+"""Modules of the launchers whose command lines also name ``kilocard.train`` (torchrun, NVRx ft_launcher)."""
+
+
 def rank_process(launcher_pid: int, rank: int, timeout: float = 120) -> psutil.Process:
     """The ``python -m kilocard.train`` process of ``rank`` under the ``kilocard run`` launcher."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for child in psutil.Process(launcher_pid).children(recursive=True):
             try:
+                cmd = " ".join(child.cmdline())
                 if (
-                    "kilocard.train" in " ".join(child.cmdline())
+                    "kilocard.train" in cmd
                     and child.environ().get("RANK") == str(rank)
-                    and "torch.distributed.run" not in " ".join(child.cmdline())
+                    and not any(launcher in cmd for launcher in LAUNCHERS)
                 ):
                     return child
             except psutil.NoSuchProcess:

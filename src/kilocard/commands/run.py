@@ -17,7 +17,7 @@ from kilocard.commands.common import add_config_args, add_path_check_arg, check_
 from kilocard.commands.report import count_line, fail, print_issues
 from kilocard.config.compose import compose
 from kilocard.config.freeze import FrozenConfigError, load_verified
-from kilocard.launch.local import launch
+from kilocard.launch.local import launch, unavailable
 from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import missing_secrets
 from kilocard.validate.packages import local_package_issues
@@ -54,6 +54,9 @@ def new_run(overrides: list[str], skip_paths: bool = False) -> Path | int:
         return fail(
             "run", f"launcher.secret_env: {', '.join(missing)} not in the environment (export it first)", exits.USAGE
         )
+    problem = unavailable(run_cfg)  # e.g. in-job restarts without NVRx
+    if problem:
+        return fail("run", problem, exits.USAGE)
     try:
         return create_run_dir(cfg, overrides)
     except RunDirError as e:
@@ -103,6 +106,9 @@ def execute(args: argparse.Namespace) -> int:
     if missing:
         names = ", ".join(missing)
         return fail("run", f"launcher.secret_env: {names} not in the environment (export it first)", exits.USAGE)
+    problem = unavailable(frozen) if args.resume else None  # a new run: new_run checked
+    if problem:
+        return fail("run", problem, exits.USAGE)
     world = frozen.cluster.nodes * frozen.cluster.gpus_per_node
     if args.resume and args.nproc is not None and args.nproc != world:
         return fail(

@@ -39,11 +39,16 @@ def in_job(cfg: RunConfig) -> bool:
     return cfg.launcher.max_restarts > 0
 
 
-def ft_launcher_args(cfg: RunConfig, *, nnodes: str, nproc: int, rdzv_endpoint: str) -> list[str]:
+def ft_launcher_args(
+    cfg: RunConfig, *, nnodes: str, nproc: int, rdzv_endpoint: str, term_timeout_s: float | None = None
+) -> list[str]:
     """``ft_launcher``'s options (after ``python -m MODULE``) for ``nproc`` ranks per node on ``nnodes``
     nodes (a number, or a shell expression such as ``$SLURM_NNODES`` for the batch script), up to the
-    module to run; the caller appends ``-m kilocard.train RUN_DIR``."""
+    module to run; the caller appends ``-m kilocard.train RUN_DIR``. ``term_timeout_s``: how long the
+    ranks may take to save and stop after a TERM to the launcher, which passes it on to them (NVRx's
+    default when ``None``: 1800 s)."""
     first_hb = max(math.ceil(cfg.trainer.hang_timeout_s), 1) if cfg.trainer.hang_timeout_s > 0 else 3600
+    term = [] if term_timeout_s is None else [f"--term-timeout={math.ceil(term_timeout_s)}"]
     return [
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc}",
@@ -55,6 +60,7 @@ def ft_launcher_args(cfg: RunConfig, *, nnodes: str, nproc: int, rdzv_endpoint: 
         f"--ft-rank-heartbeat-timeout={first_hb}",
         f"--ft-workload-check-interval={CHECK_INTERVAL_S:g}",
         "--ft-enable-nic-monitor=false",
+        *term,
     ]
 
 

@@ -1,5 +1,10 @@
 """``kilocard run``: validate, write a run directory, train on local ranks with torchrun, summarise.
 
+With ``launcher.max_restarts`` > 0 the ranks are started by NVRx's ``ft_launcher`` instead
+(``kilocard.launch.ftlaunch``): a rank that dies or stops sending heartbeats gets every rank
+restarted in the same launch, at most that many times, each attempt resuming from the newest
+committed step; the hang guard below restarts its clock at every new attempt.
+
 CPU ranks use gloo when there is no GPU. Every launch gets ``OMP_NUM_THREADS=1`` (unless set), a
 per-run ``TMPDIR`` inside the run directory, a free rendezvous port and a hang guard: when the
 metrics stop advancing for ``trainer.hang_timeout_s`` plus a grace period, the ranks are killed
@@ -16,18 +21,23 @@ them (bounded by the save time plus a margin) and no rank outlives it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from kilocard import exitcodes, runlock
 from kilocard.config.schema import RunConfig
+from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
 from kilocard.plan import build_plan
+from kilocard.train import events
 from kilocard.train.dist_env import free_port
 from kilocard.train.metrics import read_metrics
 from kilocard.train.names import EXIT_DIR_ENV
@@ -42,6 +52,11 @@ STOP_MARGIN_S = 120.0
 """Seconds beyond the expected save time that ranks asked to stop (TERM/INT) may take: the step in flight."""
 TORCHRUN_MARGIN_S = 30.0
 """Seconds torchrun may take to end after its ranks' stop time before the launcher kills the whole group."""
+SOCKET_TMPDIR_MAX = 60
+"""Longest ``TMPDIR`` for ft_launcher: it binds Unix sockets there (``_ft_launcher<pid>_to_rmon.socket``),
+and a socket's path must fit 107 bytes."""
+SHORT_TMP_ROOT = "/tmp"
+"""Where a short link to a deep run directory's ``tmp`` is made for ft_launcher's sockets."""
 
 
 def torchrun_command(
@@ -67,6 +82,27 @@ def torchrun_command(
         "kilocard.train",
         str(run_dir),
     ]
+
+
+def ft_command(run_dir: Path, run_cfg: RunConfig, nproc: int, port: int, stop_wait_s: float) -> list[str]:
+    """The ``ft_launcher`` command line for ``nproc`` local ranks of ``run_dir`` (in-job restarts,
+    ``kilocard.launch.ftlaunch``): rendezvous on ``127.0.0.1:port``; on TERM it passes TERM to the
+    ranks and waits ``stop_wait_s`` for their save before it SIGKILLs them."""
+    args = ftlaunch.ft_launcher_args(
+        run_cfg, nnodes="1", nproc=nproc, rdzv_endpoint=f"127.0.0.1:{port}", term_timeout_s=stop_wait_s
+    )
+    return [sys.executable, "-m", ftlaunch.MODULE, *args, "-m", "kilocard.train", str(run_dir)]
+
+
+def unavailable(run_cfg: RunConfig) -> str | None:
+    """Why this machine cannot run ``run_cfg`` locally as configured (one line naming the field), or ``None``."""
+    if ftlaunch.in_job(run_cfg) and not ftlaunch.available():
+        return (
+            f"launcher.max_restarts={run_cfg.launcher.max_restarts}: in-job restarts need NVIDIA Resiliency "
+            "Extension (nvidia-resiliency-ext), which does not import here; install it with "
+            "pip install 'kilocard[resiliency]', or set launcher.max_restarts=0"
+        )
+    return None
 
 
 def rank_env(run_dir: Path, run_cfg: RunConfig, lock_token: str) -> dict:
@@ -96,7 +132,26 @@ def rank_env(run_dir: Path, run_cfg: RunConfig, lock_token: str) -> dict:
     env[EXIT_DIR_ENV] = str(exit_dir)
     env[runlock.TOKEN_ENV] = lock_token
     env["PYTHONUNBUFFERED"] = "1"
+    if ftlaunch.in_job(run_cfg):
+        env.update(ftlaunch.rank_env(run_cfg))
     return env
+
+
+@contextlib.contextmanager
+def socket_tmpdir(tmp: Path) -> Iterator[Path]:
+    """``tmp``, or while in use a short link to it under ``SHORT_TMP_ROOT`` when ``tmp`` is too long to hold
+    ft_launcher's Unix sockets (a deep run directory); the link is removed afterwards."""
+    if len(str(tmp.absolute())) <= SOCKET_TMPDIR_MAX:  # NVRx makes the path absolute
+        yield tmp
+        return
+    holder = Path(tempfile.mkdtemp(prefix="kilocard-", dir=SHORT_TMP_ROOT))
+    link = holder / "tmp"
+    link.symlink_to(tmp.resolve(), target_is_directory=True)
+    try:
+        yield link
+    finally:
+        link.unlink()
+        holder.rmdir()
 
 
 def stop_wait_s(run_cfg: RunConfig) -> float:
@@ -131,14 +186,23 @@ def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
 
 
 def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, lock_token: str) -> int:
-    """Start torchrun, show progress, forward TERM/INT, guard against hangs; the run's exit code."""
+    """Start the ranks' launcher (torchrun, or ft_launcher for in-job restarts), show progress, forward
+    TERM/INT, guard against hangs; the run's exit code."""
     env = rank_env(run_dir, run_cfg, lock_token)
     log = run_dir / LOG_DIR / "train.log"
     start_step = len(read_metrics(run_dir))
     stop_wait = stop_wait_s(run_cfg)
-    with open(log, "ab") as out:
+    tmp = Path(env["TMPDIR"])
+    tmp_in_use: contextlib.AbstractContextManager[Path]
+    if ftlaunch.in_job(run_cfg):
+        cmd, tmp_in_use = ft_command(run_dir, run_cfg, nproc, free_port(), stop_wait), socket_tmpdir(tmp)
+    else:
+        cmd = torchrun_command(run_dir, nproc, free_port(), max_restarts, shutdown_timeout_s=stop_wait)
+        tmp_in_use = contextlib.nullcontext(tmp)
+    with open(log, "ab") as out, tmp_in_use as tmpdir:
+        env["TMPDIR"] = str(tmpdir)
         proc = subprocess.Popen(
-            torchrun_command(run_dir, nproc, free_port(), max_restarts, shutdown_timeout_s=stop_wait),
+            cmd,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -160,8 +224,8 @@ def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, loc
 class StopForwarder:
     """While active, TERM and INT to ``kilocard run`` ask the ranks to save and stop instead of orphaning them.
 
-    The first one is forwarded as TERM to torchrun, which passes it to every rank and SIGKILLs any
-    that has not ended after ``stop_wait`` s; the ranks stop at the same step boundary, commit a
+    The first one is forwarded as TERM to torchrun (or ft_launcher), which passes it to every rank and
+    SIGKILLs any that has not ended after ``stop_wait`` s; the ranks stop at the same step boundary, commit a
     save and exit RETRY. Later signals only say that the launcher is still waiting: a second
     Ctrl-C never leaves ranks behind while they save.
     """
@@ -207,15 +271,23 @@ class StopForwarder:
 
 
 def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopForwarder) -> int | None:
-    """Show a live line until the ranks exit; kill them and return FAULT if they go silent or overstay a stop."""
+    """Show a live line until the ranks exit; kill them and return FAULT if they go silent or overstay a stop.
+
+    Silence is counted from the newest metrics record or the newest launch attempt (a ``start`` in
+    events.jsonl): ranks restarted in-job get the whole allowance again for their start-up.
+    """
     tty = sys.stdout.isatty()
-    seen, last_change = 0, time.monotonic()
+    seen, attempts, last_change = 0, _attempts(run_dir), time.monotonic()
     while proc.poll() is None:
         time.sleep(0.5)
         records = read_metrics(run_dir)
+        now_attempts = _attempts(run_dir)
+        if now_attempts != attempts:
+            attempts, last_change = now_attempts, time.monotonic()
         if len(records) != seen:
             seen, last_change = len(records), time.monotonic()
-            print(("\r" if tty else "") + progress_line(records[-1]), end="" if tty else "\n", flush=True)
+            if records:
+                print(("\r" if tty else "") + progress_line(records[-1]), end="" if tty else "\n", flush=True)
         elif time.monotonic() - last_change > silence_s:
             print(f"\nkilocard run: no progress for {silence_s:.0f}s; stopping the ranks (FAULT)", file=sys.stderr)
             _kill(proc)
@@ -227,6 +299,11 @@ def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopFo
     if tty and seen:
         print()
     return None
+
+
+def _attempts(run_dir: Path) -> int:
+    """Launch attempts recorded so far (``start`` events in events.jsonl)."""
+    return sum(1 for e in events.read(run_dir) if e["event"] == "start")
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -246,8 +323,14 @@ def _end_group(pgid: int) -> None:
         pass
 
 
+LOG_NOISE = ("UserWarning", "warnings.warn", "NVML", "pynvml")
+"""Lines of the training log never shown on the terminal: library warnings, and NVRx's and torch's notes
+that the NVIDIA management library is missing (every start without a GPU)."""
+
+
 def _print_tail(log: Path, lines: int = 30) -> None:
-    """The ranks' own error lines (once each), else the log's last lines (torchrun's report hides them)."""
+    """The ranks' own error lines (once each), else the log's last lines without ``LOG_NOISE`` (torchrun's
+    report hides them)."""
     text = log.read_text(errors="replace").splitlines()
     errors = list(
         dict.fromkeys(
@@ -256,6 +339,6 @@ def _print_tail(log: Path, lines: int = 30) -> None:
             if "kilocard.train: error" in l or "kilocard.train: crashed" in l or "kilocard.train: no progress" in l
         )
     )
-    keep = errors or [l for l in text if "UserWarning" not in l and "warnings.warn" not in l][-lines:]
+    keep = errors or [l for l in text if not any(noise in l for noise in LOG_NOISE)][-lines:]
     print(f"--- from {log} ---", file=sys.stderr)
     print("\n".join(keep), file=sys.stderr)

@@ -1,10 +1,18 @@
-"""The rank's torch.distributed environment: torchrun's variables, Slurm's, or a single process."""
+"""The rank's torch.distributed environment: torchrun's variables, Slurm's, or a single process; the process group.
+
+Under a restarting launcher (torchrun ``--max-restarts``, NVRx ``ft_launcher``) every attempt's ranks
+meet in a store key space of their own (``attempt_store``): with torchrun's shared store and no
+per-attempt prefix, restarted gloo ranks read a dead peer's old address and fail to connect or hang
+in the process group's constructor (the stale-address trap, measured in the resiliency notes).
+"""
 
 from __future__ import annotations
 
+import datetime
 import socket
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -52,3 +60,45 @@ def _int(env: Mapping[str, str], key: str) -> int:
         return int(env[key])
     except (KeyError, ValueError):
         raise ValueError(f"{key}={env.get(key)!r}: expected an integer") from None
+
+
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+"""Set by torchrun and ft_launcher: which attempt of the ranks this is (0 first)."""
+
+
+def attempt_store(env: Mapping[str, str], timeout: datetime.timedelta) -> Any | None:
+    """The store this attempt's process group meets in, or ``None`` for torch's default (``env://``).
+
+    Under a restarting launcher (``RESTART_ENV`` set): the rendezvous TCPStore at
+    ``MASTER_ADDR:MASTER_PORT`` (rank 0 hosts it unless the launcher's agent already does,
+    ``TORCHELASTIC_USE_AGENT_STORE``), wrapped in ``PrefixStore("attempt<N>")`` so no key of an
+    earlier attempt is ever read.
+    """
+    if RESTART_ENV not in env:
+        return None
+    import torch.distributed as dist
+
+    rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+    hosted_by_agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    base = dist.TCPStore(
+        env["MASTER_ADDR"],
+        _int(env, "MASTER_PORT"),
+        world,
+        is_master=rank == 0 and not hosted_by_agent,
+        timeout=timeout,
+        multi_tenant=True,
+    )
+    return dist.PrefixStore(f"attempt{env[RESTART_ENV]}", base)
+
+
+def init_process_group(backend: str, env: Mapping[str, str], timeout: datetime.timedelta) -> None:
+    """``torch.distributed.init_process_group`` for this rank, in this attempt's own store (``attempt_store``)."""
+    import torch.distributed as dist
+
+    store = attempt_store(env, timeout)
+    if store is None:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(
+            backend, store=store, rank=_int(env, "RANK"), world_size=_int(env, "WORLD_SIZE"), timeout=timeout
+        )

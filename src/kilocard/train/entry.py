@@ -69,25 +69,26 @@ def _record_start(run_dir: Path, env, started: float, attempt: dict[str, bool]) 
 
 
 def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, started: float, attempt) -> int:
-    import torch.distributed as dist
     from torch.distributed.checkpoint.api import CheckpointException
 
     from kilocard.backends import select
     from kilocard.runlock import RunDirBusy
     from kilocard.train import checkpoint as ck
+    from kilocard.train import heartbeat
     from kilocard.train.claim import claim_run_dir
+    from kilocard.train.dist_env import init_process_group
     from kilocard.train.megatron_adapter import UnsupportedConfig
-    from kilocard.train.signals import Watchdog
     from kilocard.train.tracking import TrackingUnavailable, check_available
     from kilocard.train.trainer import NonFiniteLoss
 
-    watchdog = Watchdog(run_cfg.trainer.hang_timeout_s, env.rank).start()
+    # the watchdog, and under ft_launcher the heartbeats to its rank monitor (kilocard.train.heartbeat)
+    watchdog = heartbeat.start(run_cfg.trainer.hang_timeout_s, env.rank, run_dir, os.environ)
     try:
         check_available(run_cfg)  # every rank, before any collective: all stop alike
         backend = select(env.local_rank)
         _deterministic(run_cfg.trainer.deterministic)
         timeout = datetime.timedelta(seconds=max(run_cfg.trainer.hang_timeout_s, 1.0) + 60)
-        dist.init_process_group(backend.dist_backend, timeout=timeout)
+        init_process_group(backend.dist_backend, os.environ, timeout)  # per-attempt store under a restarting launcher
         claim_run_dir(run_dir)  # one writer per run directory; a lock taken here lasts until this rank exits
         _record_start(run_dir, env, started, attempt)
         return _train_in_group(run_dir, run_cfg, sha, backend, stop, watchdog, timeout)
