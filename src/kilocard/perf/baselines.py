@@ -116,6 +116,7 @@ def _row(raw: Any, i: int, file: str) -> Row:
     where = f"row {raw['id']} of {file}"
     if not str(raw.get("source") or "").strip():
         raise ValueError(f"--file: {where} has no 'source': cite the document, table and release it comes from")
+    _check_result(raw.get("result"), where)
     full, filled = apply_policy(raw, where)
     missing = _missing(full)
     excluded = str(raw.get("excluded") or "")
@@ -129,6 +130,14 @@ def _row(raw: Any, i: int, file: str) -> Row:
         excluded=excluded,
         series=str(series) if series else None,
     )
+
+
+def _check_result(result: Any, where: str) -> None:
+    """Published figures must be numbers (YAML reads ``1e5`` as a string: write ``1.0e+5`` or ``100000``)."""
+    for key in ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu"):
+        value = result.get(key) if isinstance(result, dict) else None
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"--file: {where}: result.{key} = {value!r} is not a number (write e.g. 100000 or 1.0e+5)")
 
 
 def row_cluster(raw: dict[str, Any]) -> ClusterConfig:
