@@ -14,7 +14,7 @@ optimizer, gradient/parameter/TP/pipeline overlap). A row may override either wi
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,9 @@ from kilocard.config.schema import (
 )
 from kilocard.paths import data_dir
 from kilocard.perf.efficiency import FITTED, PerfModelParams
-from kilocard.perf.flops import CONVENTIONS
+from kilocard.perf.flops import CONVENTIONS, flops_per_iteration
 from kilocard.perf.predict import predict, require_gpu
+from kilocard.perf.unstated import apply_policy
 
 #: Per-GPU network bandwidth (one direction) of the DGX system of each GPU: one NIC per GPU.
 DGX_NETWORK_GBS: dict[str, float] = {
@@ -55,11 +56,18 @@ class Row:
     id: str
     """Row id (``sc21-1.7b``)."""
     raw: dict[str, Any]
-    """The row as written."""
+    """The row as written, with its unstated facts filled (``kilocard.perf.unstated``)."""
     complete: bool
-    """Every fact the model needs is published (no ``unverified``/missing value)."""
+    """The row is scored: every fact the model needs is published or filled by the policy (no
+    ``unverified``/missing value) and the row is not ``excluded``."""
     missing: list[str]
     """Dotted names of the facts that are unverified or missing."""
+    filled: dict[str, Any] = field(default_factory=dict)
+    """Unstated facts filled by the policy's defaults (``kilocard.perf.unstated``), by dotted name."""
+    excluded: str = ""
+    """Why the row is kept out of the scoring although it is listed (``excluded:`` in the file)."""
+    series: str | None = None
+    """Name of the scaling series the row belongs to (``series:``: same model, several GPU counts)."""
 
 
 REQUIRED = {
@@ -84,7 +92,7 @@ def _missing(raw: dict[str, Any]) -> list[str]:
     if isinstance(par, dict) and par.get("vp") == UNVERIFIED:
         out.append("parallel.vp")
     result = raw.get("result") or {}
-    if result.get("tflops_per_gpu") is None and result.get("mfu") is None:
+    if all(result.get(k) is None for k in ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu")):
         out.append("result")
     return out
 
@@ -98,13 +106,38 @@ def load_rows(path: str | None = None) -> list[Row]:
         raise ValueError(f"--file: cannot read {file}: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
         raise ValueError(f"--file: {file} has no 'rows:' list (see baselines/published.yaml for the format)")
-    rows = []
-    for i, raw in enumerate(doc["rows"]):
-        if not isinstance(raw, dict) or "id" not in raw:
-            raise ValueError(f"--file: row {i} of {file} has no 'id'")
-        missing = _missing(raw)
-        rows.append(Row(id=str(raw["id"]), raw=raw, complete=not missing, missing=missing))
-    return rows
+    return [_row(raw, i, file.name) for i, raw in enumerate(doc["rows"])]
+
+
+def _row(raw: Any, i: int, file: str) -> Row:
+    """One row of a baselines file, its unstated facts filled by the policy."""
+    if not isinstance(raw, dict) or "id" not in raw:
+        raise ValueError(f"--file: row {i} of {file} has no 'id'")
+    where = f"row {raw['id']} of {file}"
+    if not str(raw.get("source") or "").strip():
+        raise ValueError(f"--file: {where} has no 'source': cite the document, table and release it comes from")
+    _check_result(raw.get("result"), where)
+    full, filled = apply_policy(raw, where)
+    missing = _missing(full)
+    excluded = str(raw.get("excluded") or "")
+    series = raw.get("series")
+    return Row(
+        id=str(raw["id"]),
+        raw=full,
+        complete=not missing and not excluded,
+        missing=missing,
+        filled=filled,
+        excluded=excluded,
+        series=str(series) if series else None,
+    )
+
+
+def _check_result(result: Any, where: str) -> None:
+    """Published figures must be numbers (YAML reads ``1e5`` as a string: write ``1.0e+5`` or ``100000``)."""
+    for key in ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu"):
+        value = result.get(key) if isinstance(result, dict) else None
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"--file: {where}: result.{key} = {value!r} is not a number (write e.g. 100000 or 1.0e+5)")
 
 
 def row_cluster(raw: dict[str, Any]) -> ClusterConfig:
@@ -123,9 +156,12 @@ def row_cluster(raw: dict[str, Any]) -> ClusterConfig:
 
 
 def row_model(raw: dict[str, Any], era_2021: bool) -> ModelConfig:
-    """The row's architecture (GPT-style with learned positions and tied embeddings unless gated)."""
+    """The row's architecture: GPT-style (learned positions, tied embeddings, biases) unless gated
+    (Llama-style: RoPE, untied, no biases); a row's ``rope``/``tied_embeddings``/``bias`` say otherwise."""
     m = raw["model"]
     gated = bool(m["gated_mlp"])
+    rope = bool(m.get("rope", gated))
+    tied = bool(m.get("tied_embeddings", not gated))
     experts = m.get("experts")
     return ModelConfig(
         name=str(raw["id"]),
@@ -140,17 +176,34 @@ def row_model(raw: dict[str, Any], era_2021: bool) -> ModelConfig:
         gated_linear_unit=gated,
         activation="swiglu" if gated else "gelu",
         normalization="RMSNorm" if gated else "LayerNorm",
-        add_bias_linear=not gated,
-        position_embedding_type="rope" if gated else "learned_absolute",
-        share_embeddings_and_output_weights=not gated,
+        add_bias_linear=bool(m.get("bias", not gated)),
+        position_embedding_type="rope" if rope else "learned_absolute",
+        share_embeddings_and_output_weights=tied,
+        kv_channels=m.get("head_dim"),
         num_moe_experts=int(experts) if experts else None,
         moe_router_topk=int(m.get("topk") or 2),
         moe_ffn_hidden_size=m.get("moe_ffn"),
         moe_shared_expert_intermediate_size=m.get("shared_ffn"),
+        moe_layer_freq=_moe_layer_freq(m),
+        moe_grouped_gemm=bool(experts),
+        mtp_num_layers=m.get("mtp") or None,
+        **_mla(m),
         hidden_dropout=0.1 if era_2021 else 0.0,
         attention_dropout=0.1 if era_2021 else 0.0,
         attention_backend="local" if era_2021 else "auto",
     )
+
+
+def _moe_layer_freq(m: dict[str, Any]) -> int | list[int]:
+    """Megatron-Core's ``moe_layer_freq``: every layer MoE, or the first ``dense_layers`` dense (DeepSeek-V3)."""
+    dense = int(m.get("dense_layers") or 0)
+    return [0] * dense + [1] * (int(m["layers"]) - dense) if dense else 1
+
+
+def _mla(m: dict[str, Any]) -> dict[str, Any]:
+    """Multi-latent attention fields from a row's ``mla:`` mapping (Megatron-Core names), if any."""
+    mla = m.get("mla")
+    return {"multi_latent_attention": True, **mla} if isinstance(mla, dict) else {}
 
 
 def row_run_config(row: Row) -> RunConfig:
@@ -166,6 +219,7 @@ def row_run_config(row: Row) -> RunConfig:
         virtual_pipeline_model_parallel_size=int(vp) if vp else None,
         context_parallel_size=int(p.get("cp") or 1),
         expert_model_parallel_size=int(p.get("ep") or 1),
+        expert_tensor_parallel_size=int(p["etp"]) if p.get("etp") else None,
         sequence_parallel=modern and tp > 1,
         use_distributed_optimizer=modern,
         overlap_grad_reduce=modern,
@@ -184,9 +238,11 @@ def row_run_config(row: Row) -> RunConfig:
     par.update(software)
     prec = raw["precision"]
     precision = PrecisionConfig(
-        bf16=prec in ("bf16", "fp8"),
+        bf16=prec in ("bf16", "fp8", "fp4"),
         fp16=prec == "fp16",
         fp8="hybrid" if prec == "fp8" else None,
+        fp8_recipe=str(raw.get("fp8_recipe") or "delayed"),
+        fp4="nvfp4" if prec == "fp4" else None,
         grad_reduce_in_fp32=modern or prec == "bf16",  # 2021 Megatron-LM reduced fp16 grads in fp16
     )
     return RunConfig(
@@ -227,17 +283,28 @@ class Comparison:
     ``None`` when not cross-validated."""
 
 
+def published(row: Row) -> tuple[float | None, float | None, float | None]:
+    """The row's published (TFLOP/s per GPU, MFU, peak TFLOP/s), each derived from the others where the
+    source gives only one: MFU times the peak, or tokens/s times the FLOPs per token of the row's own
+    convention (sources that publish step times or tokens/s, not FLOPs)."""
+    result = row.raw.get("result") or {}
+    tf, mfu, tokens = result.get("tflops_per_gpu"), result.get("mfu"), result.get("tokens_per_s_per_gpu")
+    gpu, precision = row.raw.get("gpu"), row.raw.get("precision")
+    if gpu in (None, UNVERIFIED) or precision in (None, UNVERIFIED):
+        return tf, mfu, None
+    spec = require_gpu(gpu)
+    peak = spec.peak_flops.get(precision, spec.peak_flops["bf16"]) / 1e12
+    conv = row.raw.get("flops_convention")
+    if tf is None and mfu is None and tokens and row.complete and conv in CONVENTIONS:
+        tf = tokens * flops_per_token(row_run_config(row), str(conv)) / 1e12
+    tf = tf if tf is not None else (mfu * peak if mfu is not None else None)
+    mfu = mfu if mfu is not None else (tf / peak if tf is not None else None)
+    return tf, mfu, peak
+
+
 def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FITTED) -> Comparison:
     """Predict one row and compare it with the published figure."""
-    result = row.raw.get("result") or {}
-    pub_tf, pub_mfu = result.get("tflops_per_gpu"), result.get("mfu")
-    peak = None
-    gpu = row.raw.get("gpu")
-    if gpu not in (None, UNVERIFIED) and row.raw.get("precision") not in (None, UNVERIFIED):
-        spec = require_gpu(gpu)
-        peak = spec.peak_flops.get(row.raw["precision"], spec.peak_flops["bf16"]) / 1e12
-        pub_tf = pub_tf if pub_tf is not None else (pub_mfu * peak if pub_mfu is not None else None)
-        pub_mfu = pub_mfu if pub_mfu is not None else (pub_tf / peak if pub_tf is not None else None)
+    pub_tf, pub_mfu, peak = published(row)
     conv = str(row.raw.get("flops_convention"))
     base: dict[str, Any] = dict(
         id=row.id,
@@ -248,7 +315,7 @@ def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FIT
         peak_tflops=peak,
     )
     if not row.complete or conv not in CONVENTIONS or pub_tf is None:
-        note = "unverified/missing: " + ", ".join(row.missing or ["flops_convention"])
+        note = row.excluded or "unverified/missing: " + ", ".join(row.missing or ["flops_convention"])
         return Comparison(**base, predicted_tflops_per_gpu=None, predicted_mfu=None, rel_error=None, note=note)
     cfg = row_run_config(row)
     pred = predict(cfg, conv, params)
@@ -256,6 +323,11 @@ def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FIT
     return Comparison(
         **base, predicted_tflops_per_gpu=pred.tflops_per_gpu, predicted_mfu=pred.mfu, rel_error=rel, note=""
     )
+
+
+def flops_per_token(cfg: RunConfig, convention: str) -> float:
+    """Model FLOPs per trained token of a configuration, in ``convention``."""
+    return flops_per_iteration(cfg, convention) / (cfg.trainer.global_batch_size * cfg.model.seq_length)
 
 
 def recipe_index() -> dict[str, str]:
