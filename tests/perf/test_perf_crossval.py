@@ -12,7 +12,8 @@ import yaml
 from kilocard.cli import main
 from kilocard.perf.baselines import compare_row, load_rows
 from kilocard.perf.crossval import fold_setup, held_out_errors, source_group
-from kilocard.perf.fit import FREE, fit, free_values, loss
+from kilocard.perf.efficiency import FITTED, with_values
+from kilocard.perf.fit import FREE, fit, free_values, loss, targets
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +34,12 @@ def test_sources_group_by_document(scored):
 def test_unconstrained_parameters_do_not_keep_their_fitted_value(scored):
     """Fitting on H100 rows only: the A100 GEMM efficiency is tied to Hopper's (no A100 row constrains
     it); fitting on the 2021 rows only: the TP overlap (no row overlaps TP) goes to mid-range, unsearched."""
-    hopper_only = [r for r in scored if source_group(r) != "SC21 Table 1"]
+    hopper_only = [t for t in targets(scored) if source_group(t.row) != "SC21 Table 1"]
     groups, start = fold_setup(hopper_only)
     tied = next(g for g in groups if "hopper.gemm_efficiency" in g)
     assert "ampere.gemm_efficiency" in tied
     assert start["ampere.gemm_efficiency"] == start["hopper.gemm_efficiency"]
-    groups, start = fold_setup([r for r in scored if source_group(r) == "SC21 Table 1"])
+    groups, start = fold_setup([t for t in targets(scored) if source_group(t.row) == "SC21 Table 1"])
     assert all("network.tp_overlap" not in g for g in groups)
     assert start["network.tp_overlap"] == pytest.approx(0.475)
 
@@ -58,7 +59,7 @@ def test_held_out_rows_are_not_seen_by_their_fit(scored):
 
 
 def test_fit_lowers_the_loss_from_a_perturbed_start(scored):
-    rows = [r for r in scored if source_group(r) == "SC21 Table 1"][:4]
+    rows = targets([r for r in scored if source_group(r) == "SC21 Table 1"][:4])
     start = {k: v * 0.8 for k, v in free_values().items()}
     fitted = fit(rows, starts=1, free=FREE, start=start)
     assert loss(fitted, rows) < loss(start, rows) / 2
@@ -91,3 +92,10 @@ def test_text_gives_both_errors(scored, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "CV error" in out.splitlines()[0]
     assert "in sample: mean |error|" in out and "held out:  mean |error|" in out
+
+
+def test_prepared_targets_predict_what_compare_row_predicts(scored):
+    """The fit's prebuilt rows give the same error as the command's own comparison, under any parameters."""
+    slow = with_values(FITTED, {"hopper.gemm_efficiency": 0.5, "network.nvlink_efficiency": 0.4})
+    for t in targets(scored):
+        assert t.rel_error(slow) == pytest.approx(compare_row(t.row, {}, slow).rel_error, rel=1e-12)

@@ -19,9 +19,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from kilocard.perf.baselines import Comparison, Row, compare_row
+from kilocard.perf.baselines import Comparison, Row
 from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, with_values
-from kilocard.perf.fit import FREE, Groups, clamp, fit, free_values, loss
+from kilocard.perf.fit import FREE, Groups, Target, clamp, fit, free_values, loss, targets
 
 STARTS = 3
 """Coordinate searches per fold: the warm start and two perturbed ones (``fit`` uses 6)."""
@@ -35,7 +35,7 @@ def source_group(row: Row) -> str:
     return re.sub(r"\s*\(.*\)\s*$", "", str(row.raw.get("source") or row.id)).strip()
 
 
-def constrained(group: Sequence[str], values: dict[str, float], rows: Sequence[Row]) -> bool:
+def constrained(group: Sequence[str], values: dict[str, float], rows: Sequence[Target]) -> bool:
     """Whether the loss over ``rows`` changes when the tied ``group`` of parameters is scaled."""
     base = loss(values, rows)
     for factor in PROBE:
@@ -50,7 +50,7 @@ def _middle(name: str) -> float:
     return (lo + hi) / 2
 
 
-def fold_setup(rows: Sequence[Row]) -> tuple[Groups, dict[str, float]]:
+def fold_setup(rows: Sequence[Target]) -> tuple[Groups, dict[str, float]]:
     """Free groups and starting values for a fit on ``rows``: each parameter of a group the rows do not
     constrain is tied to a constrained twin of another GPU family, or set to mid-range and not searched."""
     values = free_values()
@@ -69,17 +69,17 @@ def fold_setup(rows: Sequence[Row]) -> tuple[Groups, dict[str, float]]:
 
 def held_out_errors(rows: Sequence[Row], starts: int = STARTS) -> dict[str, float | None]:
     """Row id -> relative error of the row predicted by a fit on every other source (``None``: not scored)."""
-    scored = [r for r in rows if r.complete]
+    scored = targets(rows)
     out: dict[str, float | None] = {r.id: None for r in rows}
-    for group in dict.fromkeys(source_group(r) for r in scored):
-        train = [r for r in scored if source_group(r) != group]
+    for group in dict.fromkeys(source_group(t.row) for t in scored):
+        train = [t for t in scored if source_group(t.row) != group]
         if not train:
             continue
         free, start = fold_setup(train)
         params = with_values(FITTED, fit(train, starts=starts, free=free, start=start))
-        for r in scored:
-            if source_group(r) == group:
-                out[r.id] = compare_row(r, {}, params).rel_error
+        for t in scored:
+            if source_group(t.row) == group:
+                out[t.row.id] = t.rel_error(params)
     return out
 
 

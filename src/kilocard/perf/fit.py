@@ -14,9 +14,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from kilocard.perf.baselines import Row, compare_row
+from kilocard.perf.baselines import Row, compare_row, row_run_config
 from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, PerfModelParams, flat, with_values
+from kilocard.perf.predict import PredictionInputs, predict_prepared, prepare
 
 Groups = Sequence[Sequence[str]]
 
@@ -34,10 +36,36 @@ FREE: Groups = (
 )
 
 
-def loss(values: dict[str, float], rows: Sequence[Row], params: PerfModelParams = FITTED) -> float:
+@dataclass(frozen=True)
+class Target:
+    """A published row with a full configuration, built once and predicted under many parameter sets."""
+
+    row: Row
+    """The row as loaded."""
+    inputs: PredictionInputs
+    """Its configuration as the step-time model sees it."""
+    published_tflops: float
+    """The published TFLOP/s per GPU (derived from MFU and the peak when only MFU is published)."""
+
+    def rel_error(self, params: PerfModelParams) -> float:
+        """(predicted - published) / published under ``params``."""
+        return predict_prepared(self.inputs, params).tflops_per_gpu / self.published_tflops - 1.0
+
+
+def targets(rows: Sequence[Row]) -> list[Target]:
+    """The rows that can be scored (full configuration, known convention, a published figure)."""
+    out = []
+    for r in rows:
+        c = compare_row(r, {})
+        if c.rel_error is not None and c.published_tflops_per_gpu is not None:
+            out.append(Target(r, prepare(row_run_config(r), c.convention), c.published_tflops_per_gpu))
+    return out
+
+
+def loss(values: dict[str, float], rows: Sequence[Target], params: PerfModelParams = FITTED) -> float:
     """Mean squared relative error of the rows plus the squared worst one, with ``values`` in ``params``."""
     trial = with_values(params, values)
-    errs = [e for e in (compare_row(r, {}, trial).rel_error for r in rows) if e is not None]
+    errs = [t.rel_error(trial) for t in rows]
     return sum(e * e for e in errs) / len(errs) + max(abs(e) for e in errs) ** 2
 
 
@@ -54,7 +82,7 @@ def free_values(free: Groups = FREE, params: PerfModelParams = FITTED) -> dict[s
 
 
 def coordinate_search(
-    values: dict[str, float], rows: Sequence[Row], free: Groups = FREE, rounds: int = 60
+    values: dict[str, float], rows: Sequence[Target], free: Groups = FREE, rounds: int = 60
 ) -> dict[str, float]:
     """Scale each free group up/down by ``step``; keep improvements; halve the step when none."""
     best = loss(values, rows)
@@ -77,7 +105,7 @@ def coordinate_search(
 
 
 def fit(
-    rows: Sequence[Row],
+    rows: Sequence[Target],
     starts: int = 6,
     seed: int = 0,
     free: Groups = FREE,
