@@ -39,7 +39,9 @@ def test_series_change_runs_from_smallest_to_largest_gpu_count(tagged):
 
 
 def test_ok_is_within_three_mfu_points():
-    close = SeriesCheck("s", (8, 64), published_mfu_change=-0.05, predicted_mfu_change=-0.079, cv_predicted_mfu_change=-0.09)
+    close = SeriesCheck(
+        "s", (8, 64), published_mfu_change=-0.05, predicted_mfu_change=-0.079, cv_predicted_mfu_change=-0.09
+    )
     assert close.ok and not close.cv_ok
 
 
