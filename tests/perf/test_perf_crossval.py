@@ -11,9 +11,9 @@ import yaml
 
 from kilocard.cli import main
 from kilocard.perf.baselines import compare_row, load_rows
-from kilocard.perf.crossval import fold_setup, held_out_errors, source_group
+from kilocard.perf.crossval import held_out_errors, source_group
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import FREE, fit, free_values, loss, targets
+from kilocard.perf.fit import FREE, fit, free_values, loss, setup, targets
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +35,21 @@ def test_unconstrained_parameters_do_not_keep_their_fitted_value(scored):
     """Fitting on H100 rows only: the A100 GEMM efficiency is tied to Hopper's (no A100 row constrains
     it); fitting on the 2021 rows only: the TP overlap (no row overlaps TP) goes to mid-range, unsearched."""
     hopper_only = [t for t in targets(scored) if source_group(t.row) != "SC21 Table 1"]
-    groups, start = fold_setup(hopper_only)
+    groups, start = setup(hopper_only)
     tied = next(g for g in groups if "hopper.gemm_efficiency" in g)
     assert "ampere.gemm_efficiency" in tied
     assert start["ampere.gemm_efficiency"] == start["hopper.gemm_efficiency"]
-    groups, start = fold_setup([t for t in targets(scored) if source_group(t.row) == "SC21 Table 1"])
+    groups, start = setup([t for t in targets(scored) if source_group(t.row) == "SC21 Table 1"])
     assert all("network.tp_overlap" not in g for g in groups)
     assert start["network.tp_overlap"] == pytest.approx(0.475)
+
+
+def test_a_family_without_rows_borrows_hoppers_values(scored):
+    """No Blackwell row: its GEMM efficiency and FP8 ratio move with Hopper's instead of wandering."""
+    groups, start = setup(targets(scored))
+    for field in ("gemm_efficiency", "fp8_gemm_ratio", "flash_attention_efficiency"):
+        tied = next(g for g in groups if f"hopper.{field}" in g)
+        assert f"blackwell.{field}" in tied and start[f"blackwell.{field}"] == start[f"hopper.{field}"]
 
 
 def test_held_out_rows_are_not_seen_by_their_fit(scored):

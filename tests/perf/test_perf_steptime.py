@@ -7,8 +7,10 @@ from dataclasses import replace
 import pytest
 
 from kilocard.config.schema import ClusterConfig, ModelConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig
+from kilocard.perf.efficiency import FITTED
 from kilocard.perf.flops import flops_per_iteration
-from kilocard.perf.predict import predict
+from kilocard.perf.predict import hardware_for, predict
+from kilocard.perf.steptime import all_to_all_time, ring_bandwidth
 
 H100 = ClusterConfig(
     name="dgx",
@@ -95,7 +97,35 @@ def test_tp_across_nodes_is_slower_than_inside_nvlink():
         _cfg(tensor_model_parallel_size=8, pipeline_model_parallel_size=1),
         cluster=replace(H100, gpus_per_node=4, nodes=16, nvlink_domain_size=4),
     )
-    assert predict(narrow).breakdown["tp_comm"] > 3 * inside.breakdown["tp_comm"]
+    narrower = replace(narrow, cluster=replace(H100, gpus_per_node=2, nodes=32, nvlink_domain_size=2))
+    assert predict(narrow).breakdown["tp_comm"] > 1.2 * inside.breakdown["tp_comm"]
+    assert predict(narrower).breakdown["tp_comm"] > 1.9 * predict(narrow).breakdown["tp_comm"]
+
+
+def test_ring_across_domains_runs_one_nic_per_member_of_a_domain():
+    """A ring collective leaving the NVLink domain gets the NICs of the group's members in a domain:
+    8 (capped by NVLink) for a TP=1 DP group, 1 for a DP group of TP=8 ranks."""
+    hw = hardware_for(H100)
+    nvlink, nic = (
+        hw.nvlink_bandwidth * FITTED.network.nvlink_efficiency,
+        hw.network_bandwidth * FITTED.network.network_efficiency,
+    )
+    assert ring_bandwidth(1, 8, hw, FITTED) == nvlink
+    assert ring_bandwidth(8, 16, hw, FITTED) == pytest.approx(nic)
+    assert ring_bandwidth(2, 16, hw, FITTED) == pytest.approx(min(nvlink, 4 * nic))
+    assert ring_bandwidth(1, 64, hw, FITTED) == pytest.approx(min(nvlink, 8 * nic))
+
+
+def test_expert_all_to_all_inside_an_nvl72_domain_is_nvlink_only():
+    """EP=16 leaves an 8-GPU NVLink domain (half its tokens cross NICs) but not a 72-GPU one."""
+    hw8 = hardware_for(H100)
+    hw72 = replace(hw8, nvlink_domain=72)
+    volume = 1e9
+    across = all_to_all_time(volume, 1, 16, hw8, FITTED)
+    inside = all_to_all_time(volume, 1, 16, hw72, FITTED)
+    assert inside == pytest.approx(volume * 15 / 16 / (hw8.nvlink_bandwidth * FITTED.network.nvlink_efficiency))
+    assert across == pytest.approx(volume * 8 / 16 / (hw8.network_bandwidth * FITTED.network.network_efficiency))
+    assert across > 2.5 * inside
 
 
 def test_fp8_is_faster_but_lower_mfu_against_fp8_peak():

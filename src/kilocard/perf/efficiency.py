@@ -85,6 +85,13 @@ FITTED = PerfModelParams(
             flash_attention_efficiency=0.2874,
             hbm_efficiency=0.90,
         ),
+        "blackwell": GpuEfficiency(
+            gemm_efficiency=0.6922,
+            fp8_gemm_ratio=0.90,
+            gemm_knee=38.06,
+            flash_attention_efficiency=0.2874,
+            hbm_efficiency=0.90,
+        ),
     },
     network=NetworkEfficiency(
         nvlink_efficiency=0.5866,

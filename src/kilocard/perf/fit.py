@@ -22,18 +22,24 @@ from kilocard.perf.predict import PredictionInputs, predict_prepared, prepare
 
 Groups = Sequence[Sequence[str]]
 
-#: Free parameters; names in one tuple move together. Everything else stays at its stated value.
 FREE: Groups = (
-    ("ampere.gemm_efficiency",),
     ("hopper.gemm_efficiency",),
-    ("ampere.gemm_knee", "hopper.gemm_knee"),
-    ("ampere.hbm_efficiency", "hopper.hbm_efficiency"),
+    ("hopper.fp8_gemm_ratio",),
     ("hopper.flash_attention_efficiency",),
+    ("blackwell.gemm_efficiency",),
+    ("blackwell.fp8_gemm_ratio",),
+    ("blackwell.flash_attention_efficiency",),
+    ("ampere.gemm_efficiency",),
+    ("ampere.gemm_knee", "hopper.gemm_knee", "blackwell.gemm_knee"),
+    ("ampere.hbm_efficiency", "hopper.hbm_efficiency", "blackwell.hbm_efficiency"),
     ("network.nvlink_efficiency",),
     ("network.network_efficiency",),
     ("network.tp_overlap",),
     ("network.p2p_latency_s",),
 )
+"""Free parameters; names in one tuple move together (one GEMM knee, one HBM efficiency for every GPU
+family). Everything else stays at its stated value. Hopper comes first: a GPU family without training
+rows borrows its values (``crossval.fold_setup``)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,49 @@ def coordinate_search(
     return values
 
 
+PROBE = (0.8, 1.25)
+"""Factors a parameter is scaled by to see whether the rows' loss depends on it."""
+
+
+def constrained(group: Sequence[str], values: dict[str, float], rows: Sequence[Target]) -> bool:
+    """Whether the loss over ``rows`` changes when the tied ``group`` of parameters is scaled."""
+    base = loss(values, rows)
+    for factor in PROBE:
+        moved = {n: clamp(n, values[n] * factor if values[n] else _middle(n)) for n in group}
+        if moved != {n: values[n] for n in group} and abs(loss({**values, **moved}, rows) - base) > 1e-12:
+            return True
+    return False
+
+
+def _middle(name: str) -> float:
+    lo, hi = PHYSICAL_RANGES[name.split(".")[-1]]
+    return (lo + hi) / 2
+
+
+def setup(
+    rows: Sequence[Target], free: Groups = FREE, start: dict[str, float] | None = None
+) -> tuple[Groups, dict[str, float]]:
+    """Groups to search and starting values for a fit on ``rows``.
+
+    A parameter the rows do not constrain (their loss does not move with it: the efficiencies of a
+    GPU family without rows, the TP overlap when no row overlaps TP) cannot be fitted; it must not keep
+    a value other rows set either. A GPU-family one is tied to its twin of the first family in ``free``
+    that the rows constrain (Hopper first: the model's rule for families without a published row);
+    any other one goes to the middle of its physical range and is not searched."""
+    values = dict(start) if start is not None else free_values(free)
+    kept = [list(g) for g in free if constrained(g, values, rows)]
+    loose = [n for g in free if not constrained(g, values, rows) for n in g]
+    for name in loose:
+        family, _, field_name = name.partition(".")
+        twin = next((g for g in kept if any(n.partition(".")[2] == field_name for n in g)), None)
+        if family != "network" and twin is not None:
+            values[name] = values[twin[0]]
+            twin.append(name)
+        else:
+            values[name] = _middle(name)
+    return [tuple(g) for g in kept], values
+
+
 def fit(
     rows: Sequence[Target],
     starts: int = 6,
@@ -112,19 +161,20 @@ def fit(
     start: dict[str, float] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
-    """Best of ``starts`` coordinate searches: from ``start`` (default: the FITTED values), then from
-    seeded perturbations of it (each tied group scaled by one log-uniform factor in [0.7, 1.4])."""
-    base = dict(start) if start is not None else free_values(free)
+    """Best of ``starts`` coordinate searches over the groups ``setup`` keeps: from ``start`` (default:
+    the FITTED values), then from seeded perturbations of it (each group scaled by one log-uniform
+    factor in [0.7, 1.4])."""
+    groups, base = setup(rows, free, start)
     rng = random.Random(seed)
     best_values, best_loss = base, float("inf")
     for i in range(starts):
         trial = dict(base)
         if i:
-            for group in free:
+            for group in groups:
                 factor = math.exp(rng.uniform(math.log(0.7), math.log(1.4)))
                 for name in group:
                     trial[name] = clamp(name, base[name] * factor)
-        values = coordinate_search(trial, rows, free)
+        values = coordinate_search(trial, rows, groups)
         value_loss = loss(values, rows)
         if log:
             log(f"start {i}: loss {value_loss:.5f}")

@@ -195,11 +195,43 @@ def attention_forward(
     return per_head, score_elems * ACT_BYTES * (6 if ft.dropout else 4)
 
 
-def _bw(group_span: int, hw: Hardware, params: PerfModelParams) -> float:
-    """Achieved per-GPU bandwidth for a group spanning ``group_span`` consecutive ranks."""
-    if group_span <= hw.nvlink_domain:
+def _per_domain(stride: int, size: int, hw: Hardware) -> int:
+    """Members of a group of ``size`` ranks ``stride`` apart that share one NVLink domain."""
+    return max(1, min(size, hw.nvlink_domain // stride))
+
+
+def ring_bandwidth(stride: int, size: int, hw: Hardware, params: PerfModelParams) -> float:
+    """Achieved per-GPU bus bandwidth of a ring collective (all-reduce, reduce-scatter, all-gather)
+    over ``size`` ranks ``stride`` apart.
+
+    Inside one NVLink domain: NVLink. Across domains, the ``k`` members a domain holds drive ``k``
+    NICs at once (NCCL runs one ring per NIC, each crossing domains once per domain), so the bus
+    bandwidth is ``k`` NICs' worth, never more than NVLink's.
+    """
+    net = params.network
+    nvlink = hw.nvlink_bandwidth * net.nvlink_efficiency
+    if stride * size <= hw.nvlink_domain:
+        return nvlink
+    return min(nvlink, _per_domain(stride, size, hw) * hw.network_bandwidth * net.network_efficiency)
+
+
+def neighbour_bandwidth(span: int, hw: Hardware, params: PerfModelParams) -> float:
+    """Achieved per-GPU bandwidth of sends between ranks ``span`` apart (pipeline stages, the CP
+    ring): NVLink inside a domain, else the GPU's own NIC (its neighbours' NICs are busy too)."""
+    if span <= hw.nvlink_domain:
         return hw.nvlink_bandwidth * params.network.nvlink_efficiency
     return hw.network_bandwidth * params.network.network_efficiency
+
+
+def all_to_all_time(volume: float, stride: int, size: int, hw: Hardware, params: PerfModelParams) -> float:
+    """Seconds of an all-to-all in which each of ``size`` ranks ``stride`` apart sends ``volume``
+    bytes spread evenly over the group: the share for members of its own NVLink domain goes over
+    NVLink, the rest over its NIC, both at once."""
+    k = _per_domain(stride, size, hw) if stride * size > hw.nvlink_domain else size
+    net = params.network
+    inside = volume * (k - 1) / size / (hw.nvlink_bandwidth * net.nvlink_efficiency)
+    outside = volume * (size - k) / size / (hw.network_bandwidth * net.network_efficiency)
+    return max(inside, outside)
 
 
 def tp_comm_forward(tok: float, h: int, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
@@ -207,7 +239,7 @@ def tp_comm_forward(tok: float, h: int, lay: Layout, ft: Features, hw: Hardware,
     if not lay.tp_enabled:
         return 0.0
     volume = 2 * 2 * (lay.tp - 1) / lay.tp * tok * h * ACT_BYTES
-    return volume / _bw(lay.tp, hw, params)
+    return volume / ring_bandwidth(1, lay.tp, hw, params)
 
 
 def cp_comm_forward(
@@ -217,17 +249,18 @@ def cp_comm_forward(
     if not lay.cp_enabled:
         return 0.0
     volume = (lay.cp - 1) * 2 * tok * kv / lay.tp * ACT_BYTES
-    return max(0.0, volume / _bw(lay.tp * lay.cp, hw, params) - attn)
+    return max(0.0, volume / neighbour_bandwidth(lay.tp * lay.cp, hw, params) - attn)
 
 
 def ep_comm_forward(
     tok: float, h: int, shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams
 ) -> float:
-    """Dispatch and combine all-to-alls of the routed tokens over EP ranks."""
+    """Dispatch and combine all-to-alls of the routed tokens over EP ranks (``etp`` apart: Megatron-Core's
+    expert rank order puts ETP fastest, then EP)."""
     if not lay.ep_enabled:
         return 0.0
-    volume = 2 * (lay.ep - 1) / lay.ep * tok / lay.tp * shape.topk * h * ACT_BYTES
-    return volume / _bw(lay.tp * lay.ep, hw, params)
+    volume = tok / lay.tp * shape.topk * h * ACT_BYTES
+    return 2 * all_to_all_time(volume, lay.etp, lay.ep, hw, params)
 
 
 def stage_microbatch_time(
@@ -249,7 +282,8 @@ def stage_microbatch_time(
         if frac <= 0:
             continue
         f = layer_forward(shape, lay, ft, hw, eff, params, moe)
-        exposed_tp = f.tp_comm * (1.0 - (net.tp_overlap if ft.tp_comm_overlap else 0.0))
+        # tp_comm_overlap hides a share of the collectives, at most behind the GEMMs they pipeline with.
+        exposed_tp = f.tp_comm - (min(net.tp_overlap * f.tp_comm, f.gemm) if ft.tp_comm_overlap else 0.0)
         full = 1.0 if ft.recompute == "full" else 0.0
         # Forward, backward (2x the forward's GEMM and elementwise work), and a recompute forward.
         per_layer = {
@@ -321,8 +355,9 @@ def pipeline_p2p(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, par
     volume = 2 * tok * shape.hidden * ACT_BYTES / lay.tp
     span = lay.tp * lay.dp_cp * 2  # neighbouring stages sit DP x CP x TP ranks apart
     exposed = 1.0 - (params.network.p2p_overlap if ft.overlap_p2p_comm else 0.0)
-    regather = volume * (lay.tp - 1) / _bw(lay.tp, hw, params)  # all-gather of the slices inside TP
-    return (volume / _bw(span, hw, params) + regather + 2 * params.network.p2p_latency_s) * exposed
+    regather = volume * (lay.tp - 1) / ring_bandwidth(1, lay.tp, hw, params)  # all-gather of the slices in TP
+    send = volume / neighbour_bandwidth(span, hw, params)
+    return (send + regather + 2 * params.network.p2p_latency_s) * exposed
 
 
 def dense_params_per_gpu(shape: ModelShape, lay: Layout, ft: Features, stage_layers: float | None = None) -> float:
@@ -347,8 +382,7 @@ def dp_comm(
     group = lay.dp_cp
     if group == 1:
         return 0.0
-    span = lay.world_size // lay.pp  # a DP x CP group interleaves with TP across this many ranks
-    bw = _bw(span, hw, params)
+    bw = ring_bandwidth(lay.tp, group, hw, params)  # Megatron-Core's order: TP fastest, then CP, then DP
     frac = (group - 1) / group
     if ft.distributed_optimizer:
         reduce = frac * n_params * ft.grad_bytes / bw
@@ -356,10 +390,19 @@ def dp_comm(
     else:
         reduce, gather = 2 * frac * n_params * ft.grad_bytes / bw, 0.0
     net = params.network
+    # One bucket of the first model chunk is always exposed: the last to reduce, the first to gather.
+    edge = min(1.0, dp_bucket_params(group) / (n_params / lay.virtual_stages))
     window = net.dp_overlap * t_microbatch * 2 / 3  # the last micro-batch's backward
-    exposed_reduce = max(0.0, reduce - window) if ft.overlap_grad_reduce else reduce
-    exposed_gather = max(0.0, gather - net.dp_overlap * t_microbatch / 3) if ft.overlap_param_gather else gather
+    exposed_reduce = max(edge * reduce, reduce - window) if ft.overlap_grad_reduce else reduce
+    gather_window = net.dp_overlap * t_microbatch / 3  # the first micro-batch's forward
+    exposed_gather = max(edge * gather, gather - gather_window) if ft.overlap_param_gather else gather
     return exposed_reduce + exposed_gather
+
+
+def dp_bucket_params(dp_cp: int) -> float:
+    """Parameters per gradient bucket: Megatron-Core's default ``max(40M, 1M x DP)`` (larger DP, larger
+    buckets, so that each ring reduce stays bandwidth-bound); later model chunks are one bucket each."""
+    return max(40e6, 1e6 * dp_cp)
 
 
 def optimizer_time(n_params: float, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
