@@ -47,7 +47,8 @@ def test_json_format_and_custom_file(tmp_path, capsys):
         "     result: {mfu: 0.5}, flops_convention: six_n, source: test}\n"
         "  - {id: half-known, gpu: h100-sxm5-80gb, gpus: 8, precision: bf16, recompute: unverified,\n"
         "     model: {layers: 2, hidden: 64, heads: 4, ffn: 256, gated_mlp: false, vocab: 128, seq: 32},\n"
-        "     parallel: unverified, batch: {gbs: 8, mbs: 1}, result: {tflops_per_gpu: 100}, flops_convention: six_n}\n"
+        "     parallel: unverified, batch: {gbs: 8, mbs: 1}, result: {tflops_per_gpu: 100}, flops_convention: six_n,\n"
+        "     source: test}\n"
     )
     assert main(["baselines", "--file", str(f), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -88,7 +89,7 @@ def test_row_software_override_changes_the_prediction(tmp_path):
         " model: {layers: 24, hidden: 2304, heads: 24, kv_heads: null, ffn: 9216, gated_mlp: false,"
         " vocab: 51200, seq: 2048},"
         " parallel: {tp: 1, pp: 1, vp: null, cp: 1, ep: 1, dp: 32}, batch: {gbs: 512, mbs: 16},"
-        " result: {tflops_per_gpu: 137}, flops_convention: megatron_sc21%s}"
+        " result: {tflops_per_gpu: 137}, flops_convention: megatron_sc21, source: test%s}"
     )
     plain, flash = tmp_path / "plain.yaml", tmp_path / "flash.yaml"
     plain.write_text("rows:\n  - " + row % "" + "\n")

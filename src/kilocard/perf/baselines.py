@@ -14,7 +14,7 @@ optimizer, gradient/parameter/TP/pipeline overlap). A row may override either wi
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from kilocard.paths import data_dir
 from kilocard.perf.efficiency import FITTED, PerfModelParams
 from kilocard.perf.flops import CONVENTIONS
 from kilocard.perf.predict import predict, require_gpu
+from kilocard.perf.unstated import apply_policy
 
 #: Per-GPU network bandwidth (one direction) of the DGX system of each GPU: one NIC per GPU.
 DGX_NETWORK_GBS: dict[str, float] = {
@@ -55,11 +56,18 @@ class Row:
     id: str
     """Row id (``sc21-1.7b``)."""
     raw: dict[str, Any]
-    """The row as written."""
+    """The row as written, with its unstated facts filled (``kilocard.perf.unstated``)."""
     complete: bool
-    """Every fact the model needs is published (no ``unverified``/missing value)."""
+    """The row is scored: every fact the model needs is published or filled by the policy (no
+    ``unverified``/missing value) and the row is not ``excluded``."""
     missing: list[str]
     """Dotted names of the facts that are unverified or missing."""
+    filled: dict[str, Any] = field(default_factory=dict)
+    """Unstated facts filled by the policy's defaults (``kilocard.perf.unstated``), by dotted name."""
+    excluded: str = ""
+    """Why the row is kept out of the scoring although it is listed (``excluded:`` in the file)."""
+    series: str | None = None
+    """Name of the scaling series the row belongs to (``series:``: same model, several GPU counts)."""
 
 
 REQUIRED = {
@@ -98,13 +106,29 @@ def load_rows(path: str | None = None) -> list[Row]:
         raise ValueError(f"--file: cannot read {file}: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
         raise ValueError(f"--file: {file} has no 'rows:' list (see baselines/published.yaml for the format)")
-    rows = []
-    for i, raw in enumerate(doc["rows"]):
-        if not isinstance(raw, dict) or "id" not in raw:
-            raise ValueError(f"--file: row {i} of {file} has no 'id'")
-        missing = _missing(raw)
-        rows.append(Row(id=str(raw["id"]), raw=raw, complete=not missing, missing=missing))
-    return rows
+    return [_row(raw, i, file.name) for i, raw in enumerate(doc["rows"])]
+
+
+def _row(raw: Any, i: int, file: str) -> Row:
+    """One row of a baselines file, its unstated facts filled by the policy."""
+    if not isinstance(raw, dict) or "id" not in raw:
+        raise ValueError(f"--file: row {i} of {file} has no 'id'")
+    where = f"row {raw['id']} of {file}"
+    if not str(raw.get("source") or "").strip():
+        raise ValueError(f"--file: {where} has no 'source': cite the document, table and release it comes from")
+    full, filled = apply_policy(raw, where)
+    missing = _missing(full)
+    excluded = str(raw.get("excluded") or "")
+    series = raw.get("series")
+    return Row(
+        id=str(raw["id"]),
+        raw=full,
+        complete=not missing and not excluded,
+        missing=missing,
+        filled=filled,
+        excluded=excluded,
+        series=str(series) if series else None,
+    )
 
 
 def row_cluster(raw: dict[str, Any]) -> ClusterConfig:
@@ -143,14 +167,31 @@ def row_model(raw: dict[str, Any], era_2021: bool) -> ModelConfig:
         add_bias_linear=not gated,
         position_embedding_type="rope" if gated else "learned_absolute",
         share_embeddings_and_output_weights=not gated,
+        kv_channels=m.get("head_dim"),
         num_moe_experts=int(experts) if experts else None,
         moe_router_topk=int(m.get("topk") or 2),
         moe_ffn_hidden_size=m.get("moe_ffn"),
         moe_shared_expert_intermediate_size=m.get("shared_ffn"),
+        moe_layer_freq=_moe_layer_freq(m),
+        moe_grouped_gemm=bool(experts),
+        mtp_num_layers=m.get("mtp") or None,
+        **_mla(m),
         hidden_dropout=0.1 if era_2021 else 0.0,
         attention_dropout=0.1 if era_2021 else 0.0,
         attention_backend="local" if era_2021 else "auto",
     )
+
+
+def _moe_layer_freq(m: dict[str, Any]) -> int | list[int]:
+    """Megatron-Core's ``moe_layer_freq``: every layer MoE, or the first ``dense_layers`` dense (DeepSeek-V3)."""
+    dense = int(m.get("dense_layers") or 0)
+    return [0] * dense + [1] * (int(m["layers"]) - dense) if dense else 1
+
+
+def _mla(m: dict[str, Any]) -> dict[str, Any]:
+    """Multi-latent attention fields from a row's ``mla:`` mapping (Megatron-Core names), if any."""
+    mla = m.get("mla")
+    return {"multi_latent_attention": True, **mla} if isinstance(mla, dict) else {}
 
 
 def row_run_config(row: Row) -> RunConfig:
@@ -166,6 +207,7 @@ def row_run_config(row: Row) -> RunConfig:
         virtual_pipeline_model_parallel_size=int(vp) if vp else None,
         context_parallel_size=int(p.get("cp") or 1),
         expert_model_parallel_size=int(p.get("ep") or 1),
+        expert_tensor_parallel_size=int(p["etp"]) if p.get("etp") else None,
         sequence_parallel=modern and tp > 1,
         use_distributed_optimizer=modern,
         overlap_grad_reduce=modern,
@@ -184,9 +226,11 @@ def row_run_config(row: Row) -> RunConfig:
     par.update(software)
     prec = raw["precision"]
     precision = PrecisionConfig(
-        bf16=prec in ("bf16", "fp8"),
+        bf16=prec in ("bf16", "fp8", "fp4"),
         fp16=prec == "fp16",
         fp8="hybrid" if prec == "fp8" else None,
+        fp8_recipe=str(raw.get("fp8_recipe") or "delayed"),
+        fp4="nvfp4" if prec == "fp4" else None,
         grad_reduce_in_fp32=modern or prec == "bf16",  # 2021 Megatron-LM reduced fp16 grads in fp16
     )
     return RunConfig(
@@ -248,7 +292,7 @@ def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FIT
         peak_tflops=peak,
     )
     if not row.complete or conv not in CONVENTIONS or pub_tf is None:
-        note = "unverified/missing: " + ", ".join(row.missing or ["flops_convention"])
+        note = row.excluded or "unverified/missing: " + ", ".join(row.missing or ["flops_convention"])
         return Comparison(**base, predicted_tflops_per_gpu=None, predicted_mfu=None, rel_error=None, note=note)
     cfg = row_run_config(row)
     pred = predict(cfg, conv, params)
