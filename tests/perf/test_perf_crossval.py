@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kilocard.cli import main
-from kilocard.perf.baselines import compare_row, load_rows
+from kilocard.perf.baselines import Row, compare_row, load_rows
 from kilocard.perf.crossval import held_out_errors, source_group
 from kilocard.perf.efficiency import FITTED, with_values
 from kilocard.perf.fit import FREE, fit, free_values, loss, setup, targets
@@ -21,14 +21,22 @@ def scored():
     return [r for r in load_rows() if r.complete]
 
 
-def test_sources_group_by_document(scored):
-    """SC21's annotated rows are one table; the two Megatron-Bridge releases are separate documents."""
+def test_sources_group_by_document_or_table(scored):
+    """SC21's annotated rows are one table; a note naming a table makes the table the source; other notes
+    do not split a document."""
     groups = {source_group(r) for r in scored}
-    assert groups == {
-        "SC21 Table 1",
-        "Megatron-Bridge performance summary 25.11",
-        "Megatron-Bridge performance summary archive 26.04.01",
-    }
+    assert "SC21 Table 1" in groups and not any("layers per virtual stage" in g for g in groups)
+    assert "Megatron-Bridge performance summary archive 26.04.01" in groups
+
+    def group(source: str) -> str:
+        return source_group(Row("r", {"source": source}, True, []))
+
+    assert group("Megatron-Bridge performance summary 25.11 (DGX-B200 table, FP8-MX in parentheses)") == (
+        "Megatron-Bridge performance summary 25.11, DGX-B200 table"
+    )
+    assert group("Megatron-Bridge performance summary 25.11 (FP8 current scaling, Megatron-FSDP)") == (
+        "Megatron-Bridge performance summary 25.11"
+    )
 
 
 def test_unconstrained_parameters_do_not_keep_their_fitted_value(scored):
@@ -45,8 +53,8 @@ def test_unconstrained_parameters_do_not_keep_their_fitted_value(scored):
 
 
 def test_a_family_without_rows_borrows_hoppers_values(scored):
-    """No Blackwell row: its GEMM efficiency and FP8 ratio move with Hopper's instead of wandering."""
-    groups, start = setup(targets(scored))
+    """Without Blackwell rows its GEMM efficiency and FP8 ratio move with Hopper's instead of wandering."""
+    groups, start = setup(targets([r for r in scored if "b200" not in r.raw["gpu"]]))
     for field in ("gemm_efficiency", "fp8_gemm_ratio", "flash_attention_efficiency"):
         tied = next(g for g in groups if f"hopper.{field}" in g)
         assert f"blackwell.{field}" in tied and start[f"blackwell.{field}"] == start[f"hopper.{field}"]
@@ -82,7 +90,7 @@ def test_baselines_command_reports_cross_validation_within_a_minute(capsys):
     assert elapsed < 60, f"kilocard baselines took {elapsed:.0f} s"
     rows = {r["id"]: r for r in doc["rows"]}
     scored = [r for r in rows.values() if r["cv_rel_error"] is not None]
-    assert doc["n_scored"] == len(scored) == doc["rows_included"] == 13
+    assert doc["n_scored"] == len(scored) == doc["rows_included"] >= 13
     assert rows["megascale-175b"]["cv_rel_error"] is None
     held = [abs(r["cv_rel_error"]) for r in scored]
     assert doc["cv_mean_abs_rel_error"] == pytest.approx(sum(held) / len(held))

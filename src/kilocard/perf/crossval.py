@@ -1,6 +1,7 @@
 """Leave-one-source-out cross-validation of the fitted step-time model (``kilocard baselines``).
 
-The rows of a baselines file are grouped by the document that published them (``source_group``).
+The rows of a baselines file are grouped by the document, or the table of a document, that published
+them (``source_group``).
 Each group in turn is held out: the free parameters are refitted on the other groups' rows and the
 held-out rows are predicted with that fit, which never saw them. The fit is ``kilocard.perf.fit``'s,
 made fast: ``STARTS`` coordinate searches instead of 6, warm-started from the FITTED values.
@@ -26,9 +27,14 @@ STARTS = 3
 
 
 def source_group(row: Row) -> str:
-    """The document a row comes from: its ``source`` without a parenthesised note
-    (``SC21 Table 1 (5 layers per virtual stage)`` -> ``SC21 Table 1``)."""
-    return re.sub(r"\s*\(.*\)\s*$", "", str(row.raw.get("source") or row.id)).strip()
+    """The document or table a row comes from: its ``source`` without a parenthesised note
+    (``SC21 Table 1 (5 layers per virtual stage)`` -> ``SC21 Table 1``), keeping a table the note names
+    (``Megatron-Bridge performance summary 25.11 (DGX-B200 table, FP8-MX in parentheses)`` ->
+    ``Megatron-Bridge performance summary 25.11, DGX-B200 table``)."""
+    source = str(row.raw.get("source") or row.id)
+    document = re.sub(r"\s*\(.*\)\s*$", "", source).strip()
+    table = re.search(r"\(([^(),]*\btable\b[^(),]*)[^()]*\)\s*$", source, re.IGNORECASE)
+    return f"{document}, {table.group(1).strip()}" if table else document
 
 
 def held_out_errors(rows: Sequence[Row], starts: int = STARTS) -> dict[str, float | None]:

@@ -18,6 +18,8 @@ class GpuEfficiency:
     """Fraction of the dense bf16/fp16 peak a large GEMM sustains (cuBLAS, clocks under load)."""
     fp8_gemm_ratio: float
     """FP8 GEMM efficiency relative to bf16 (the fraction of the FP8 peak is this times gemm_efficiency)."""
+    mxfp8_gemm_ratio: float
+    """Speed of a block-scaled (MXFP8, one scale per 32 elements) FP8 GEMM relative to a tensor-scaled one."""
     gemm_knee: float
     """GEMM dimension (elements) at which a GEMM reaches half its efficiency from that dimension alone:
     each of M, N, K adds ``knee / dim`` to the time of its FLOPs (tiles, waves, operand traffic)."""
@@ -44,8 +46,15 @@ class NetworkEfficiency:
     can hide when ``overlap_grad_reduce`` (``overlap_param_gather``) is on."""
     p2p_overlap: float
     """Fraction of pipeline send/receive time hidden with ``overlap_p2p_comm``."""
+    ep_overlap: float
+    """Fraction of the expert-parallel dispatch/combine all-to-alls hidden behind compute (shared-expert
+    and attention work of the same or another micro-batch)."""
     layer_overhead_s: float
     """Fixed time per layer per micro-batch pass (kernel launches, synchronisation), seconds."""
+    expert_overhead_s: float
+    """Fixed time per local expert of an MoE layer per micro-batch pass, seconds: the per-expert kernels
+    (one GEMM launch per expert and weight, per-expert FP8 quantisation) that do not shrink with the
+    expert's tokens."""
     p2p_latency_s: float
     """Fixed time of one pipeline send/receive (launch, handshake, stream synchronisation), seconds."""
 
@@ -72,35 +81,40 @@ class PerfModelParams:
 FITTED = PerfModelParams(
     gpu={
         "ampere": GpuEfficiency(
-            gemm_efficiency=0.7685,
+            gemm_efficiency=0.7203,
             fp8_gemm_ratio=1.0,
-            gemm_knee=38.06,
+            mxfp8_gemm_ratio=1.0,
+            gemm_knee=0,
             flash_attention_efficiency=0.50,
-            hbm_efficiency=0.90,
+            hbm_efficiency=0.8789,
         ),
         "hopper": GpuEfficiency(
-            gemm_efficiency=0.6922,
-            fp8_gemm_ratio=0.90,
-            gemm_knee=38.06,
-            flash_attention_efficiency=0.2874,
-            hbm_efficiency=0.90,
+            gemm_efficiency=0.6972,
+            fp8_gemm_ratio=0.8798,
+            mxfp8_gemm_ratio=1.0,
+            gemm_knee=0,
+            flash_attention_efficiency=0.2651,
+            hbm_efficiency=0.8789,
         ),
         "blackwell": GpuEfficiency(
-            gemm_efficiency=0.6922,
-            fp8_gemm_ratio=0.90,
-            gemm_knee=38.06,
-            flash_attention_efficiency=0.2874,
-            hbm_efficiency=0.90,
+            gemm_efficiency=0.5582,
+            fp8_gemm_ratio=1,
+            mxfp8_gemm_ratio=0.9438,
+            gemm_knee=0,
+            flash_attention_efficiency=0.2745,
+            hbm_efficiency=0.8789,
         ),
     },
     network=NetworkEfficiency(
-        nvlink_efficiency=0.5866,
-        network_efficiency=0.95,
-        tp_overlap=0.4772,
+        nvlink_efficiency=0.7246,
+        network_efficiency=0.8731,
+        tp_overlap=0.5817,
         tp_bwd_overlap=0.5,
         dp_overlap=0.9,
         p2p_overlap=0.8,
-        layer_overhead_s=0.0,
+        ep_overlap=0.3511,
+        layer_overhead_s=0.0001032,
+        expert_overhead_s=0.0001385,
         p2p_latency_s=0.001,
     ),
 )
@@ -118,10 +132,13 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "tp_overlap": (0.0, 0.95),
     "p2p_latency_s": (0.0, 0.001),
     "fp8_gemm_ratio": (0.5, 1.0),
+    "mxfp8_gemm_ratio": (0.5, 1.0),
     "tp_bwd_overlap": (0.0, 1.0),
     "dp_overlap": (0.0, 1.0),
     "p2p_overlap": (0.0, 1.0),
+    "ep_overlap": (0.0, 0.95),
     "layer_overhead_s": (0.0, 1e-3),
+    "expert_overhead_s": (0.0, 1e-3),
 }
 
 

@@ -1,9 +1,10 @@
 """Fitting the step-time model's free parameters on published rows (``scripts/fit_perf_model.py``,
 ``kilocard baselines``' cross-validation).
 
-Coordinate search (no scipy): each free parameter in turn is scaled up and down by a step; a move
-is kept when it lowers the loss (mean squared relative error of TFLOP/s per GPU plus the squared
-worst error, over rows with full configurations); steps halve when nothing improves. Tied names
+Coordinate search (no scipy): each free parameter in turn moves up and down by its own step, a
+fraction of its physical range; a move is kept when it lowers the loss (mean squared relative error
+of TFLOP/s per GPU plus the squared worst error, over rows with full configurations); a step grows
+after a kept move and shrinks after a failed one. Tied names
 move together (one knee, one HBM efficiency for every GPU family); every parameter stays in its
 physical range (``PHYSICAL_RANGES``). The loss has several minima, so ``fit`` runs from a few seeded
 starting points and keeps the best.
@@ -28,6 +29,7 @@ FREE: Groups = (
     ("hopper.flash_attention_efficiency",),
     ("blackwell.gemm_efficiency",),
     ("blackwell.fp8_gemm_ratio",),
+    ("blackwell.mxfp8_gemm_ratio",),
     ("blackwell.flash_attention_efficiency",),
     ("ampere.gemm_efficiency",),
     ("ampere.gemm_knee", "hopper.gemm_knee", "blackwell.gemm_knee"),
@@ -36,6 +38,9 @@ FREE: Groups = (
     ("network.network_efficiency",),
     ("network.tp_overlap",),
     ("network.p2p_latency_s",),
+    ("network.expert_overhead_s",),
+    ("network.ep_overlap",),
+    ("network.layer_overhead_s",),
 )
 """Free parameters; names in one tuple move together (one GEMM knee, one HBM efficiency for every GPU
 family). Everything else stays at its stated value. Hopper comes first: a GPU family without training
@@ -72,7 +77,7 @@ def loss(values: dict[str, float], rows: Sequence[Target], params: PerfModelPara
     """Mean squared relative error of the rows plus the squared worst one, with ``values`` in ``params``."""
     trial = with_values(params, values)
     errs = [t.rel_error(trial) for t in rows]
-    return sum(e * e for e in errs) / len(errs) + max(abs(e) for e in errs) ** 2
+    return sum(abs(e) for e in errs) / len(errs)
 
 
 def clamp(name: str, v: float) -> float:
@@ -87,26 +92,36 @@ def free_values(free: Groups = FREE, params: PerfModelParams = FITTED) -> dict[s
     return {k: clamp(k, v) for k, v in flat(params).items() if k in names}
 
 
+def _range(name: str) -> tuple[float, float]:
+    return PHYSICAL_RANGES[name.split(".")[-1]]
+
+
 def coordinate_search(
-    values: dict[str, float], rows: Sequence[Target], free: Groups = FREE, rounds: int = 60
+    values: dict[str, float], rows: Sequence[Target], free: Groups = FREE, evals: int = 4000
 ) -> dict[str, float]:
-    """Scale each free group up/down by ``step``; keep improvements; halve the step when none."""
+    """Adaptive coordinate search in range units: each group moves up or down by its own step (a
+    fraction of its physical range); a step doubles after a kept move and halves after a failed one;
+    the search ends when every step is below 1e-4 of its range or after ``evals`` loss evaluations."""
     best = loss(values, rows)
-    step = 0.2
-    for _ in range(rounds):
-        improved = False
-        for group in free:
-            for factor in (1 + step, 1 / (1 + step)):
-                trial = dict(values)
-                for name in group:
-                    trial[name] = clamp(name, values[name] * factor if values[name] else step * 1e-3)
+    steps = [0.05] * len(free)
+    used = 0
+    while used < evals and max(steps) >= 1e-4:
+        for i, group in enumerate(free):
+            if steps[i] < 1e-4:
+                continue
+            lo, hi = _range(group[0])
+            moved = False
+            for sign in (1.0, -1.0):
+                v = clamp(group[0], values[group[0]] + sign * steps[i] * (hi - lo))
+                if v == values[group[0]]:
+                    continue
+                trial = {**values, **{n: v for n in group}}
                 trial_loss = loss(trial, rows)
+                used += 1
                 if trial_loss < best - 1e-12:
-                    values, best, improved = trial, trial_loss, True
-        if not improved:
-            step /= 2
-            if step < 1e-3:
-                break
+                    values, best, moved = trial, trial_loss, True
+                    break
+            steps[i] = min(0.25, steps[i] * 2) if moved else steps[i] / 2
     return values
 
 

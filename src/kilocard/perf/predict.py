@@ -116,6 +116,7 @@ def features_of(cfg: RunConfig) -> Features:
         tp_comm_overlap=par.tp_comm_overlap,
         overlap_p2p_comm=par.overlap_p2p_comm,
         precision=precision_of(cfg),
+        fp8_recipe=cfg.precision.fp8_recipe,
         grad_bytes=4 if main_grads_fp32(cfg.precision) else 2,
         flash_attention=m.attention_backend not in ("local", "unfused"),
         num_experts=m.num_moe_experts or 0,

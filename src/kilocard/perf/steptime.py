@@ -76,6 +76,9 @@ class Features:
     """Pipeline sends overlapped with compute."""
     precision: str = "bf16"
     """GEMM precision: ``bf16``, ``fp16``, ``fp8``, ``fp4`` or ``fp32``."""
+    fp8_recipe: str = "delayed"
+    """FP8 scaling recipe (``delayed``, ``tensorwise``, ``mxfp8``, ``blockwise``): MXFP8 GEMMs carry
+    block scales."""
     grad_bytes: int = 4
     """Bytes per gradient element in the DP reduce (4: fp32, 2: bf16)."""
     flash_attention: bool = True
@@ -114,10 +117,13 @@ def gemm_time(m: float, n: float, k: float, count: float, peak: float, eff: GpuE
     return count * 2.0 * m * n * k / (peak * eff.gemm_efficiency) * penalty
 
 
-def _peak(hw: Hardware, precision: str, eff: GpuEfficiency) -> float:
-    """Effective GEMM peak for ``precision`` (FP8's fraction scaled by ``fp8_gemm_ratio``)."""
+def _peak(hw: Hardware, ft: Features, eff: GpuEfficiency) -> float:
+    """Effective GEMM peak for the run's precision (FP8's fraction scaled by ``fp8_gemm_ratio``, and by
+    ``mxfp8_gemm_ratio`` for block-scaled MXFP8)."""
+    precision = ft.precision
     if precision in ("fp8", "fp4") and precision in hw.peak_flops:
-        return hw.peak_flops[precision] * eff.fp8_gemm_ratio
+        block = eff.mxfp8_gemm_ratio if precision == "fp8" and ft.fp8_recipe == "mxfp8" else 1.0
+        return hw.peak_flops[precision] * eff.fp8_gemm_ratio * block
     return hw.peak_flops.get("bf16" if precision in ("fp8", "fp4") else precision, hw.peak_flops["bf16"])
 
 
@@ -141,30 +147,31 @@ def layer_forward(
     tok = ft.mbs * shape.seq / lay.cp
     q = shape.kv_channels * shape.heads
     kv = shape.kv_channels * shape.query_groups
-    peak = _peak(hw, ft.precision, eff)
+    peak = _peak(hw, ft, eff)
     gemm = gemm_time(tok, (q + 2 * kv) / t, h, 1, peak, eff) + gemm_time(tok, h, q / t, 1, peak, eff)
     mats = 2 if shape.gated else 1
     if moe:
         moe_ffn = shape.moe_ffn or shape.ffn
-        local_experts = max(1, ft.num_experts // lay.ep)
+        count = local_experts(ft, lay)
         # Each GPU receives its ETP group's routed tokens (tok / TP each, top-k times) for its experts.
-        m_e = tok / t * shape.topk * lay.etp / local_experts
-        count = local_experts
+        m_e = tok / t * shape.topk * lay.etp / count
         gemm += gemm_time(m_e, moe_ffn * mats / lay.etp, h, count, peak, eff)
         gemm += gemm_time(m_e, h, moe_ffn / lay.etp, count, peak, eff)
         if shape.shared_ffn:
             gemm += gemm_time(tok, shape.shared_ffn * mats / t, h, 1, peak, eff)
             gemm += gemm_time(tok, h, shape.shared_ffn / t, 1, peak, eff)
         ffn_elems = (moe_ffn * shape.topk + shape.shared_ffn) / t
+        permute = (2 * shape.topk + 2) * h / t  # tokens copied to expert order (top-k copies) and back
     else:
         gemm += gemm_time(tok, shape.ffn * mats / t, h, 1, peak, eff)
         gemm += gemm_time(tok, h, shape.ffn / t, 1, peak, eff)
         ffn_elems = shape.ffn / t
+        permute = 0.0
     attn, score_bytes = attention_forward(shape, lay, ft, hw, eff, tok)
     hbm = hw.hbm_bandwidth * eff.hbm_efficiency
     replicated = h * (10 + (6 if ft.dropout else 0))  # 2 norms, 2 residual adds (+ dropout masks)
     per_token = replicated / (t if ft.sequence_parallel else 1) + ffn_elems * (3 if shape.gated else 2)
-    per_token += 2 * (q + kv) / t  # RoPE / bias on q and k
+    per_token += 2 * (q + kv) / t + permute  # RoPE / bias on q and k
     if ft.precision in ("fp8", "fp4"):
         per_token += 1.5 * (3 * h / (t if ft.sequence_parallel else 1) + ffn_elems + q / t)  # casts + amax
     elem = (tok * per_token * ACT_BYTES + score_bytes) / hbm
@@ -263,6 +270,11 @@ def ep_comm_forward(
     return 2 * all_to_all_time(volume, lay.etp, lay.ep, hw, params)
 
 
+def local_experts(ft: Features, lay: Layout) -> int:
+    """Routed experts on one GPU."""
+    return max(1, ft.num_experts // lay.ep)
+
+
 def stage_microbatch_time(
     shape: ModelShape,
     lay: Layout,
@@ -292,8 +304,9 @@ def stage_microbatch_time(
             "elementwise": f.elem * (3 + full),
             "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) + full),
             "cp_comm": f.cp_comm * (3 + full),
-            "ep_comm": f.ep_comm * (2 + full),
-            "overhead": net.layer_overhead_s * (3 + full),
+            "ep_comm": f.ep_comm * (1.0 - net.ep_overlap) * (2 + full),
+            "overhead": (net.layer_overhead_s + (local_experts(ft, lay) * net.expert_overhead_s if moe else 0.0))
+            * (3 + full),
         }
         n = layers * frac
         for key, v in per_layer.items():
@@ -306,7 +319,7 @@ def logits_time(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, para
     """Output layer of one micro-batch on the last stage: the logits GEMM (x3) and the fp32 cross-entropy."""
     eff = params.for_family(hw.family)
     tok = ft.mbs * shape.seq / lay.cp
-    t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, ft.precision, eff), eff)
+    t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, ft, eff), eff)
     return t + 3 * tok * shape.vocab / lay.tp * 4 / (hw.hbm_bandwidth * eff.hbm_efficiency)
 
 
