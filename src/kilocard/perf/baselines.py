@@ -30,7 +30,7 @@ from kilocard.config.schema import (
 )
 from kilocard.paths import data_dir
 from kilocard.perf.efficiency import FITTED, PerfModelParams
-from kilocard.perf.flops import CONVENTIONS
+from kilocard.perf.flops import CONVENTIONS, flops_per_iteration
 from kilocard.perf.predict import predict, require_gpu
 from kilocard.perf.unstated import apply_policy
 
@@ -92,7 +92,7 @@ def _missing(raw: dict[str, Any]) -> list[str]:
     if isinstance(par, dict) and par.get("vp") == UNVERIFIED:
         out.append("parallel.vp")
     result = raw.get("result") or {}
-    if result.get("tflops_per_gpu") is None and result.get("mfu") is None:
+    if all(result.get(k) is None for k in ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu")):
         out.append("result")
     return out
 
@@ -116,6 +116,7 @@ def _row(raw: Any, i: int, file: str) -> Row:
     where = f"row {raw['id']} of {file}"
     if not str(raw.get("source") or "").strip():
         raise ValueError(f"--file: {where} has no 'source': cite the document, table and release it comes from")
+    _check_result(raw.get("result"), where)
     full, filled = apply_policy(raw, where)
     missing = _missing(full)
     excluded = str(raw.get("excluded") or "")
@@ -129,6 +130,14 @@ def _row(raw: Any, i: int, file: str) -> Row:
         excluded=excluded,
         series=str(series) if series else None,
     )
+
+
+def _check_result(result: Any, where: str) -> None:
+    """Published figures must be numbers (YAML reads ``1e5`` as a string: write ``1.0e+5`` or ``100000``)."""
+    for key in ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu"):
+        value = result.get(key) if isinstance(result, dict) else None
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"--file: {where}: result.{key} = {value!r} is not a number (write e.g. 100000 or 1.0e+5)")
 
 
 def row_cluster(raw: dict[str, Any]) -> ClusterConfig:
@@ -147,9 +156,12 @@ def row_cluster(raw: dict[str, Any]) -> ClusterConfig:
 
 
 def row_model(raw: dict[str, Any], era_2021: bool) -> ModelConfig:
-    """The row's architecture (GPT-style with learned positions and tied embeddings unless gated)."""
+    """The row's architecture: GPT-style (learned positions, tied embeddings, biases) unless gated
+    (Llama-style: RoPE, untied, no biases); a row's ``rope``/``tied_embeddings``/``bias`` say otherwise."""
     m = raw["model"]
     gated = bool(m["gated_mlp"])
+    rope = bool(m.get("rope", gated))
+    tied = bool(m.get("tied_embeddings", not gated))
     experts = m.get("experts")
     return ModelConfig(
         name=str(raw["id"]),
@@ -164,9 +176,9 @@ def row_model(raw: dict[str, Any], era_2021: bool) -> ModelConfig:
         gated_linear_unit=gated,
         activation="swiglu" if gated else "gelu",
         normalization="RMSNorm" if gated else "LayerNorm",
-        add_bias_linear=not gated,
-        position_embedding_type="rope" if gated else "learned_absolute",
-        share_embeddings_and_output_weights=not gated,
+        add_bias_linear=bool(m.get("bias", not gated)),
+        position_embedding_type="rope" if rope else "learned_absolute",
+        share_embeddings_and_output_weights=tied,
         kv_channels=m.get("head_dim"),
         num_moe_experts=int(experts) if experts else None,
         moe_router_topk=int(m.get("topk") or 2),
@@ -271,17 +283,28 @@ class Comparison:
     ``None`` when not cross-validated."""
 
 
+def published(row: Row) -> tuple[float | None, float | None, float | None]:
+    """The row's published (TFLOP/s per GPU, MFU, peak TFLOP/s), each derived from the others where the
+    source gives only one: MFU times the peak, or tokens/s times the FLOPs per token of the row's own
+    convention (sources that publish step times or tokens/s, not FLOPs)."""
+    result = row.raw.get("result") or {}
+    tf, mfu, tokens = result.get("tflops_per_gpu"), result.get("mfu"), result.get("tokens_per_s_per_gpu")
+    gpu, precision = row.raw.get("gpu"), row.raw.get("precision")
+    if gpu in (None, UNVERIFIED) or precision in (None, UNVERIFIED):
+        return tf, mfu, None
+    spec = require_gpu(gpu)
+    peak = spec.peak_flops.get(precision, spec.peak_flops["bf16"]) / 1e12
+    conv = row.raw.get("flops_convention")
+    if tf is None and mfu is None and tokens and row.complete and conv in CONVENTIONS:
+        tf = tokens * flops_per_token(row_run_config(row), str(conv)) / 1e12
+    tf = tf if tf is not None else (mfu * peak if mfu is not None else None)
+    mfu = mfu if mfu is not None else (tf / peak if tf is not None else None)
+    return tf, mfu, peak
+
+
 def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FITTED) -> Comparison:
     """Predict one row and compare it with the published figure."""
-    result = row.raw.get("result") or {}
-    pub_tf, pub_mfu = result.get("tflops_per_gpu"), result.get("mfu")
-    peak = None
-    gpu = row.raw.get("gpu")
-    if gpu not in (None, UNVERIFIED) and row.raw.get("precision") not in (None, UNVERIFIED):
-        spec = require_gpu(gpu)
-        peak = spec.peak_flops.get(row.raw["precision"], spec.peak_flops["bf16"]) / 1e12
-        pub_tf = pub_tf if pub_tf is not None else (pub_mfu * peak if pub_mfu is not None else None)
-        pub_mfu = pub_mfu if pub_mfu is not None else (pub_tf / peak if pub_tf is not None else None)
+    pub_tf, pub_mfu, peak = published(row)
     conv = str(row.raw.get("flops_convention"))
     base: dict[str, Any] = dict(
         id=row.id,
@@ -300,6 +323,11 @@ def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FIT
     return Comparison(
         **base, predicted_tflops_per_gpu=pred.tflops_per_gpu, predicted_mfu=pred.mfu, rel_error=rel, note=""
     )
+
+
+def flops_per_token(cfg: RunConfig, convention: str) -> float:
+    """Model FLOPs per trained token of a configuration, in ``convention``."""
+    return flops_per_iteration(cfg, convention) / (cfg.trainer.global_batch_size * cfg.model.seq_length)
 
 
 def recipe_index() -> dict[str, str]:
