@@ -7,10 +7,18 @@ from dataclasses import replace
 import pytest
 
 from kilocard.config.schema import ClusterConfig, ModelConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig
+from kilocard.layout import compute_layout
 from kilocard.perf.efficiency import FITTED
 from kilocard.perf.flops import flops_per_iteration
 from kilocard.perf.predict import hardware_for, predict
-from kilocard.perf.steptime import all_to_all_time, ring_bandwidth
+from kilocard.perf.steptime import (
+    Features,
+    all_to_all_time,
+    dp_bucket_params,
+    dp_comm,
+    expected_slowest,
+    ring_bandwidth,
+)
 
 H100 = ClusterConfig(
     name="dgx",
@@ -71,7 +79,8 @@ def test_pipeline_bubble_is_p_minus_1_over_v_m_stage_passes():
     assert inter.breakdown["bubble"] == pytest.approx(plain.breakdown["bubble"] / 2, rel=1e-6)
     m = 128 // (1 * 8)  # micro-batches per DP rank (DP = 64 / (2 * 4))
     b = plain.breakdown
-    middle_stage = (plain.step_time_s - b["bubble"] - b["pp_p2p"] - b["dp_comm"] - b["optimizer"] - b["logits"]) / m
+    rest = b["bubble"] + b["pp_p2p"] + b["dp_comm"] + b["optimizer"] + b["logits"] + b["straggler"]
+    middle_stage = (plain.step_time_s - rest) / m
     assert b["bubble"] == pytest.approx(3 * middle_stage, rel=1e-6)  # (P - 1) / V stage passes, P = 4
 
 
@@ -163,3 +172,70 @@ def test_prediction_json_names_convention_and_peak():
     doc = json.loads(json.dumps(predict(_cfg()).to_json()))
     assert doc["convention"] == "megatron_current" and doc["peak_dtype"] == "bf16"
     assert doc["mfu"] == pytest.approx(doc["tflops_per_gpu"] * 1e12 / doc["peak_flops"])
+
+
+def _paced(p) -> float:
+    """The pipeline's own time (micro-batches and bubble): what the straggler term scales."""
+    b = p.breakdown
+    return p.step_time_s - b["straggler"] - b["dp_comm"] - b["optimizer"] - b["pp_p2p"]
+
+
+def test_a_step_waits_for_the_slowest_gpu():
+    """The straggler term: zero on one GPU, growing with the GPU count like the largest of N normal draws."""
+    assert expected_slowest(1) == 0.0
+    assert 0 < expected_slowest(8) < expected_slowest(128) < expected_slowest(16384) < 4.5
+    spread = FITTED.network.gpu_speed_spread
+    assert spread > 0
+    for nodes in (8, 64):
+        p = predict(replace(_cfg(), cluster=replace(H100, nodes=nodes)))
+        assert p.breakdown["straggler"] == pytest.approx(spread * expected_slowest(8 * nodes) * _paced(p), rel=1e-9)
+
+
+def _moe(ep: int, **par) -> RunConfig:
+    cfg = _cfg(expert_model_parallel_size=ep, tensor_model_parallel_size=1, **par)
+    return replace(cfg, model=replace(cfg.model, num_moe_experts=64, moe_router_topk=2))
+
+
+def test_moe_overhead_is_per_local_expert():
+    """Fewer experts per GPU (larger EP): less fixed per-expert time."""
+    per_expert = FITTED.network.expert_overhead_s
+    assert per_expert > 0
+    wide, narrow = predict(_moe(8)), predict(_moe(2))
+    layers_per_gpu, micro = 32 / 4, 128 // (1 * 16)
+    expected = (64 // 2 - 64 // 8) * per_expert * 3 * layers_per_gpu
+    assert narrow.breakdown["overhead"] - wide.breakdown["overhead"] == pytest.approx(expected * micro, rel=1e-9)
+
+
+def test_mxfp8_gemms_run_at_their_own_ratio_on_blackwell():
+    b200 = ClusterConfig(
+        name="b200",
+        gpu="b200-sxm-180gb",
+        nodes=8,
+        gpus_per_node=8,
+        nvlink_domain_size=8,
+        intra_node_bandwidth_gbs=900.0,
+        inter_node_bandwidth_gbs=50.0,
+    )
+    tensorwise = replace(
+        _cfg(), cluster=b200, precision=PrecisionConfig(bf16=True, fp8="hybrid", fp8_recipe="tensorwise")
+    )
+    mx = replace(tensorwise, precision=replace(tensorwise.precision, fp8_recipe="mxfp8"))
+    ratio = FITTED.gpu["blackwell"].mxfp8_gemm_ratio
+    assert ratio < 1
+    assert predict(mx).breakdown["gemm"] == pytest.approx(predict(tensorwise).breakdown["gemm"] / ratio, rel=1e-9)
+
+
+def test_one_gradient_bucket_stays_exposed_and_grows_with_dp():
+    """Megatron-Core's buckets hold max(40M, 1M x DP) parameters; the last one reduces after the backward."""
+    hw = hardware_for(H100)
+    ft = Features(gbs=4096, distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
+    n_params = 2e9
+    exposed = []
+    for dp in (8, 512):
+        lay = replace(compute_layout(_cfg(tensor_model_parallel_size=8, pipeline_model_parallel_size=1)), dp=dp)
+        full = dp_comm(
+            n_params, lay, replace(ft, overlap_grad_reduce=False, overlap_param_gather=False), hw, FITTED, 1e3
+        )
+        exposed.append(dp_comm(n_params, lay, ft, hw, FITTED, 1e3) / full)  # a long backward hides all it can
+    assert exposed[0] == pytest.approx(dp_bucket_params(8) / n_params)
+    assert exposed[1] == pytest.approx(dp_bucket_params(512) / n_params) and exposed[1] > 10 * exposed[0]

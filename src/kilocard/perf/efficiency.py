@@ -57,6 +57,9 @@ class NetworkEfficiency:
     expert's tokens."""
     p2p_latency_s: float
     """Fixed time of one pipeline send/receive (launch, handshake, stream synchronisation), seconds."""
+    gpu_speed_spread: float
+    """Standard deviation of one GPU's compute speed over the fleet's mean (clocks under power and
+    thermal limits, slower links): every step waits for the slowest of the run's GPUs."""
 
 
 @dataclass(frozen=True)
@@ -81,41 +84,42 @@ class PerfModelParams:
 FITTED = PerfModelParams(
     gpu={
         "ampere": GpuEfficiency(
-            gemm_efficiency=0.7203,
+            gemm_efficiency=0.7609,
             fp8_gemm_ratio=1.0,
             mxfp8_gemm_ratio=1.0,
-            gemm_knee=0,
+            gemm_knee=19,
             flash_attention_efficiency=0.50,
-            hbm_efficiency=0.8789,
+            hbm_efficiency=0.8899,
         ),
         "hopper": GpuEfficiency(
-            gemm_efficiency=0.6972,
-            fp8_gemm_ratio=0.8798,
+            gemm_efficiency=0.7173,
+            fp8_gemm_ratio=0.8195,
             mxfp8_gemm_ratio=1.0,
-            gemm_knee=0,
-            flash_attention_efficiency=0.2651,
-            hbm_efficiency=0.8789,
+            gemm_knee=19,
+            flash_attention_efficiency=0.3198,
+            hbm_efficiency=0.8899,
         ),
         "blackwell": GpuEfficiency(
-            gemm_efficiency=0.5582,
+            gemm_efficiency=0.636,
             fp8_gemm_ratio=1,
-            mxfp8_gemm_ratio=0.9438,
-            gemm_knee=0,
-            flash_attention_efficiency=0.2745,
-            hbm_efficiency=0.8789,
+            mxfp8_gemm_ratio=0.9285,
+            gemm_knee=19,
+            flash_attention_efficiency=0.2348,
+            hbm_efficiency=0.8899,
         ),
     },
     network=NetworkEfficiency(
-        nvlink_efficiency=0.7246,
-        network_efficiency=0.8731,
-        tp_overlap=0.5817,
+        nvlink_efficiency=0.9,
+        network_efficiency=0.95,
+        tp_overlap=0.607,
         tp_bwd_overlap=0.5,
         dp_overlap=0.9,
         p2p_overlap=0.8,
-        ep_overlap=0.3511,
-        layer_overhead_s=0.0001032,
-        expert_overhead_s=0.0001385,
+        ep_overlap=0.506,
+        layer_overhead_s=0.0003507,
+        expert_overhead_s=0.0001236,
         p2p_latency_s=0.001,
+        gpu_speed_spread=0.009062,
     ),
 )
 
@@ -131,6 +135,7 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "network_efficiency": (0.3, 0.95),
     "tp_overlap": (0.0, 0.95),
     "p2p_latency_s": (0.0, 0.001),
+    "gpu_speed_spread": (0.0, 0.05),
     "fp8_gemm_ratio": (0.5, 1.0),
     "mxfp8_gemm_ratio": (0.5, 1.0),
     "tp_bwd_overlap": (0.0, 1.0),

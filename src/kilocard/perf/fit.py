@@ -40,6 +40,7 @@ FREE: Groups = (
     ("network.p2p_latency_s",),
     ("network.expert_overhead_s",),
     ("network.ep_overlap",),
+    ("network.gpu_speed_spread",),
     ("network.layer_overhead_s",),
 )
 """Free parameters; names in one tuple move together (one GEMM knee, one HBM efficiency for every GPU
@@ -155,8 +156,9 @@ def setup(
     that the rows constrain (Hopper first: the model's rule for families without a published row);
     any other one goes to the middle of its physical range and is not searched."""
     values = dict(start) if start is not None else free_values(free)
-    kept = [list(g) for g in free if constrained(g, values, rows)]
-    loose = [n for g in free if not constrained(g, values, rows) for n in g]
+    moves = {g: constrained(g, values, rows) for g in free}
+    kept = [list(g) for g in free if moves[g]]
+    loose = [n for g in free if not moves[g] for n in g]
     for name in loose:
         family, _, field_name = name.partition(".")
         twin = next((g for g in kept if any(n.partition(".")[2] == field_name for n in g)), None)
@@ -175,10 +177,11 @@ def fit(
     free: Groups = FREE,
     start: dict[str, float] | None = None,
     log: Callable[[str], None] | None = None,
+    evals: int = 4000,
 ) -> dict[str, float]:
     """Best of ``starts`` coordinate searches over the groups ``setup`` keeps: from ``start`` (default:
     the FITTED values), then from seeded perturbations of it (each group scaled by one log-uniform
-    factor in [0.7, 1.4])."""
+    factor in [0.7, 1.4]), each of at most ``evals`` loss evaluations."""
     groups, base = setup(rows, free, start)
     rng = random.Random(seed)
     best_values, best_loss = base, float("inf")
@@ -189,7 +192,7 @@ def fit(
                 factor = math.exp(rng.uniform(math.log(0.7), math.log(1.4)))
                 for name in group:
                     trial[name] = clamp(name, base[name] * factor)
-        values = coordinate_search(trial, rows, groups)
+        values = coordinate_search(trial, rows, groups, evals)
         value_loss = loss(values, rows)
         if log:
             log(f"start {i}: loss {value_loss:.5f}")

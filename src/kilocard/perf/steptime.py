@@ -18,12 +18,14 @@ Per micro-batch and layer the model charges:
 * full recompute adds a forward, selective recompute the attention core's forward.
 
 Then the pipeline bubble ``(P - 1) / V`` stage passes, point-to-point sends, the gradient
-reduce-scatter / all-reduce and parameter all-gather over DP x CP, and the optimizer step.
+reduce-scatter / all-reduce and parameter all-gather over DP x CP, the optimizer step, and the wait for
+the slowest of the run's GPUs (per-GPU speed spread times the expected largest of N normal draws).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 from kilocard.layout import Layout
 from kilocard.perf.efficiency import FITTED, GpuEfficiency, PerfModelParams
@@ -102,7 +104,7 @@ class StepTime:
     """Predicted step time."""
     breakdown: dict[str, float] = field(default_factory=dict)
     """Seconds per component: gemm, attention, elementwise, tp_comm, cp_comm, ep_comm, bubble,
-    pp_p2p, dp_comm, optimizer, overhead."""
+    pp_p2p, dp_comm, optimizer, overhead, straggler."""
 
 
 ACT_BYTES = 2
@@ -355,8 +357,15 @@ def predict_step_time(
     n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay, ft, max(stages))
     parts["dp_comm"] = dp_comm(n_params, lay, ft, hw, params, t_slow)
     parts["optimizer"] = optimizer_time(n_params, lay, ft, hw, params)
-    total = compute + parts["dp_comm"] + parts["optimizer"]
+    parts["straggler"] = (m * t_slow + bubble) * params.network.gpu_speed_spread * expected_slowest(lay.world_size)
+    total = compute + parts["dp_comm"] + parts["optimizer"] + parts["straggler"]
     return StepTime(total_s=total, breakdown=parts)
+
+
+def expected_slowest(n: int) -> float:
+    """Expected largest of ``n`` standard normal draws (Blom's approximation), 0 for one GPU: a step
+    waits for its slowest GPU, ``gpu_speed_spread`` times this much slower than the mean one."""
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
 
 
 def pipeline_p2p(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
