@@ -239,3 +239,11 @@ def test_one_gradient_bucket_stays_exposed_and_grows_with_dp():
         exposed.append(dp_comm(n_params, lay, ft, hw, FITTED, 1e3) / full)  # a long backward hides all it can
     assert exposed[0] == pytest.approx(dp_bucket_params(8) / n_params)
     assert exposed[1] == pytest.approx(dp_bucket_params(512) / n_params) and exposed[1] > 10 * exposed[0]
+
+
+def test_output_layer_stays_in_bf16_in_fp8_runs():
+    """Megatron-Core's output layer is outside Transformer Engine's FP8 autocast: same logits time."""
+    bf16 = predict(_cfg())
+    fp8 = predict(replace(_cfg(), precision=PrecisionConfig(bf16=True, fp8="hybrid")))
+    assert fp8.breakdown["gemm"] < 0.8 * bf16.breakdown["gemm"]
+    assert fp8.breakdown["logits"] == pytest.approx(bf16.breakdown["logits"], rel=1e-12)

@@ -2,12 +2,12 @@
 ``kilocard baselines``' cross-validation).
 
 Coordinate search (no scipy): each free parameter in turn moves up and down by its own step, a
-fraction of its physical range; a move is kept when it lowers the loss (mean squared relative error
-of TFLOP/s per GPU plus the squared worst error, over rows with full configurations); a step grows
-after a kept move and shrinks after a failed one. Tied names
-move together (one knee, one HBM efficiency for every GPU family); every parameter stays in its
-physical range (``PHYSICAL_RANGES``). The loss has several minima, so ``fit`` runs from a few seeded
-starting points and keeps the best.
+fraction of its physical range; a move is kept when it lowers the loss, the mean |relative error| of
+TFLOP/s per GPU over the scored rows (robust to a row the model cannot explain); a step grows after a
+kept move and shrinks after a failed one. Tied names move together (one knee, one HBM efficiency for
+every GPU family); every parameter stays in its physical range (``PHYSICAL_RANGES``). The loss has
+several minima, so ``fit`` runs from a few seeded starting points and keeps the best. Rows are built
+once (``Target``) and predicted under each trial parameter set.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def targets(rows: Sequence[Row]) -> list[Target]:
 
 
 def loss(values: dict[str, float], rows: Sequence[Target], params: PerfModelParams = FITTED) -> float:
-    """Mean squared relative error of the rows plus the squared worst one, with ``values`` in ``params``."""
+    """Mean |relative error| of the rows with ``values`` in ``params``."""
     trial = with_values(params, values)
     errs = [t.rel_error(trial) for t in rows]
     return sum(abs(e) for e in errs) / len(errs)

@@ -24,7 +24,7 @@ the slowest of the run's GPUs (per-GPU speed spread times the expected largest o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 from kilocard.layout import Layout
@@ -318,10 +318,13 @@ def stage_microbatch_time(
 
 
 def logits_time(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
-    """Output layer of one micro-batch on the last stage: the logits GEMM (x3) and the fp32 cross-entropy."""
+    """Output layer of one micro-batch on the last stage: the logits GEMM (x3) and the fp32 cross-entropy.
+    The output layer is Megatron-Core's own ``ColumnParallelLinear``, outside Transformer Engine's FP8
+    autocast: its GEMM runs in bf16 even in FP8/FP4 runs."""
     eff = params.for_family(hw.family)
     tok = ft.mbs * shape.seq / lay.cp
-    t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, ft, eff), eff)
+    outside_fp8 = replace(ft, precision="bf16") if ft.precision in ("fp8", "fp4") else ft
+    t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, outside_fp8, eff), eff)
     return t + 3 * tok * shape.vocab / lay.tp * 4 / (hw.hbm_bandwidth * eff.hbm_efficiency)
 
 
