@@ -98,17 +98,17 @@ def _range(name: str) -> tuple[float, float]:
 
 
 def coordinate_search(
-    values: dict[str, float], rows: Sequence[Target], free: Groups = FREE, evals: int = 4000
+    values: dict[str, float], rows: Sequence[Target], free: Groups = FREE, evals: int = 4000, tol: float = 1e-4
 ) -> dict[str, float]:
     """Adaptive coordinate search in range units: each group moves up or down by its own step (a
     fraction of its physical range); a step doubles after a kept move and halves after a failed one;
-    the search ends when every step is below 1e-4 of its range or after ``evals`` loss evaluations."""
+    the search ends when every step is below ``tol`` of its range or after ``evals`` loss evaluations."""
     best = loss(values, rows)
     steps = [0.05] * len(free)
     used = 0
-    while used < evals and max(steps) >= 1e-4:
+    while used < evals and max(steps) >= tol:
         for i, group in enumerate(free):
-            if steps[i] < 1e-4:
+            if steps[i] < tol:
                 continue
             lo, hi = _range(group[0])
             moved = False
@@ -178,10 +178,11 @@ def fit(
     start: dict[str, float] | None = None,
     log: Callable[[str], None] | None = None,
     evals: int = 4000,
+    tol: float = 1e-4,
 ) -> dict[str, float]:
     """Best of ``starts`` coordinate searches over the groups ``setup`` keeps: from ``start`` (default:
     the FITTED values), then from seeded perturbations of it (each group scaled by one log-uniform
-    factor in [0.7, 1.4]), each of at most ``evals`` loss evaluations."""
+    factor in [0.7, 1.4]), each of at most ``evals`` loss evaluations, down to steps of ``tol``."""
     groups, base = setup(rows, free, start)
     rng = random.Random(seed)
     best_values, best_loss = base, float("inf")
@@ -192,7 +193,7 @@ def fit(
                 factor = math.exp(rng.uniform(math.log(0.7), math.log(1.4)))
                 for name in group:
                     trial[name] = clamp(name, base[name] * factor)
-        values = coordinate_search(trial, rows, groups, evals)
+        values = coordinate_search(trial, rows, groups, evals, tol)
         value_loss = loss(values, rows)
         if log:
             log(f"start {i}: loss {value_loss:.5f}")
