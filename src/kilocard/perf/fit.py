@@ -45,7 +45,7 @@ FREE: Groups = (
 )
 """Free parameters; names in one tuple move together (one GEMM knee, one HBM efficiency for every GPU
 family). Everything else stays at its stated value. Hopper comes first: a GPU family without training
-rows borrows its values (``crossval.fold_setup``)."""
+rows borrows its values (``setup``)."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,14 @@ def loss(values: dict[str, float], rows: Sequence[Target], params: PerfModelPara
     return sum(abs(e) for e in errs) / len(errs)
 
 
+def _range(name: str) -> tuple[float, float]:
+    """The physical range of parameter ``name`` (``hopper.gemm_efficiency`` -> ``gemm_efficiency``'s)."""
+    return PHYSICAL_RANGES[name.split(".")[-1]]
+
+
 def clamp(name: str, v: float) -> float:
     """``v`` within the physical range of parameter ``name``."""
-    lo, hi = PHYSICAL_RANGES[name.split(".")[-1]]
+    lo, hi = _range(name)
     return min(hi, max(lo, v))
 
 
@@ -91,10 +96,6 @@ def free_values(free: Groups = FREE, params: PerfModelParams = FITTED) -> dict[s
     """The current values of the free parameters, clamped to their ranges."""
     names = {n for group in free for n in group}
     return {k: clamp(k, v) for k, v in flat(params).items() if k in names}
-
-
-def _range(name: str) -> tuple[float, float]:
-    return PHYSICAL_RANGES[name.split(".")[-1]]
 
 
 def coordinate_search(
@@ -141,7 +142,8 @@ def constrained(group: Sequence[str], values: dict[str, float], rows: Sequence[T
 
 
 def _middle(name: str) -> float:
-    lo, hi = PHYSICAL_RANGES[name.split(".")[-1]]
+    """The middle of parameter ``name``'s physical range."""
+    lo, hi = _range(name)
     return (lo + hi) / 2
 
 

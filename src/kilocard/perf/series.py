@@ -61,7 +61,7 @@ def _points(rows: Sequence[Row], comps: Sequence[Comparison]) -> dict[str, list[
     by_id = {c.id: c for c in comps}
     out: dict[str, list[_Point]] = {}
     for r in rows:
-        c, name = by_id.get(r.id), r.raw.get("series")
+        c, name = by_id.get(r.id), r.series
         if not name or c is None or c.predicted_mfu is None or c.published_mfu is None:
             continue
         cv = None if c.cv_rel_error is None else c.published_mfu * (1.0 + c.cv_rel_error)
