@@ -17,6 +17,7 @@ from kilocard.perf.steptime import (
     dp_bucket_params,
     dp_comm,
     expected_slowest,
+    remote_domains_per_token,
     ring_bandwidth,
 )
 
@@ -247,3 +248,23 @@ def test_output_layer_stays_in_bf16_in_fp8_runs():
     fp8 = predict(replace(_cfg(), precision=PrecisionConfig(bf16=True, fp8="hybrid")))
     assert fp8.breakdown["gemm"] < 0.8 * bf16.breakdown["gemm"]
     assert fp8.breakdown["logits"] == pytest.approx(bf16.breakdown["logits"], rel=1e-12)
+
+
+def test_flex_dispatcher_sends_one_copy_per_remote_domain():
+    """EP=32 over 8-GPU domains, top-8: the all-to-all dispatcher sends 8 x 24/32 copies of a token over
+    the NIC, DeepEP/HybridEP (``flex``) one per other domain holding one of its experts (about 2.7)."""
+    hw = hardware_for(H100)
+    assert remote_domains_per_token(8, 4) == pytest.approx(3 * (1 - 0.75**8))
+    assert remote_domains_per_token(8, 1) == 0.0
+    cfg = _cfg(expert_model_parallel_size=32, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    cfg = replace(cfg, model=replace(cfg.model, num_moe_experts=64, moe_router_topk=8))
+    flex = replace(cfg, model=replace(cfg.model, moe_token_dispatcher_type="flex"))
+    nic = hw.network_bandwidth * FITTED.network.network_efficiency
+    per_token = 8192 * 4096 * 2  # tokens of one micro-batch x hidden x bf16
+    share = 1.0 - FITTED.network.ep_overlap
+    layers, micro = 32, 128 // 64
+    plain_s, flex_s = predict(cfg).breakdown["ep_comm"], predict(flex).breakdown["ep_comm"]
+    assert plain_s == pytest.approx(2 * 2 * per_token * 8 * 24 / 32 / nic * share * layers * micro, rel=1e-9)
+    assert flex_s == pytest.approx(
+        2 * 2 * per_token * remote_domains_per_token(8, 4) / nic * share * layers * micro, rel=1e-9
+    )

@@ -87,6 +87,9 @@ class Features:
     """Fused attention kernels (no materialised s x s scores)."""
     num_experts: int = 0
     """Routed experts (0: dense)."""
+    moe_dispatcher: str = "alltoall"
+    """Megatron-Core's ``moe_token_dispatcher_type``: ``alltoall`` sends every routed copy, ``flex``
+    (DeepEP / HybridEP) one copy per destination NVLink domain."""
     dropout: bool = False
     """Hidden/attention dropout on (extra mask traffic)."""
 
@@ -232,15 +235,24 @@ def neighbour_bandwidth(span: int, hw: Hardware, params: PerfModelParams) -> flo
     return hw.network_bandwidth * params.network.network_efficiency
 
 
-def all_to_all_time(volume: float, stride: int, size: int, hw: Hardware, params: PerfModelParams) -> float:
+def all_to_all_time(
+    volume: float, stride: int, size: int, hw: Hardware, params: PerfModelParams, off_domain: float | None = None
+) -> float:
     """Seconds of an all-to-all in which each of ``size`` ranks ``stride`` apart sends ``volume``
     bytes spread evenly over the group: the share for members of its own NVLink domain goes over
-    NVLink, the rest over its NIC, both at once."""
+    NVLink, the rest (``off_domain`` bytes when given) over its NIC, both at once."""
     k = _per_domain(stride, size, hw) if stride * size > hw.nvlink_domain else size
     net = params.network
     inside = volume * (k - 1) / size / (hw.nvlink_bandwidth * net.nvlink_efficiency)
-    outside = volume * (size - k) / size / (hw.network_bandwidth * net.network_efficiency)
+    leaving = volume * (size - k) / size if off_domain is None else off_domain
+    outside = leaving / (hw.network_bandwidth * net.network_efficiency)
     return max(inside, outside)
+
+
+def remote_domains_per_token(topk: int, domains: int) -> float:
+    """Expected number of other NVLink domains holding at least one of a token's ``topk`` experts, the
+    experts spread evenly over ``domains`` domains: what a deduplicating dispatcher sends per token."""
+    return (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** topk) if domains > 1 else 0.0
 
 
 def tp_comm_forward(tok: float, h: int, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
@@ -268,8 +280,13 @@ def ep_comm_forward(
     expert rank order puts ETP fastest, then EP)."""
     if not lay.ep_enabled:
         return 0.0
-    volume = tok / lay.tp * shape.topk * h * ACT_BYTES
-    return 2 * all_to_all_time(volume, lay.etp, lay.ep, hw, params)
+    token = tok / lay.tp * h * ACT_BYTES
+    off_domain = None
+    if ft.moe_dispatcher == "flex" and lay.etp * lay.ep > hw.nvlink_domain:
+        # DeepEP / HybridEP: one copy per destination domain, fanned out to its experts over NVLink.
+        domains = lay.ep // _per_domain(lay.etp, lay.ep, hw)
+        off_domain = token * remote_domains_per_token(shape.topk, domains)
+    return 2 * all_to_all_time(token * shape.topk, lay.etp, lay.ep, hw, params, off_domain)
 
 
 def local_experts(ft: Features, lay: Layout) -> int:
