@@ -15,7 +15,7 @@ import sys
 
 from kilocard.perf.baselines import compare_row, error_stats, load_rows
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import fit
+from kilocard.perf.fit import fit, targets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--starts", type=int, default=6, help="coordinate searches from perturbed starts")
     args = ap.parse_args(argv)
     rows = [r for r in load_rows(args.file) if r.complete]
-    values = fit(rows, starts=args.starts, log=lambda line: print(line, file=sys.stderr))
+    values = fit(targets(rows), starts=args.starts, log=lambda line: print(line, file=sys.stderr))
     params = with_values(FITTED, values)
     for name, v in sorted(values.items()):
         print(f"{name} = {v:.4g}")

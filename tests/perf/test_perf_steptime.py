@@ -7,8 +7,19 @@ from dataclasses import replace
 import pytest
 
 from kilocard.config.schema import ClusterConfig, ModelConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig
+from kilocard.layout import compute_layout
+from kilocard.perf.efficiency import FITTED
 from kilocard.perf.flops import flops_per_iteration
-from kilocard.perf.predict import predict
+from kilocard.perf.predict import hardware_for, predict
+from kilocard.perf.steptime import (
+    Features,
+    all_to_all_time,
+    dp_bucket_params,
+    dp_comm,
+    expected_slowest,
+    remote_domains_per_token,
+    ring_bandwidth,
+)
 
 H100 = ClusterConfig(
     name="dgx",
@@ -69,7 +80,8 @@ def test_pipeline_bubble_is_p_minus_1_over_v_m_stage_passes():
     assert inter.breakdown["bubble"] == pytest.approx(plain.breakdown["bubble"] / 2, rel=1e-6)
     m = 128 // (1 * 8)  # micro-batches per DP rank (DP = 64 / (2 * 4))
     b = plain.breakdown
-    middle_stage = (plain.step_time_s - b["bubble"] - b["pp_p2p"] - b["dp_comm"] - b["optimizer"] - b["logits"]) / m
+    rest = b["bubble"] + b["pp_p2p"] + b["dp_comm"] + b["optimizer"] + b["logits"] + b["straggler"]
+    middle_stage = (plain.step_time_s - rest) / m
     assert b["bubble"] == pytest.approx(3 * middle_stage, rel=1e-6)  # (P - 1) / V stage passes, P = 4
 
 
@@ -95,7 +107,35 @@ def test_tp_across_nodes_is_slower_than_inside_nvlink():
         _cfg(tensor_model_parallel_size=8, pipeline_model_parallel_size=1),
         cluster=replace(H100, gpus_per_node=4, nodes=16, nvlink_domain_size=4),
     )
-    assert predict(narrow).breakdown["tp_comm"] > 3 * inside.breakdown["tp_comm"]
+    narrower = replace(narrow, cluster=replace(H100, gpus_per_node=2, nodes=32, nvlink_domain_size=2))
+    assert predict(narrow).breakdown["tp_comm"] > 1.2 * inside.breakdown["tp_comm"]
+    assert predict(narrower).breakdown["tp_comm"] > 1.9 * predict(narrow).breakdown["tp_comm"]
+
+
+def test_ring_across_domains_runs_one_nic_per_member_of_a_domain():
+    """A ring collective leaving the NVLink domain gets the NICs of the group's members in a domain:
+    8 (capped by NVLink) for a TP=1 DP group, 1 for a DP group of TP=8 ranks."""
+    hw = hardware_for(H100)
+    nvlink, nic = (
+        hw.nvlink_bandwidth * FITTED.network.nvlink_efficiency,
+        hw.network_bandwidth * FITTED.network.network_efficiency,
+    )
+    assert ring_bandwidth(1, 8, hw, FITTED) == nvlink
+    assert ring_bandwidth(8, 16, hw, FITTED) == pytest.approx(nic)
+    assert ring_bandwidth(2, 16, hw, FITTED) == pytest.approx(min(nvlink, 4 * nic))
+    assert ring_bandwidth(1, 64, hw, FITTED) == pytest.approx(min(nvlink, 8 * nic))
+
+
+def test_expert_all_to_all_inside_an_nvl72_domain_is_nvlink_only():
+    """EP=16 leaves an 8-GPU NVLink domain (half its tokens cross NICs) but not a 72-GPU one."""
+    hw8 = hardware_for(H100)
+    hw72 = replace(hw8, nvlink_domain=72)
+    volume = 1e9
+    across = all_to_all_time(volume, 1, 16, hw8, FITTED)
+    inside = all_to_all_time(volume, 1, 16, hw72, FITTED)
+    assert inside == pytest.approx(volume * 15 / 16 / (hw8.nvlink_bandwidth * FITTED.network.nvlink_efficiency))
+    assert across == pytest.approx(volume * 8 / 16 / (hw8.network_bandwidth * FITTED.network.network_efficiency))
+    assert across > 2.5 * inside
 
 
 def test_fp8_is_faster_but_lower_mfu_against_fp8_peak():
@@ -133,3 +173,98 @@ def test_prediction_json_names_convention_and_peak():
     doc = json.loads(json.dumps(predict(_cfg()).to_json()))
     assert doc["convention"] == "megatron_current" and doc["peak_dtype"] == "bf16"
     assert doc["mfu"] == pytest.approx(doc["tflops_per_gpu"] * 1e12 / doc["peak_flops"])
+
+
+def _paced(p) -> float:
+    """The pipeline's own time (micro-batches and bubble): what the straggler term scales."""
+    b = p.breakdown
+    return p.step_time_s - b["straggler"] - b["dp_comm"] - b["optimizer"] - b["pp_p2p"]
+
+
+def test_a_step_waits_for_the_slowest_gpu():
+    """The straggler term: zero on one GPU, growing with the GPU count like the largest of N normal draws."""
+    assert expected_slowest(1) == 0.0
+    assert 0 < expected_slowest(8) < expected_slowest(128) < expected_slowest(16384) < 4.5
+    spread = FITTED.network.gpu_speed_spread
+    assert spread > 0
+    for nodes in (8, 64):
+        p = predict(replace(_cfg(), cluster=replace(H100, nodes=nodes)))
+        assert p.breakdown["straggler"] == pytest.approx(spread * expected_slowest(8 * nodes) * _paced(p), rel=1e-9)
+
+
+def _moe(ep: int, **par) -> RunConfig:
+    cfg = _cfg(expert_model_parallel_size=ep, tensor_model_parallel_size=1, **par)
+    return replace(cfg, model=replace(cfg.model, num_moe_experts=64, moe_router_topk=2))
+
+
+def test_moe_overhead_is_per_local_expert():
+    """Fewer experts per GPU (larger EP): less fixed per-expert time."""
+    per_expert = FITTED.network.expert_overhead_s
+    assert per_expert > 0
+    wide, narrow = predict(_moe(8)), predict(_moe(2))
+    layers_per_gpu, micro = 32 / 4, 128 // (1 * 16)
+    expected = (64 // 2 - 64 // 8) * per_expert * 3 * layers_per_gpu
+    assert narrow.breakdown["overhead"] - wide.breakdown["overhead"] == pytest.approx(expected * micro, rel=1e-9)
+
+
+def test_mxfp8_gemms_run_at_their_own_ratio_on_blackwell():
+    b200 = ClusterConfig(
+        name="b200",
+        gpu="b200-sxm-180gb",
+        nodes=8,
+        gpus_per_node=8,
+        nvlink_domain_size=8,
+        intra_node_bandwidth_gbs=900.0,
+        inter_node_bandwidth_gbs=50.0,
+    )
+    tensorwise = replace(
+        _cfg(), cluster=b200, precision=PrecisionConfig(bf16=True, fp8="hybrid", fp8_recipe="tensorwise")
+    )
+    mx = replace(tensorwise, precision=replace(tensorwise.precision, fp8_recipe="mxfp8"))
+    ratio = FITTED.gpu["blackwell"].mxfp8_gemm_ratio
+    assert ratio < 1
+    assert predict(mx).breakdown["gemm"] == pytest.approx(predict(tensorwise).breakdown["gemm"] / ratio, rel=1e-9)
+
+
+def test_one_gradient_bucket_stays_exposed_and_grows_with_dp():
+    """Megatron-Core's buckets hold max(40M, 1M x DP) parameters; the last one reduces after the backward."""
+    hw = hardware_for(H100)
+    ft = Features(gbs=4096, distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
+    n_params = 2e9
+    exposed = []
+    for dp in (8, 512):
+        lay = replace(compute_layout(_cfg(tensor_model_parallel_size=8, pipeline_model_parallel_size=1)), dp=dp)
+        full = dp_comm(
+            n_params, lay, replace(ft, overlap_grad_reduce=False, overlap_param_gather=False), hw, FITTED, 1e3
+        )
+        exposed.append(dp_comm(n_params, lay, ft, hw, FITTED, 1e3) / full)  # a long backward hides all it can
+    assert exposed[0] == pytest.approx(dp_bucket_params(8) / n_params)
+    assert exposed[1] == pytest.approx(dp_bucket_params(512) / n_params) and exposed[1] > 10 * exposed[0]
+
+
+def test_output_layer_stays_in_bf16_in_fp8_runs():
+    """Megatron-Core's output layer is outside Transformer Engine's FP8 autocast: same logits time."""
+    bf16 = predict(_cfg())
+    fp8 = predict(replace(_cfg(), precision=PrecisionConfig(bf16=True, fp8="hybrid")))
+    assert fp8.breakdown["gemm"] < 0.8 * bf16.breakdown["gemm"]
+    assert fp8.breakdown["logits"] == pytest.approx(bf16.breakdown["logits"], rel=1e-12)
+
+
+def test_flex_dispatcher_sends_one_copy_per_remote_domain():
+    """EP=32 over 8-GPU domains, top-8: the all-to-all dispatcher sends 8 x 24/32 copies of a token over
+    the NIC, DeepEP/HybridEP (``flex``) one per other domain holding one of its experts (about 2.7)."""
+    hw = hardware_for(H100)
+    assert remote_domains_per_token(8, 4) == pytest.approx(3 * (1 - 0.75**8))
+    assert remote_domains_per_token(8, 1) == 0.0
+    cfg = _cfg(expert_model_parallel_size=32, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    cfg = replace(cfg, model=replace(cfg.model, num_moe_experts=64, moe_router_topk=8))
+    flex = replace(cfg, model=replace(cfg.model, moe_token_dispatcher_type="flex"))
+    nic = hw.network_bandwidth * FITTED.network.network_efficiency
+    per_token = 8192 * 4096 * 2  # tokens of one micro-batch x hidden x bf16
+    share = 1.0 - FITTED.network.ep_overlap
+    layers, micro = 32, 128 // 64
+    plain_s, flex_s = predict(cfg).breakdown["ep_comm"], predict(flex).breakdown["ep_comm"]
+    assert plain_s == pytest.approx(2 * 2 * per_token * 8 * 24 / 32 / nic * share * layers * micro, rel=1e-9)
+    assert flex_s == pytest.approx(
+        2 * 2 * per_token * remote_domains_per_token(8, 4) / nic * share * layers * micro, rel=1e-9
+    )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from kilocard.commands import exits
 from kilocard.commands.report import fail
 from kilocard.perf.baselines import compare_all, load_rows, render_json, render_text
 from kilocard.perf.crossval import with_cross_validation
+from kilocard.perf.series import render_series_text, series_checks, series_json
 
 HELP = "published MFU baselines vs the performance model"
 
@@ -19,10 +21,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Print the comparison, in sample and cross-validated; 2 on an unreadable baselines file."""
+    """Print the comparison, in sample and cross-validated, and the scaling series; 2 on an unreadable
+    baselines file."""
     try:
-        comps = with_cross_validation(compare_all(args.file), load_rows(args.file))
+        rows = load_rows(args.file)
+        comps = with_cross_validation(compare_all(args.file), rows)
     except (ValueError, KeyError, TypeError) as e:
         return fail("baselines", str(e), exits.USAGE)
-    print(render_json(comps) if args.format == "json" else render_text(comps))
+    series = series_checks(rows, comps)
+    if args.format == "json":
+        doc = json.loads(render_json(comps))
+        doc["series"] = series_json(series)
+        print(json.dumps(doc, indent=1))
+    else:
+        print("\n".join(part for part in (render_text(comps), render_series_text(series)) if part))
     return exits.OK

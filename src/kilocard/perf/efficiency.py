@@ -18,6 +18,8 @@ class GpuEfficiency:
     """Fraction of the dense bf16/fp16 peak a large GEMM sustains (cuBLAS, clocks under load)."""
     fp8_gemm_ratio: float
     """FP8 GEMM efficiency relative to bf16 (the fraction of the FP8 peak is this times gemm_efficiency)."""
+    mxfp8_gemm_ratio: float
+    """Speed of a block-scaled (MXFP8, one scale per 32 elements) FP8 GEMM relative to a tensor-scaled one."""
     gemm_knee: float
     """GEMM dimension (elements) at which a GEMM reaches half its efficiency from that dimension alone:
     each of M, N, K adds ``knee / dim`` to the time of its FLOPs (tiles, waves, operand traffic)."""
@@ -44,10 +46,20 @@ class NetworkEfficiency:
     can hide when ``overlap_grad_reduce`` (``overlap_param_gather``) is on."""
     p2p_overlap: float
     """Fraction of pipeline send/receive time hidden with ``overlap_p2p_comm``."""
+    ep_overlap: float
+    """Fraction of the expert-parallel dispatch/combine all-to-alls hidden behind compute (shared-expert
+    and attention work of the same or another micro-batch)."""
     layer_overhead_s: float
     """Fixed time per layer per micro-batch pass (kernel launches, synchronisation), seconds."""
+    expert_overhead_s: float
+    """Fixed time per local expert of an MoE layer per micro-batch pass, seconds: the per-expert kernels
+    (one GEMM launch per expert and weight, per-expert FP8 quantisation) that do not shrink with the
+    expert's tokens."""
     p2p_latency_s: float
     """Fixed time of one pipeline send/receive (launch, handshake, stream synchronisation), seconds."""
+    gpu_speed_spread: float
+    """Standard deviation of one GPU's compute speed over the fleet's mean (clocks under power and
+    thermal limits, slower links): every step waits for the slowest of the run's GPUs."""
 
 
 @dataclass(frozen=True)
@@ -64,37 +76,50 @@ class PerfModelParams:
         return self.gpu.get(family, self.gpu["hopper"])
 
 
-#: Fitted by scripts/fit_perf_model.py (best of 8 starts) on baselines/published.yaml (13 rows with
-#: full configurations: mean |error| 3.1%, max 6.4%). Not fitted (stated values): fp8_gemm_ratio 0.9
-#: (cuBLASLt FP8 vs BF16 GEMM on H100), ampere flash_attention_efficiency (the A100 rows ran unfused
-#: attention), tp_bwd_overlap, dp_overlap, p2p_overlap, layer_overhead_s. Families without a row use
-#: Hopper's values.
+#: Fitted by scripts/fit_perf_model.py (best of 6 starts) on baselines/published.yaml (106 scored rows:
+#: mean |error| 7.4%, median 5.0%). Not fitted (stated values): the MXFP8 ratio of Ampere and Hopper and
+#: Ampere's FP8 ratio (no such GEMMs), ampere flash_attention_efficiency (the A100 rows ran unfused
+#: attention), tp_bwd_overlap, dp_overlap, p2p_overlap. Families without a row use Hopper's values.
+#: docs/perf_model.md lists each value and the rows that set it.
 FITTED = PerfModelParams(
     gpu={
         "ampere": GpuEfficiency(
-            gemm_efficiency=0.7685,
+            gemm_efficiency=0.7846,
             fp8_gemm_ratio=1.0,
-            gemm_knee=38.06,
+            mxfp8_gemm_ratio=1.0,
+            gemm_knee=10.29,
             flash_attention_efficiency=0.50,
-            hbm_efficiency=0.90,
+            hbm_efficiency=0.8608,
         ),
         "hopper": GpuEfficiency(
-            gemm_efficiency=0.6922,
-            fp8_gemm_ratio=0.90,
-            gemm_knee=38.06,
-            flash_attention_efficiency=0.2874,
-            hbm_efficiency=0.90,
+            gemm_efficiency=0.726,
+            fp8_gemm_ratio=0.8378,
+            mxfp8_gemm_ratio=1.0,
+            gemm_knee=10.29,
+            flash_attention_efficiency=0.3019,
+            hbm_efficiency=0.8608,
+        ),
+        "blackwell": GpuEfficiency(
+            gemm_efficiency=0.6785,
+            fp8_gemm_ratio=0.9406,
+            mxfp8_gemm_ratio=0.9072,
+            gemm_knee=10.29,
+            flash_attention_efficiency=0.3137,
+            hbm_efficiency=0.8608,
         ),
     },
     network=NetworkEfficiency(
-        nvlink_efficiency=0.5866,
+        nvlink_efficiency=0.9,
         network_efficiency=0.95,
-        tp_overlap=0.4772,
+        tp_overlap=0.7425,
         tp_bwd_overlap=0.5,
         dp_overlap=0.9,
         p2p_overlap=0.8,
-        layer_overhead_s=0.0,
+        ep_overlap=0.5855,
+        layer_overhead_s=0.0003171,
+        expert_overhead_s=0.0001235,
         p2p_latency_s=0.001,
+        gpu_speed_spread=0.01745,
     ),
 )
 
@@ -110,11 +135,15 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "network_efficiency": (0.3, 0.95),
     "tp_overlap": (0.0, 0.95),
     "p2p_latency_s": (0.0, 0.001),
+    "gpu_speed_spread": (0.0, 0.05),
     "fp8_gemm_ratio": (0.5, 1.0),
+    "mxfp8_gemm_ratio": (0.5, 1.0),
     "tp_bwd_overlap": (0.0, 1.0),
     "dp_overlap": (0.0, 1.0),
     "p2p_overlap": (0.0, 1.0),
+    "ep_overlap": (0.0, 0.95),
     "layer_overhead_s": (0.0, 1e-3),
+    "expert_overhead_s": (0.0, 1e-3),
 }
 
 

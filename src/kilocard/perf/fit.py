@@ -1,12 +1,13 @@
 """Fitting the step-time model's free parameters on published rows (``scripts/fit_perf_model.py``,
 ``kilocard baselines``' cross-validation).
 
-Coordinate search (no scipy): each free parameter in turn is scaled up and down by a step; a move
-is kept when it lowers the loss (mean squared relative error of TFLOP/s per GPU plus the squared
-worst error, over rows with full configurations); steps halve when nothing improves. Tied names
-move together (one knee, one HBM efficiency for every GPU family); every parameter stays in its
-physical range (``PHYSICAL_RANGES``). The loss has several minima, so ``fit`` runs from a few seeded
-starting points and keeps the best.
+Coordinate search (no scipy): each free parameter in turn moves up and down by its own step, a
+fraction of its physical range; a move is kept when it lowers the loss, the mean |relative error| of
+TFLOP/s per GPU over the scored rows (robust to a row the model cannot explain); a step grows after a
+kept move and shrinks after a failed one. Tied names move together (one knee, one HBM efficiency for
+every GPU family); every parameter stays in its physical range (``PHYSICAL_RANGES``). The loss has
+several minima, so ``fit`` runs from a few seeded starting points and keeps the best. Rows are built
+once (``Target``) and predicted under each trial parameter set.
 """
 
 from __future__ import annotations
@@ -14,36 +15,80 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from kilocard.perf.baselines import Row, compare_row
+from kilocard.perf.baselines import Row, compare_row, row_run_config
 from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, PerfModelParams, flat, with_values
+from kilocard.perf.predict import PredictionInputs, predict_prepared, prepare
 
 Groups = Sequence[Sequence[str]]
 
-#: Free parameters; names in one tuple move together. Everything else stays at its stated value.
 FREE: Groups = (
-    ("ampere.gemm_efficiency",),
     ("hopper.gemm_efficiency",),
-    ("ampere.gemm_knee", "hopper.gemm_knee"),
-    ("ampere.hbm_efficiency", "hopper.hbm_efficiency"),
+    ("hopper.fp8_gemm_ratio",),
     ("hopper.flash_attention_efficiency",),
+    ("blackwell.gemm_efficiency",),
+    ("blackwell.fp8_gemm_ratio",),
+    ("blackwell.mxfp8_gemm_ratio",),
+    ("blackwell.flash_attention_efficiency",),
+    ("ampere.gemm_efficiency",),
+    ("ampere.gemm_knee", "hopper.gemm_knee", "blackwell.gemm_knee"),
+    ("ampere.hbm_efficiency", "hopper.hbm_efficiency", "blackwell.hbm_efficiency"),
     ("network.nvlink_efficiency",),
     ("network.network_efficiency",),
     ("network.tp_overlap",),
     ("network.p2p_latency_s",),
+    ("network.expert_overhead_s",),
+    ("network.ep_overlap",),
+    ("network.gpu_speed_spread",),
+    ("network.layer_overhead_s",),
 )
+"""Free parameters; names in one tuple move together (one GEMM knee, one HBM efficiency for every GPU
+family). Everything else stays at its stated value. Hopper comes first: a GPU family without training
+rows borrows its values (``setup``)."""
 
 
-def loss(values: dict[str, float], rows: Sequence[Row], params: PerfModelParams = FITTED) -> float:
-    """Mean squared relative error of the rows plus the squared worst one, with ``values`` in ``params``."""
+@dataclass(frozen=True)
+class Target:
+    """A published row with a full configuration, built once and predicted under many parameter sets."""
+
+    row: Row
+    """The row as loaded."""
+    inputs: PredictionInputs
+    """Its configuration as the step-time model sees it."""
+    published_tflops: float
+    """The published TFLOP/s per GPU (derived from MFU and the peak when only MFU is published)."""
+
+    def rel_error(self, params: PerfModelParams) -> float:
+        """(predicted - published) / published under ``params``."""
+        return predict_prepared(self.inputs, params).tflops_per_gpu / self.published_tflops - 1.0
+
+
+def targets(rows: Sequence[Row]) -> list[Target]:
+    """The rows that can be scored (full configuration, known convention, a published figure)."""
+    out = []
+    for r in rows:
+        c = compare_row(r, {})
+        if c.rel_error is not None and c.published_tflops_per_gpu is not None:
+            out.append(Target(r, prepare(row_run_config(r), c.convention), c.published_tflops_per_gpu))
+    return out
+
+
+def loss(values: dict[str, float], rows: Sequence[Target], params: PerfModelParams = FITTED) -> float:
+    """Mean |relative error| of the rows with ``values`` in ``params``."""
     trial = with_values(params, values)
-    errs = [e for e in (compare_row(r, {}, trial).rel_error for r in rows) if e is not None]
-    return sum(e * e for e in errs) / len(errs) + max(abs(e) for e in errs) ** 2
+    errs = [t.rel_error(trial) for t in rows]
+    return sum(abs(e) for e in errs) / len(errs)
+
+
+def _range(name: str) -> tuple[float, float]:
+    """The physical range of parameter ``name`` (``hopper.gemm_efficiency`` -> ``gemm_efficiency``'s)."""
+    return PHYSICAL_RANGES[name.split(".")[-1]]
 
 
 def clamp(name: str, v: float) -> float:
     """``v`` within the physical range of parameter ``name``."""
-    lo, hi = PHYSICAL_RANGES[name.split(".")[-1]]
+    lo, hi = _range(name)
     return min(hi, max(lo, v))
 
 
@@ -54,49 +99,103 @@ def free_values(free: Groups = FREE, params: PerfModelParams = FITTED) -> dict[s
 
 
 def coordinate_search(
-    values: dict[str, float], rows: Sequence[Row], free: Groups = FREE, rounds: int = 60
+    values: dict[str, float], rows: Sequence[Target], free: Groups = FREE, evals: int = 4000, tol: float = 1e-4
 ) -> dict[str, float]:
-    """Scale each free group up/down by ``step``; keep improvements; halve the step when none."""
+    """Adaptive coordinate search in range units: each group moves up or down by its own step (a
+    fraction of its physical range); a step doubles after a kept move and halves after a failed one;
+    the search ends when every step is below ``tol`` of its range or after ``evals`` loss evaluations."""
     best = loss(values, rows)
-    step = 0.2
-    for _ in range(rounds):
-        improved = False
-        for group in free:
-            for factor in (1 + step, 1 / (1 + step)):
-                trial = dict(values)
-                for name in group:
-                    trial[name] = clamp(name, values[name] * factor if values[name] else step * 1e-3)
+    steps = [0.05] * len(free)
+    used = 0
+    while used < evals and max(steps) >= tol:
+        for i, group in enumerate(free):
+            if steps[i] < tol:
+                continue
+            lo, hi = _range(group[0])
+            moved = False
+            for sign in (1.0, -1.0):
+                v = clamp(group[0], values[group[0]] + sign * steps[i] * (hi - lo))
+                if v == values[group[0]]:
+                    continue
+                trial = {**values, **{n: v for n in group}}
                 trial_loss = loss(trial, rows)
+                used += 1
                 if trial_loss < best - 1e-12:
-                    values, best, improved = trial, trial_loss, True
-        if not improved:
-            step /= 2
-            if step < 1e-3:
-                break
+                    values, best, moved = trial, trial_loss, True
+                    break
+            steps[i] = min(0.25, steps[i] * 2) if moved else steps[i] / 2
     return values
 
 
+PROBE = (0.8, 1.25)
+"""Factors a parameter is scaled by to see whether the rows' loss depends on it."""
+
+
+def constrained(group: Sequence[str], values: dict[str, float], rows: Sequence[Target]) -> bool:
+    """Whether the loss over ``rows`` changes when the tied ``group`` of parameters is scaled."""
+    base = loss(values, rows)
+    for factor in PROBE:
+        moved = {n: clamp(n, values[n] * factor if values[n] else _middle(n)) for n in group}
+        if moved != {n: values[n] for n in group} and abs(loss({**values, **moved}, rows) - base) > 1e-12:
+            return True
+    return False
+
+
+def _middle(name: str) -> float:
+    """The middle of parameter ``name``'s physical range."""
+    lo, hi = _range(name)
+    return (lo + hi) / 2
+
+
+def setup(
+    rows: Sequence[Target], free: Groups = FREE, start: dict[str, float] | None = None
+) -> tuple[Groups, dict[str, float]]:
+    """Groups to search and starting values for a fit on ``rows``.
+
+    A parameter the rows do not constrain (their loss does not move with it: the efficiencies of a
+    GPU family without rows, the TP overlap when no row overlaps TP) cannot be fitted; it must not keep
+    a value other rows set either. A GPU-family one is tied to its twin of the first family in ``free``
+    that the rows constrain (Hopper first: the model's rule for families without a published row);
+    any other one goes to the middle of its physical range and is not searched."""
+    values = dict(start) if start is not None else free_values(free)
+    moves = {g: constrained(g, values, rows) for g in free}
+    kept = [list(g) for g in free if moves[g]]
+    loose = [n for g in free if not moves[g] for n in g]
+    for name in loose:
+        family, _, field_name = name.partition(".")
+        twin = next((g for g in kept if any(n.partition(".")[2] == field_name for n in g)), None)
+        if family != "network" and twin is not None:
+            values[name] = values[twin[0]]
+            twin.append(name)
+        else:
+            values[name] = _middle(name)
+    return [tuple(g) for g in kept], values
+
+
 def fit(
-    rows: Sequence[Row],
+    rows: Sequence[Target],
     starts: int = 6,
     seed: int = 0,
     free: Groups = FREE,
     start: dict[str, float] | None = None,
     log: Callable[[str], None] | None = None,
+    evals: int = 4000,
+    tol: float = 1e-4,
 ) -> dict[str, float]:
-    """Best of ``starts`` coordinate searches: from ``start`` (default: the FITTED values), then from
-    seeded perturbations of it (each tied group scaled by one log-uniform factor in [0.7, 1.4])."""
-    base = dict(start) if start is not None else free_values(free)
+    """Best of ``starts`` coordinate searches over the groups ``setup`` keeps: from ``start`` (default:
+    the FITTED values), then from seeded perturbations of it (each group scaled by one log-uniform
+    factor in [0.7, 1.4]), each of at most ``evals`` loss evaluations, down to steps of ``tol``."""
+    groups, base = setup(rows, free, start)
     rng = random.Random(seed)
     best_values, best_loss = base, float("inf")
     for i in range(starts):
         trial = dict(base)
         if i:
-            for group in free:
+            for group in groups:
                 factor = math.exp(rng.uniform(math.log(0.7), math.log(1.4)))
                 for name in group:
                     trial[name] = clamp(name, base[name] * factor)
-        values = coordinate_search(trial, rows, free)
+        values = coordinate_search(trial, rows, groups, evals, tol)
         value_loss = loss(values, rows)
         if log:
             log(f"start {i}: loss {value_loss:.5f}")

@@ -116,9 +116,11 @@ def features_of(cfg: RunConfig) -> Features:
         tp_comm_overlap=par.tp_comm_overlap,
         overlap_p2p_comm=par.overlap_p2p_comm,
         precision=precision_of(cfg),
+        fp8_recipe=cfg.precision.fp8_recipe,
         grad_bytes=4 if main_grads_fp32(cfg.precision) else 2,
         flash_attention=m.attention_backend not in ("local", "unfused"),
         num_experts=m.num_moe_experts or 0,
+        moe_dispatcher=m.moe_token_dispatcher_type,
         dropout=bool(m.hidden_dropout or m.attention_dropout),
     )
 
@@ -136,6 +138,59 @@ def step_time(
     return predict_step_time(shape, lay, features_of(cfg), hw, params)
 
 
+@dataclass(frozen=True)
+class PredictionInputs:
+    """Everything ``predict`` needs from a RunConfig that does not depend on the model's parameters:
+    built once, predicted under many parameter sets (the fit and its cross-validation)."""
+
+    shape: ModelShape
+    """The model's dimensions."""
+    layout: Layout
+    """The config's parallel layout."""
+    features: Features
+    """Batch, recompute, overlaps, dtypes, kernels."""
+    hardware: Hardware
+    """The cluster as the model sees it."""
+    flops: float
+    """FLOPs of one iteration under ``convention``."""
+    convention: str
+    """FLOPs convention of ``flops``."""
+    peak_dtype: str
+    """The GEMM dtype whose dense peak the MFU divides by."""
+
+
+def prepare(run_cfg: RunConfig, convention: str = "megatron_current", layout: Layout | None = None) -> PredictionInputs:
+    """The parameter-independent inputs of ``predict`` for ``run_cfg``."""
+    hw = hardware_for(run_cfg.cluster)
+    lay = step_layout(run_cfg, layout)
+    return PredictionInputs(
+        shape=shape_from_model(run_cfg.model, lay.tp),
+        layout=lay,
+        features=features_of(run_cfg),
+        hardware=hw,
+        flops=flops_per_iteration(run_cfg, convention),
+        convention=convention,
+        peak_dtype=precision_of(run_cfg),
+    )
+
+
+def predict_prepared(inputs: PredictionInputs, params: PerfModelParams = FITTED) -> Prediction:
+    """``predict`` on inputs built by ``prepare``."""
+    hw, lay = inputs.hardware, inputs.layout
+    step = predict_step_time(inputs.shape, lay, inputs.features, hw, params)
+    peak = hw.peak_flops.get(inputs.peak_dtype, hw.peak_flops["bf16"])
+    tflops = inputs.flops / step.total_s / lay.world_size / 1e12
+    return Prediction(
+        step_time_s=step.total_s,
+        tflops_per_gpu=tflops,
+        mfu=tflops * 1e12 / peak,
+        convention=inputs.convention,
+        peak_flops=peak,
+        peak_dtype=inputs.peak_dtype,
+        breakdown=dict(step.breakdown),
+    )
+
+
 def predict(
     run_cfg: RunConfig,
     convention: str = "megatron_current",
@@ -144,19 +199,4 @@ def predict(
 ) -> Prediction:
     """Predicted step time, TFLOP/s per GPU and MFU of ``run_cfg`` (FLOPs counted by ``convention``);
     ``layout`` is the config's ``Layout`` when the caller has computed it."""
-    hw = hardware_for(run_cfg.cluster)
-    lay = step_layout(run_cfg, layout)
-    step = step_time(run_cfg, hw, params, layout=lay)
-    flops = flops_per_iteration(run_cfg, convention)
-    dtype = precision_of(run_cfg)
-    peak = hw.peak_flops.get(dtype, hw.peak_flops["bf16"])
-    tflops = flops / step.total_s / lay.world_size / 1e12
-    return Prediction(
-        step_time_s=step.total_s,
-        tflops_per_gpu=tflops,
-        mfu=tflops * 1e12 / peak,
-        convention=convention,
-        peak_flops=peak,
-        peak_dtype=dtype,
-        breakdown=dict(step.breakdown),
-    )
+    return predict_prepared(prepare(run_cfg, convention, layout), params)

@@ -18,12 +18,14 @@ Per micro-batch and layer the model charges:
 * full recompute adds a forward, selective recompute the attention core's forward.
 
 Then the pipeline bubble ``(P - 1) / V`` stage passes, point-to-point sends, the gradient
-reduce-scatter / all-reduce and parameter all-gather over DP x CP, and the optimizer step.
+reduce-scatter / all-reduce and parameter all-gather over DP x CP, the optimizer step, and the wait for
+the slowest of the run's GPUs (per-GPU speed spread times the expected largest of N normal draws).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 
 from kilocard.layout import Layout
 from kilocard.perf.efficiency import FITTED, GpuEfficiency, PerfModelParams
@@ -76,12 +78,18 @@ class Features:
     """Pipeline sends overlapped with compute."""
     precision: str = "bf16"
     """GEMM precision: ``bf16``, ``fp16``, ``fp8``, ``fp4`` or ``fp32``."""
+    fp8_recipe: str = "delayed"
+    """FP8 scaling recipe (``delayed``, ``tensorwise``, ``mxfp8``, ``blockwise``): MXFP8 GEMMs carry
+    block scales."""
     grad_bytes: int = 4
     """Bytes per gradient element in the DP reduce (4: fp32, 2: bf16)."""
     flash_attention: bool = True
     """Fused attention kernels (no materialised s x s scores)."""
     num_experts: int = 0
     """Routed experts (0: dense)."""
+    moe_dispatcher: str = "alltoall"
+    """Megatron-Core's ``moe_token_dispatcher_type``: ``alltoall`` sends every routed copy, ``flex``
+    (DeepEP / HybridEP) one copy per destination NVLink domain."""
     dropout: bool = False
     """Hidden/attention dropout on (extra mask traffic)."""
 
@@ -99,7 +107,7 @@ class StepTime:
     """Predicted step time."""
     breakdown: dict[str, float] = field(default_factory=dict)
     """Seconds per component: gemm, attention, elementwise, tp_comm, cp_comm, ep_comm, bubble,
-    pp_p2p, dp_comm, optimizer, overhead."""
+    pp_p2p, dp_comm, optimizer, overhead, straggler."""
 
 
 ACT_BYTES = 2
@@ -114,10 +122,13 @@ def gemm_time(m: float, n: float, k: float, count: float, peak: float, eff: GpuE
     return count * 2.0 * m * n * k / (peak * eff.gemm_efficiency) * penalty
 
 
-def _peak(hw: Hardware, precision: str, eff: GpuEfficiency) -> float:
-    """Effective GEMM peak for ``precision`` (FP8's fraction scaled by ``fp8_gemm_ratio``)."""
+def _peak(hw: Hardware, ft: Features, eff: GpuEfficiency) -> float:
+    """Effective GEMM peak for the run's precision (FP8's fraction scaled by ``fp8_gemm_ratio``, and by
+    ``mxfp8_gemm_ratio`` for block-scaled MXFP8)."""
+    precision = ft.precision
     if precision in ("fp8", "fp4") and precision in hw.peak_flops:
-        return hw.peak_flops[precision] * eff.fp8_gemm_ratio
+        block = eff.mxfp8_gemm_ratio if precision == "fp8" and ft.fp8_recipe == "mxfp8" else 1.0
+        return hw.peak_flops[precision] * eff.fp8_gemm_ratio * block
     return hw.peak_flops.get("bf16" if precision in ("fp8", "fp4") else precision, hw.peak_flops["bf16"])
 
 
@@ -141,30 +152,31 @@ def layer_forward(
     tok = ft.mbs * shape.seq / lay.cp
     q = shape.kv_channels * shape.heads
     kv = shape.kv_channels * shape.query_groups
-    peak = _peak(hw, ft.precision, eff)
+    peak = _peak(hw, ft, eff)
     gemm = gemm_time(tok, (q + 2 * kv) / t, h, 1, peak, eff) + gemm_time(tok, h, q / t, 1, peak, eff)
     mats = 2 if shape.gated else 1
     if moe:
         moe_ffn = shape.moe_ffn or shape.ffn
-        local_experts = max(1, ft.num_experts // lay.ep)
+        count = local_experts(ft, lay)
         # Each GPU receives its ETP group's routed tokens (tok / TP each, top-k times) for its experts.
-        m_e = tok / t * shape.topk * lay.etp / local_experts
-        count = local_experts
+        m_e = tok / t * shape.topk * lay.etp / count
         gemm += gemm_time(m_e, moe_ffn * mats / lay.etp, h, count, peak, eff)
         gemm += gemm_time(m_e, h, moe_ffn / lay.etp, count, peak, eff)
         if shape.shared_ffn:
             gemm += gemm_time(tok, shape.shared_ffn * mats / t, h, 1, peak, eff)
             gemm += gemm_time(tok, h, shape.shared_ffn / t, 1, peak, eff)
         ffn_elems = (moe_ffn * shape.topk + shape.shared_ffn) / t
+        permute = (2 * shape.topk + 2) * h / t  # tokens copied to expert order (top-k copies) and back
     else:
         gemm += gemm_time(tok, shape.ffn * mats / t, h, 1, peak, eff)
         gemm += gemm_time(tok, h, shape.ffn / t, 1, peak, eff)
         ffn_elems = shape.ffn / t
+        permute = 0.0
     attn, score_bytes = attention_forward(shape, lay, ft, hw, eff, tok)
     hbm = hw.hbm_bandwidth * eff.hbm_efficiency
     replicated = h * (10 + (6 if ft.dropout else 0))  # 2 norms, 2 residual adds (+ dropout masks)
     per_token = replicated / (t if ft.sequence_parallel else 1) + ffn_elems * (3 if shape.gated else 2)
-    per_token += 2 * (q + kv) / t  # RoPE / bias on q and k
+    per_token += 2 * (q + kv) / t + permute  # RoPE / bias on q and k
     if ft.precision in ("fp8", "fp4"):
         per_token += 1.5 * (3 * h / (t if ft.sequence_parallel else 1) + ffn_elems + q / t)  # casts + amax
     elem = (tok * per_token * ACT_BYTES + score_bytes) / hbm
@@ -195,11 +207,52 @@ def attention_forward(
     return per_head, score_elems * ACT_BYTES * (6 if ft.dropout else 4)
 
 
-def _bw(group_span: int, hw: Hardware, params: PerfModelParams) -> float:
-    """Achieved per-GPU bandwidth for a group spanning ``group_span`` consecutive ranks."""
-    if group_span <= hw.nvlink_domain:
+def _per_domain(stride: int, size: int, hw: Hardware) -> int:
+    """Members of a group of ``size`` ranks ``stride`` apart that share one NVLink domain."""
+    return max(1, min(size, hw.nvlink_domain // stride))
+
+
+def ring_bandwidth(stride: int, size: int, hw: Hardware, params: PerfModelParams) -> float:
+    """Achieved per-GPU bus bandwidth of a ring collective (all-reduce, reduce-scatter, all-gather)
+    over ``size`` ranks ``stride`` apart.
+
+    Inside one NVLink domain: NVLink. Across domains, the ``k`` members a domain holds drive ``k``
+    NICs at once (NCCL runs one ring per NIC, each crossing domains once per domain), so the bus
+    bandwidth is ``k`` NICs' worth, never more than NVLink's.
+    """
+    net = params.network
+    nvlink = hw.nvlink_bandwidth * net.nvlink_efficiency
+    if stride * size <= hw.nvlink_domain:
+        return nvlink
+    return min(nvlink, _per_domain(stride, size, hw) * hw.network_bandwidth * net.network_efficiency)
+
+
+def neighbour_bandwidth(span: int, hw: Hardware, params: PerfModelParams) -> float:
+    """Achieved per-GPU bandwidth of sends between ranks ``span`` apart (pipeline stages, the CP
+    ring): NVLink inside a domain, else the GPU's own NIC (its neighbours' NICs are busy too)."""
+    if span <= hw.nvlink_domain:
         return hw.nvlink_bandwidth * params.network.nvlink_efficiency
     return hw.network_bandwidth * params.network.network_efficiency
+
+
+def all_to_all_time(
+    volume: float, stride: int, size: int, hw: Hardware, params: PerfModelParams, off_domain: float | None = None
+) -> float:
+    """Seconds of an all-to-all in which each of ``size`` ranks ``stride`` apart sends ``volume``
+    bytes spread evenly over the group: the share for members of its own NVLink domain goes over
+    NVLink, the rest (``off_domain`` bytes when given) over its NIC, both at once."""
+    k = _per_domain(stride, size, hw) if stride * size > hw.nvlink_domain else size
+    net = params.network
+    inside = volume * (k - 1) / size / (hw.nvlink_bandwidth * net.nvlink_efficiency)
+    leaving = volume * (size - k) / size if off_domain is None else off_domain
+    outside = leaving / (hw.network_bandwidth * net.network_efficiency)
+    return max(inside, outside)
+
+
+def remote_domains_per_token(topk: int, domains: int) -> float:
+    """Expected number of other NVLink domains holding at least one of a token's ``topk`` experts, the
+    experts spread evenly over ``domains`` domains: what a deduplicating dispatcher sends per token."""
+    return (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** topk) if domains > 1 else 0.0
 
 
 def tp_comm_forward(tok: float, h: int, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
@@ -207,7 +260,7 @@ def tp_comm_forward(tok: float, h: int, lay: Layout, ft: Features, hw: Hardware,
     if not lay.tp_enabled:
         return 0.0
     volume = 2 * 2 * (lay.tp - 1) / lay.tp * tok * h * ACT_BYTES
-    return volume / _bw(lay.tp, hw, params)
+    return volume / ring_bandwidth(1, lay.tp, hw, params)
 
 
 def cp_comm_forward(
@@ -217,17 +270,28 @@ def cp_comm_forward(
     if not lay.cp_enabled:
         return 0.0
     volume = (lay.cp - 1) * 2 * tok * kv / lay.tp * ACT_BYTES
-    return max(0.0, volume / _bw(lay.tp * lay.cp, hw, params) - attn)
+    return max(0.0, volume / neighbour_bandwidth(lay.tp * lay.cp, hw, params) - attn)
 
 
 def ep_comm_forward(
     tok: float, h: int, shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams
 ) -> float:
-    """Dispatch and combine all-to-alls of the routed tokens over EP ranks."""
+    """Dispatch and combine all-to-alls of the routed tokens over EP ranks (``etp`` apart: Megatron-Core's
+    expert rank order puts ETP fastest, then EP)."""
     if not lay.ep_enabled:
         return 0.0
-    volume = 2 * (lay.ep - 1) / lay.ep * tok / lay.tp * shape.topk * h * ACT_BYTES
-    return volume / _bw(lay.tp * lay.ep, hw, params)
+    token = tok / lay.tp * h * ACT_BYTES
+    off_domain = None
+    if ft.moe_dispatcher == "flex" and lay.etp * lay.ep > hw.nvlink_domain:
+        # DeepEP / HybridEP: one copy per destination domain, fanned out to its experts over NVLink.
+        domains = lay.ep // _per_domain(lay.etp, lay.ep, hw)
+        off_domain = token * remote_domains_per_token(shape.topk, domains)
+    return 2 * all_to_all_time(token * shape.topk, lay.etp, lay.ep, hw, params, off_domain)
+
+
+def local_experts(ft: Features, lay: Layout) -> int:
+    """Routed experts on one GPU."""
+    return max(1, ft.num_experts // lay.ep)
 
 
 def stage_microbatch_time(
@@ -249,7 +313,8 @@ def stage_microbatch_time(
         if frac <= 0:
             continue
         f = layer_forward(shape, lay, ft, hw, eff, params, moe)
-        exposed_tp = f.tp_comm * (1.0 - (net.tp_overlap if ft.tp_comm_overlap else 0.0))
+        # tp_comm_overlap hides a share of the collectives, at most behind the GEMMs they pipeline with.
+        exposed_tp = f.tp_comm - (min(net.tp_overlap * f.tp_comm, f.gemm) if ft.tp_comm_overlap else 0.0)
         full = 1.0 if ft.recompute == "full" else 0.0
         # Forward, backward (2x the forward's GEMM and elementwise work), and a recompute forward.
         per_layer = {
@@ -258,8 +323,9 @@ def stage_microbatch_time(
             "elementwise": f.elem * (3 + full),
             "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) + full),
             "cp_comm": f.cp_comm * (3 + full),
-            "ep_comm": f.ep_comm * (2 + full),
-            "overhead": net.layer_overhead_s * (3 + full),
+            "ep_comm": f.ep_comm * (1.0 - net.ep_overlap) * (2 + full),
+            "overhead": (net.layer_overhead_s + (local_experts(ft, lay) * net.expert_overhead_s if moe else 0.0))
+            * (3 + full),
         }
         n = layers * frac
         for key, v in per_layer.items():
@@ -269,10 +335,13 @@ def stage_microbatch_time(
 
 
 def logits_time(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
-    """Output layer of one micro-batch on the last stage: the logits GEMM (x3) and the fp32 cross-entropy."""
+    """Output layer of one micro-batch on the last stage: the logits GEMM (x3) and the fp32 cross-entropy.
+    The output layer is Megatron-Core's own ``ColumnParallelLinear``, outside Transformer Engine's FP8
+    autocast: its GEMM runs in bf16 even in FP8/FP4 runs."""
     eff = params.for_family(hw.family)
     tok = ft.mbs * shape.seq / lay.cp
-    t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, ft.precision, eff), eff)
+    outside_fp8 = replace(ft, precision="bf16") if ft.precision in ("fp8", "fp4") else ft
+    t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, outside_fp8, eff), eff)
     return t + 3 * tok * shape.vocab / lay.tp * 4 / (hw.hbm_bandwidth * eff.hbm_efficiency)
 
 
@@ -308,8 +377,15 @@ def predict_step_time(
     n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay, ft, max(stages))
     parts["dp_comm"] = dp_comm(n_params, lay, ft, hw, params, t_slow)
     parts["optimizer"] = optimizer_time(n_params, lay, ft, hw, params)
-    total = compute + parts["dp_comm"] + parts["optimizer"]
+    parts["straggler"] = (m * t_slow + bubble) * params.network.gpu_speed_spread * expected_slowest(lay.world_size)
+    total = compute + parts["dp_comm"] + parts["optimizer"] + parts["straggler"]
     return StepTime(total_s=total, breakdown=parts)
+
+
+def expected_slowest(n: int) -> float:
+    """Expected largest of ``n`` standard normal draws (Blom's approximation), 0 for one GPU: a step
+    waits for its slowest GPU, ``gpu_speed_spread`` times this much slower than the mean one."""
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
 
 
 def pipeline_p2p(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
@@ -321,8 +397,9 @@ def pipeline_p2p(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, par
     volume = 2 * tok * shape.hidden * ACT_BYTES / lay.tp
     span = lay.tp * lay.dp_cp * 2  # neighbouring stages sit DP x CP x TP ranks apart
     exposed = 1.0 - (params.network.p2p_overlap if ft.overlap_p2p_comm else 0.0)
-    regather = volume * (lay.tp - 1) / _bw(lay.tp, hw, params)  # all-gather of the slices inside TP
-    return (volume / _bw(span, hw, params) + regather + 2 * params.network.p2p_latency_s) * exposed
+    regather = volume * (lay.tp - 1) / ring_bandwidth(1, lay.tp, hw, params)  # all-gather of the slices in TP
+    send = volume / neighbour_bandwidth(span, hw, params)
+    return (send + regather + 2 * params.network.p2p_latency_s) * exposed
 
 
 def dense_params_per_gpu(shape: ModelShape, lay: Layout, ft: Features, stage_layers: float | None = None) -> float:
@@ -347,8 +424,7 @@ def dp_comm(
     group = lay.dp_cp
     if group == 1:
         return 0.0
-    span = lay.world_size // lay.pp  # a DP x CP group interleaves with TP across this many ranks
-    bw = _bw(span, hw, params)
+    bw = ring_bandwidth(lay.tp, group, hw, params)  # Megatron-Core's order: TP fastest, then CP, then DP
     frac = (group - 1) / group
     if ft.distributed_optimizer:
         reduce = frac * n_params * ft.grad_bytes / bw
@@ -356,10 +432,19 @@ def dp_comm(
     else:
         reduce, gather = 2 * frac * n_params * ft.grad_bytes / bw, 0.0
     net = params.network
+    # One bucket of the first model chunk is always exposed: the last to reduce, the first to gather.
+    edge = min(1.0, dp_bucket_params(group) / (n_params / lay.virtual_stages))
     window = net.dp_overlap * t_microbatch * 2 / 3  # the last micro-batch's backward
-    exposed_reduce = max(0.0, reduce - window) if ft.overlap_grad_reduce else reduce
-    exposed_gather = max(0.0, gather - net.dp_overlap * t_microbatch / 3) if ft.overlap_param_gather else gather
+    exposed_reduce = max(edge * reduce, reduce - window) if ft.overlap_grad_reduce else reduce
+    gather_window = net.dp_overlap * t_microbatch / 3  # the first micro-batch's forward
+    exposed_gather = max(edge * gather, gather - gather_window) if ft.overlap_param_gather else gather
     return exposed_reduce + exposed_gather
+
+
+def dp_bucket_params(dp_cp: int) -> float:
+    """Parameters per gradient bucket: Megatron-Core's default ``max(40M, 1M x DP)`` (larger DP, larger
+    buckets, so that each ring reduce stays bandwidth-bound); later model chunks are one bucket each."""
+    return max(40e6, 1e6 * dp_cp)
 
 
 def optimizer_time(n_params: float, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
