@@ -30,7 +30,8 @@ DEFAULTS: dict[str, Any] = {
 }
 """Default per unstated field. ``batch.mbs``: 1, what the Megatron-Bridge and NeMo pre-training
 recipes set (Megatron-Bridge ``src/megatron/bridge/recipes/llama/h100/llama3.py``:
-``cfg.train.micro_batch_size = 1``). ``recompute``: none (Megatron-Core's ``recompute_granularity=None``). ``parallel.vp``:
+``cfg.train.micro_batch_size = 1``). ``recompute``: none (Megatron-Core's
+``recompute_granularity=None``). ``parallel.vp``:
 not interleaved (``virtual_pipeline_model_parallel_size=None``). ``parallel.cp``/``ep``: 1.
 ``parallel.etp``: 1, what the Megatron-Bridge and NeMo MoE recipes set
 (``expert_tensor_parallel_size=1``). ``fp8_recipe``: ``delayed``, Transformer Engine's default
