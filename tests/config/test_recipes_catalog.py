@@ -170,12 +170,20 @@ def row_matches(row: dict, rc: RunConfig) -> bool:
     return all(published == ours for published, ours in want.values() if published != "unverified")
 
 
-def test_every_published_row_has_exactly_one_recipe(all_recipes: dict[str, RunConfig]) -> None:
-    for row in published_rows():
-        matches = [n for n, rc in all_recipes.items() if row_matches(row, rc)]
-        assert len(matches) == 1, f"row {row['id']}: recipes matching {matches}"
-        rc = all_recipes[matches[0]]
-        assert matches[0] == row["id"].replace("-", "_").replace(".", "_")
+RECIPE_ROWS = 15
+"""Published rows with a recipe that reproduces them (the first calibration set); later rows are scored
+by ``kilocard baselines`` from the row alone."""
+
+
+def test_every_recipe_with_a_baseline_reproduces_its_row_exactly(all_recipes: dict[str, RunConfig]) -> None:
+    rows = {row["id"]: row for row in published_rows()}
+    claimed = {n: rc for n, rc in all_recipes.items() if rc.recipe.baseline_id}
+    assert len(claimed) >= RECIPE_ROWS
+    for name, rc in claimed.items():
+        row = rows[rc.recipe.baseline_id]
+        matches = [n for n, other in all_recipes.items() if row_matches(row, other)]
+        assert matches == [name], f"row {row['id']}: recipes matching {matches}"
+        assert name == row["id"].replace("-", "_").replace(".", "_")
         assert rc.recipe.baseline_id == row["id"]
         assert rc.recipe.baseline_source == row["source"]
         result = row["result"]
@@ -197,7 +205,7 @@ def test_every_baseline_id_names_a_published_row(all_recipes: dict[str, RunConfi
     ids = {row["id"] for row in published_rows()}
     claimed = [rc.recipe.baseline_id for rc in all_recipes.values() if rc.recipe.baseline_id]
     assert set(claimed) <= ids
-    assert len(claimed) == len(set(claimed)) == len(ids)
+    assert len(claimed) == len(set(claimed))  # one recipe per row at most
 
 
 @pytest.mark.parametrize(
