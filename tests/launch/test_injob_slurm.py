@@ -1,0 +1,75 @@
+"""In-job restarts and bad-node exclusion on the real local Slurm cluster (2 nodes x 2 CPU ranks).
+
+a) ``launcher.max_restarts=2``: one rank SIGKILLed mid-run; NVRx's ft_launcher restarts every rank
+   inside the same allocation and the job ends COMPLETED without a requeue (Restarts=0), with the loss
+   of every step equal to an uninterrupted run's;
+b) a node marked unhealthy by the health check's fault injection (``KILOCARD_FAULT_UNHEALTHY_NODES``)
+   ends the first attempt BAD_NODE; the batch script requeues the job with the node excluded, and the
+   requeued job completes on other nodes; the blocklist file and the log say so.
+Each test submits at most two jobs and cancels them at the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kilocard.train.names import BLOCKLIST, UNHEALTHY_NODES_ENV
+from slurm_runs import (
+    ITERS,
+    cancel,
+    finished,
+    idle_nodes,
+    inject,
+    job,
+    jsonl,
+    logs,
+    losses,
+    recovery,
+    scontrol,
+    submit,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def test_killed_rank_restarts_in_the_same_job_with_the_uninterrupted_loss(local_slurm, tmp_path):
+    ref = submit(tmp_path, "launcher.job_name=injob-ref")
+    run = submit(tmp_path, "launcher.job_name=injob-kill", "launcher.max_restarts=2")
+    try:
+        killed_at = inject(run, rank=3, kind="kill")
+        final, ref_final = finished(run), finished(ref)
+    finally:
+        cancel(ref, run)
+    text = logs(run)
+    assert final["JobState"] == "COMPLETED" and (run.run_dir / "DONE").exists(), text[-4000:]
+    assert final["Restarts"] == "0", f"the job was requeued instead of restarted in the job:\n{text[-4000:]}"
+    starts = [e for e in jsonl(run.run_dir / "events.jsonl") if e["event"] == "start"]
+    assert [e["restart"] for e in starts] == [0, 1] and {e["job_id"] for e in starts} == {str(run.job_id)}
+    rec = recovery(run, killed_at)
+    assert rec["seconds_to_resume"] is not None and rec["seconds_to_resume"] < 60, rec
+    assert ref_final["JobState"] == "COMPLETED", logs(ref)[-3000:]
+    got = losses(run)
+    assert sorted(got) == list(range(1, ITERS + 1))
+    assert got == losses(ref)
+
+
+def test_unhealthy_node_is_excluded_and_the_requeued_job_completes_elsewhere(local_slurm, tmp_path):
+    nodes = wait_until(lambda: n if len(n := idle_nodes()) >= 4 else None, 300, "4 idle nodes", every=2)
+    bad = nodes[0]  # Slurm gives a job the first idle nodes
+    run = submit(tmp_path, "launcher.job_name=badnode", "launcher.max_restarts=2", env={UNHEALTHY_NODES_ENV: bad})
+    try:
+        final = finished(run, 420)
+    finally:
+        cancel(run)
+    text = logs(run)
+    blocklist = (run.run_dir / BLOCKLIST).read_text().splitlines()
+    node, reason, job_id, _when = blocklist[0].split("\t")
+    assert (node, job_id) == (bad, str(run.job_id)) and "fault injection" in reason, blocklist
+    assert f"node(s) {bad} failed the health check" in text and "exiting BAD_NODE (77)" in text, text[-4000:]
+    assert f"excluding node(s) {bad} from the requeued job" in text, text[-4000:]
+    assert final["JobState"] == "COMPLETED" and int(final["Restarts"]) >= 1, text[-4000:]
+    assert bad in scontrol("show", "hostnames", final["ExcNodeList"]).split()
+    assert bad not in scontrol("show", "hostnames", final["NodeList"]).split()
+    assert sorted(losses(run)) == list(range(1, ITERS + 1)) and (run.run_dir / "DONE").exists()
+    assert job(run.job_id)["JobState"] == "COMPLETED"
