@@ -11,6 +11,8 @@ Each test submits at most two jobs and cancels them at the end.
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from kilocard.train.names import BLOCKLIST, UNHEALTHY_NODES_ENV
@@ -24,6 +26,7 @@ from slurm_runs import (
     jsonl,
     logs,
     losses,
+    metrics,
     recovery,
     scontrol,
     submit,
@@ -73,3 +76,22 @@ def test_unhealthy_node_is_excluded_and_the_requeued_job_completes_elsewhere(loc
     assert bad not in scontrol("show", "hostnames", final["NodeList"]).split()
     assert sorted(losses(run)) == list(range(1, ITERS + 1)) and (run.run_dir / "DONE").exists()
     assert job(run.job_id)["JobState"] == "COMPLETED"
+
+
+def test_usr1_before_the_time_limit_saves_and_requeues_under_ft_launcher(local_slurm, tmp_path):
+    """Slurm's ``--signal=USR1@lead`` reaches every process of the step, the launcher too. The launcher
+    ignores it; the ranks save, exit RETRY, and the job requeues. (Without the batch script's
+    ``trap "" USR1`` the launcher died of it, ``srun: error: n1: task 0: User defined signal 1``, exit 138,
+    and slurmstepd then ends the step, with ranks that may still be saving.)"""
+    run = submit(tmp_path, "launcher.job_name=injob-usr1", "launcher.max_restarts=2")
+    try:
+        wait_until(lambda: len(metrics(run)) >= 10, 300, "step 10")
+        subprocess.run(["timeout", "10", "scancel", "--signal=USR1", str(run.job_id)], check=True)
+        final = finished(run, 420)
+    finally:
+        cancel(run)
+    text = logs(run)
+    assert "exiting RETRY (75)" in text and "trainer exit code 75" in text, text[-4000:]
+    assert "User defined signal 1" not in text and "ft_launcher exit code 0" in text, text[-4000:]
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
+    assert sorted(losses(run)) == list(range(1, ITERS + 1)) and (run.run_dir / "DONE").exists()
