@@ -134,13 +134,17 @@ def logs(run: Run) -> str:
 
 
 def rank_process(run: Run, rank: int, timeout_s: float = 120) -> psutil.Process:
-    """The trainer process of ``rank`` of this run (under srun or under ft_launcher, not the launcher)."""
+    """The trainer process of ``rank`` of this run (under srun or under ft_launcher), not the launcher and not
+    a process the rank forked (Megatron-Core's checkpoint writers share its command line and environment)."""
+
+    def trainer(p: psutil.Process | None) -> bool:
+        cmd = " ".join(p.cmdline()) if p is not None else ""
+        return "kilocard.train" in cmd and str(run.run_dir) in cmd and "fault_tolerance" not in cmd
 
     def find():
-        for p in psutil.process_iter(["cmdline"]):
+        for p in psutil.process_iter():
             try:
-                cmd = " ".join(p.info["cmdline"] or [])
-                if "kilocard.train" not in cmd or str(run.run_dir) not in cmd or "fault_tolerance" in cmd:
+                if not trainer(p) or trainer(p.parent()):
                     continue
                 env = p.environ()
                 if (env.get("RANK") or env.get("SLURM_PROCID")) == str(rank):

@@ -29,7 +29,7 @@ def test_gpu_count_and_free_space(tmp_path):
     assert health.gpu_count_problems(8, 7) == ["7 GPU(s) visible, cluster.gpus_per_node=8"]
     assert health.disk_problems(tmp_path, 1) == []
     (msg,) = health.disk_problems(tmp_path, 10**18)  # a million TB: no filesystem here has that free
-    assert "one checkpoint needs 1000000000.00 GB" in msg
+    assert "one checkpoint needs 1000000000.00 GB" in msg and str(tmp_path) in msg
 
 
 class FakeNVML:
@@ -78,12 +78,13 @@ def test_nvml_findings_name_the_gpu():
 def test_failed_rank_is_blamed_only_when_one_node_hosted_it(tmp_path):
     run_dir, exit_dir = tmp_path / "run", tmp_path / "exit"
     exit_dir.mkdir(parents=True)
-    env = {"TORCHELASTIC_RESTART_COUNT": "1", "SLURM_JOB_ID": "7"}
+    env = {"TORCHELASTIC_RESTART_COUNT": "1", "SLURM_JOB_ID": "7", "WORLD_SIZE": "4"}
     for rank, node in enumerate(["n1", "n1", "n2", "n2"]):
         health.leave_node_record(exit_dir, rank, node)
     for rank in (0, 1, 2):  # rank 3 was killed: no exit code
         (exit_dir / f"rank_{rank}").write_text(f"{exitcodes.FAULT}\n")
-    assert health.unrecorded_ranks(exit_dir) == {3: "n2"}
+    (exit_dir / "node_4").write_text("n1\n")  # left by an earlier, larger launch: not this run's rank
+    assert health.unrecorded_ranks(exit_dir, 4) == {3: "n2"}
     assert health.blame_previous_attempt(run_dir, exit_dir, env) == {}  # once
     assert (run_dir / FAILED_RANKS).read_text().startswith("n2\t3\t7\t0\t")
     (msg,) = health.blame_previous_attempt(run_dir, exit_dir, {**env, "TORCHELASTIC_RESTART_COUNT": "2"}).values()

@@ -9,7 +9,7 @@ A node is bad when, on it:
   - a small all-reduce among the node's ranks (a per-node process group) fails or sums wrong;
   - the run directory's filesystem has less free space than one checkpoint (``checkpoint_bytes``);
   - it is named in ``$KILOCARD_FAULT_UNHEALTHY_NODES`` (fault injection, for tests);
-  - at an in-job restart: it hosted the failed rank of ``REPEAT_FAILURES`` attempts. The failed rank
+  - at an in-job restart on Slurm: it hosted the failed rank of ``REPEAT_FAILURES`` attempts. The failed rank
     of an attempt is the one that left no exit code in ``$KILOCARD_EXIT_DIR`` (a killed or hung rank;
     the others record FAULT when their collective fails); each rank leaves its node's name there
     (``node_<RANK>``) at start. An attempt whose unrecorded ranks span several nodes is not blamed on
@@ -59,6 +59,11 @@ def _say(rank: int, msg: str) -> None:
     print(f"[rank {rank}] kilocard.train: node health: {msg}", file=sys.stderr, flush=True)
 
 
+def _size(n: int) -> str:
+    """Bytes as GB (MB below one GB)."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
 def _clean(text: str) -> str:
     """One tab-free line (reasons go into tab-separated files)."""
     return " ".join(text.split())
@@ -83,7 +88,7 @@ def disk_problems(run_dir: Path, need_bytes: int) -> list[str]:
     free = shutil.disk_usage(run_dir).free
     if free >= need_bytes:
         return []
-    return [f"{free / 1e9:.2f} GB free on the filesystem of {run_dir}; one checkpoint needs {need_bytes / 1e9:.2f} GB"]
+    return [f"{_size(free)} free on the filesystem of {run_dir}; one checkpoint needs {_size(need_bytes)}"]
 
 
 def nvml_device_problems(nvml: Any, index: int, handle: Any) -> list[str]:
@@ -150,7 +155,7 @@ def node_problems(cfg: RunConfig, run_dir: Path, on_gpu: bool) -> tuple[list[str
     """The checks one rank per node runs: (problems, what was checked or skipped, for the log)."""
     need = checkpoint_bytes(cfg)
     problems = disk_problems(run_dir, need)
-    notes = [f"{need / 1e9:.2f} GB checkpoint fits"]
+    notes = [f"a {_size(need)} checkpoint fits"]
     if not on_gpu:
         return problems, notes + ["GPU count and ECC/XID skipped: CPU ranks"]
     problems += gpu_count_problems(cfg.cluster.gpus_per_node, torch.cuda.device_count())
@@ -182,12 +187,13 @@ def allreduce_problems(node_ranks: list[int], on_gpu: bool) -> list[str]:
 # --- the failed rank of the previous in-job attempt -----------------------------------------------
 
 
-def unrecorded_ranks(exit_dir: Path) -> dict[int, str]:
-    """Ranks of the previous attempt that left their node's name but no exit code: rank -> node."""
+def unrecorded_ranks(exit_dir: Path, world_size: int) -> dict[int, str]:
+    """Ranks (below ``world_size``: a file of a larger earlier launch is not this run's) of the previous
+    attempt that left their node's name but no exit code: rank -> node."""
     found = {}
     for path in exit_dir.glob("node_*"):
         rank = path.name[len("node_") :]
-        if not rank.isdigit():
+        if not rank.isdigit() or int(rank) >= world_size:
             continue
         record = exit_dir / f"rank_{rank}"
         code = record.read_text().strip() if record.exists() else ""
@@ -205,7 +211,7 @@ def leave_node_record(exit_dir: Path, rank: int, node: str) -> None:
 def blame_previous_attempt(run_dir: Path, exit_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
     """Record which node hosted the failed rank of the previous attempt (``names.FAILED_RANKS``); return
     {node: reason} for a node that has now hosted it ``REPEAT_FAILURES`` times (rank 0, restarts only)."""
-    failed = unrecorded_ranks(exit_dir)
+    failed = unrecorded_ranks(exit_dir, int(env.get("WORLD_SIZE", "1")))
     nodes = sorted(set(failed.values()))
     if len(nodes) != 1:
         if nodes:
@@ -280,12 +286,13 @@ def check(cfg: RunConfig, run_dir: Path, env: Mapping[str, str], on_gpu: bool) -
     rank, local_rank = dist.get_rank(), int(env.get("LOCAL_RANK", "0"))
     node = node_name(env)
     exit_dir = Path(env[EXIT_DIR_ENV]) if env.get(EXIT_DIR_ENV) else None
-    restarted = int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    # the failed rank is counted on Slurm only: there is no other node to run on without a scheduler
+    restarted = int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 and "SLURM_JOB_ID" in env
     repeat = blame_previous_attempt(run_dir, exit_dir, env) if rank == 0 and exit_dir and restarted else {}
     nodes = _gather(node)  # rank 0 has read the previous attempt's records: they may be replaced now
     if exit_dir:
         leave_node_record(exit_dir, rank, node)
-    problems = injected_problems(node, env)
+    problems, notes = injected_problems(node, env), list[str]()
     if local_rank == 0:
         found, notes = node_problems(cfg, run_dir, on_gpu)
         problems += found
@@ -301,7 +308,13 @@ def check(cfg: RunConfig, run_dir: Path, env: Mapping[str, str], on_gpu: bool) -
 
 
 def conclude(
-    cfg: RunConfig, run_dir: Path, env: Mapping[str, str], rank: int, node: str, bad: dict[str, list[str]], listed
+    cfg: RunConfig,
+    run_dir: Path,
+    env: Mapping[str, str],
+    rank: int,
+    node: str,
+    bad: dict[str, list[str]],
+    listed: list[str],
 ) -> int:
     """Blocklist the bad nodes (rank 0), print this rank's line and return its code."""
     cap = cfg.launcher.max_excluded_nodes
