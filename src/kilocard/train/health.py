@@ -292,7 +292,8 @@ def check(cfg: RunConfig, run_dir: Path, env: Mapping[str, str], on_gpu: bool) -
     nodes = _gather(node)  # rank 0 has read the previous attempt's records: they may be replaced now
     if exit_dir:
         leave_node_record(exit_dir, rank, node)
-    problems, notes = injected_problems(node, env), list[str]()
+    notes: list[str] = []
+    problems = injected_problems(node, env)
     if local_rank == 0:
         found, notes = node_problems(cfg, run_dir, on_gpu)
         problems += found
