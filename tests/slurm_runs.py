@@ -133,24 +133,47 @@ def logs(run: Run) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted((run.run_dir / "logs").glob("slurm-*.out")))
 
 
-def rank_process(run: Run, rank: int, timeout_s: float = 120) -> psutil.Process:
-    """The trainer process of ``rank`` of this run (under srun or under ft_launcher), not the launcher and not
-    a process the rank forked (Megatron-Core's checkpoint writers share its command line and environment)."""
+def trainer(run: Run, p: psutil.Process | None) -> bool:
+    """Whether ``p`` runs this run's trainer (under srun or ft_launcher; not the launcher itself)."""
+    cmd = " ".join(p.cmdline()) if p is not None else ""
+    return "kilocard.train" in cmd and str(run.run_dir) in cmd and "fault_tolerance" not in cmd
 
-    def trainer(p: psutil.Process | None) -> bool:
-        cmd = " ".join(p.cmdline()) if p is not None else ""
-        return "kilocard.train" in cmd and str(run.run_dir) in cmd and "fault_tolerance" not in cmd
+
+def rank_processes(run: Run) -> list[psutil.Process]:
+    """This run's rank processes, not the processes a rank forked (Megatron-Core's checkpoint writers
+    share its command line and environment)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if trainer(run, p) and not trainer(run, p.parent()):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def rank_on_node(run: Run, node: str, since: float) -> psutil.Process | None:
+    """A rank process of this run on ``node`` started after unix time ``since``, or None."""
+    for p in rank_processes(run):
+        try:
+            if p.create_time() > since and p.environ().get("SLURMD_NODENAME") == node:
+                return p
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def rank_process(run: Run, rank: int, timeout_s: float = 120) -> psutil.Process:
+    """The rank process of ``rank`` of this run."""
 
     def find():
-        for p in psutil.process_iter():
+        for p in rank_processes(run):
             try:
-                if not trainer(p) or trainer(p.parent()):
-                    continue
                 env = p.environ()
-                if (env.get("RANK") or env.get("SLURM_PROCID")) == str(rank):
-                    return p
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
+            if (env.get("RANK") or env.get("SLURM_PROCID")) == str(rank):
+                return p
         return None
 
     return wait_until(find, timeout_s, f"rank {rank} of {run.run_dir.name}")

@@ -11,13 +11,15 @@ Each test submits at most two jobs and cancels them at the end.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 
 import pytest
 
-from kilocard.train.names import BLOCKLIST, UNHEALTHY_NODES_ENV
+from kilocard.train.names import BLOCKLIST, FAILED_RANKS, UNHEALTHY_NODES_ENV
 from slurm_runs import (
     ITERS,
+    Run,
     cancel,
     finished,
     idle_nodes,
@@ -27,6 +29,7 @@ from slurm_runs import (
     logs,
     losses,
     metrics,
+    rank_on_node,
     recovery,
     scontrol,
     submit,
@@ -95,3 +98,33 @@ def test_usr1_before_the_time_limit_saves_and_requeues_under_ft_launcher(local_s
     assert "User defined signal 1" not in text and "ft_launcher exit code 0" in text, text[-4000:]
     assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
     assert sorted(losses(run)) == list(range(1, ITERS + 1)) and (run.run_dir / "DONE").exists()
+
+
+def test_node_that_hosted_the_failed_rank_twice_is_excluded(local_slurm, tmp_path):
+    """A rank on the same node SIGKILLed in two attempts: the third attempt's health check blames the node
+    twice, every rank ends BAD_NODE, and the requeued job completes without that node."""
+    run = submit(tmp_path, "launcher.job_name=injob-twice", "launcher.max_restarts=3")
+    try:
+        first = inject(run, rank=3, kind="kill")
+        node = node_of_first_failure(run)
+        wait_until(lambda: any(m["time"] > first and m["step"] >= 8 for m in metrics(run)), 300, "the restart's step 8")
+        wait_until(lambda: rank_on_node(run, node, first), 60, f"a rank on {node}").send_signal(signal.SIGKILL)
+        final = finished(run, 420)
+    finally:
+        cancel(run)
+    text = logs(run)
+    failed = [line.split("\t") for line in (run.run_dir / FAILED_RANKS).read_text().splitlines()]
+    assert [(f[0], f[3]) for f in failed] == [(node, "0"), (node, "1")], failed
+    reason = (run.run_dir / BLOCKLIST).read_text().split("\t")
+    assert reason[0] == node and "hosted the failed rank of 2 in-job restarts" in reason[1], reason
+    assert f"excluding node(s) {node} from the requeued job" in text, text[-4000:]
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
+    assert node not in scontrol("show", "hostnames", final["NodeList"]).split()
+    assert sorted(losses(run)) == list(range(1, ITERS + 1))
+
+
+def node_of_first_failure(run: Run) -> str:
+    """The node of the rank the first kill hit, from the health check's record of the restart."""
+    path = run.run_dir / FAILED_RANKS
+    wait_until(lambda: path.exists() and path.read_text().strip(), 300, "the restart's failed-rank record")
+    return path.read_text().split("\t", 1)[0]
