@@ -212,7 +212,8 @@ def injob_notes(cfg: RunConfig) -> str:
         "# (each start runs the node health check first). Each rank records its code in $KILOCARD_EXIT_DIR\n"
         "# and exits non-zero only on FAULT; the run's code is `python -m kilocard.exitcodes EXIT_DIR RC`.\n"
         "# When the restarts are spent (FAULT) or the allocation is lost, the requeue below is the fallback;\n"
-        f"# a requeued job keeps the nodes of {BLOCKLIST} out (ExcNodeList).\n"
+        f"# a requeued job keeps the nodes of {BLOCKLIST} out (ExcNodeList). Output lines are labelled by\n"
+        "# node (the launcher's srun task), not by rank.\n"
     )
 
 
