@@ -58,10 +58,13 @@ class FakeNVML:
     def nvmlEventSetWait_v2(self, events, ms):
         if not self.xids:
             raise self.NVMLError("timeout")
-        return type("Event", (), {"device": "h0", "eventData": self.xids.pop(0)})()
+        return type("Event", (), {"device": "h1", "eventData": self.xids.pop(0)})()
 
     def nvmlEventSetFree(self, events):
         pass
+
+    def nvmlDeviceGetIndex(self, handle):
+        return int(handle[1:])
 
 
 def test_nvml_findings_name_the_gpu():
@@ -70,7 +73,7 @@ def test_nvml_findings_name_the_gpu():
         "GPU 0: 3 uncorrected ECC error(s) since the driver loaded",
         "GPU 0: a row remap is pending (the GPU needs a reset)",
     ]
-    assert health.nvml_xid_problems(bad, ["h0"]) == ["GPU 0: XID 79"]
+    assert health.nvml_xid_problems(bad, ["h0", "h1"]) == ["GPU 1: XID 79"]
     good = FakeNVML(ecc=0, remap=(0, 0, 0, 0), xids=[])
     assert health.nvml_device_problems(good, 0, "h0") == [] and health.nvml_xid_problems(good, ["h0"]) == []
 

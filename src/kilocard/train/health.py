@@ -111,6 +111,14 @@ def nvml_device_problems(nvml: Any, index: int, handle: Any) -> list[str]:
     return problems
 
 
+def _index(nvml: Any, handle: Any) -> str:
+    """The GPU's NVML index (handles are ctypes pointers: equal devices need not be equal objects)."""
+    try:
+        return str(nvml.nvmlDeviceGetIndex(handle))
+    except nvml.NVMLError:
+        return "?"
+
+
 def nvml_xid_problems(nvml: Any, handles: list[Any], listen_ms: int = XID_LISTEN_MS) -> list[str]:
     """Critical XID events NVML delivers while listening ``listen_ms`` (pending ones included)."""
     problems: list[str] = []
@@ -126,9 +134,7 @@ def nvml_xid_problems(nvml: Any, handles: list[Any], listen_ms: int = XID_LISTEN
                 data = nvml.nvmlEventSetWait_v2(events, listen_ms)
             except nvml.NVMLError:
                 return problems  # timeout: no (more) event
-            problems.append(
-                f"GPU {handles.index(data.device) if data.device in handles else '?'}: XID {data.eventData}"
-            )
+            problems.append(f"GPU {_index(nvml, data.device)}: XID {data.eventData}")
     finally:
         nvml.nvmlEventSetFree(events)
 
