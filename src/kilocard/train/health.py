@@ -48,6 +48,8 @@ ALLREDUCE_TIMEOUT_S = 60.0
 """Seconds the node's all-reduce may take before the node counts as bad."""
 XID_LISTEN_MS = 20
 """Milliseconds the NVML XID listener waits for a pending critical XID event."""
+MAX_XIDS = 8
+"""XID events read at most (each one is a finding; more add nothing)."""
 
 
 def node_name(env: Mapping[str, str]) -> str:
@@ -129,12 +131,13 @@ def nvml_xid_problems(nvml: Any, handles: list[Any], listen_ms: int = XID_LISTEN
                 nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, events)
             except nvml.NVMLError:
                 continue  # this GPU does not report XID events
-        while True:
+        for _ in range(MAX_XIDS):  # an XID storm must not keep the check listening
             try:
                 data = nvml.nvmlEventSetWait_v2(events, listen_ms)
             except nvml.NVMLError:
-                return problems  # timeout: no (more) event
+                break  # timeout: no (more) event
             problems.append(f"GPU {_index(nvml, data.device)}: XID {data.eventData}")
+        return problems
     finally:
         nvml.nvmlEventSetFree(events)
 
