@@ -86,3 +86,33 @@ def test_bad_node_wins_over_the_codes_it_causes():
     assert exitcodes.combine([exitcodes.BAD_NODE, exitcodes.FAULT, exitcodes.CRASH], 0) == exitcodes.BAD_NODE
     assert exitcodes.combine([exitcodes.BAD_NODE, exitcodes.BAD_CKPT], 0) == exitcodes.BAD_CKPT
     assert exitcodes.BAD_NODE in exitcodes.RETRYABLE and exitcodes.BAD_NODE not in exitcodes.RESTART_IN_JOB
+
+
+def test_exclusion_keeps_the_jobs_own_exclusions(tmp_path):
+    """``exclude_blocklisted`` sets ExcNodeList to the blocklist plus the job's own (expanded) exclusions.
+    A stand-in ``scontrol`` answers ``show job`` and records ``update``: a real controller would need a job
+    submitted with ``--exclude`` (the real exclusion runs in tests/launch/test_injob_slurm.py)."""
+    text = render("launcher.max_restarts=2")
+    function = re.search(r"^exclude_blocklisted\(\) \{\n.*?^\}\n", text, flags=re.M | re.S)
+    assert function is not None
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "blocklist.tsv").write_text("n3\tbad\t1\tt\nn1\tbad\t2\tt\nn3\tagain\t3\tt\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/bash\n"
+        'case "$1 $2" in\n'
+        '  "show job") echo "   ReqNodeList=(null) ExcNodeList=$OWN";;\n'
+        '  "show hostnames") echo "$3" | sed "s/n\\[5-6\\]/n5 n6/" | tr " " "\\n";;\n'
+        '  *) echo "$*" >> "$RUN_DIR/updates";;\n'
+        "esac\n"
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+    calls = 'OWN="(null)" exclude_blocklisted\nOWN="n[5-6]" exclude_blocklisted\n'
+    script = "log() { :; }\n" + function.group(0) + calls
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RUN_DIR": str(tmp_path), "SLURM_JOB_ID": "9"}
+    subprocess.run(["bash", "-c", script], env=env, check=True)
+    assert (tmp_path / "updates").read_text().splitlines() == [
+        "update JobId=9 ExcNodeList=n1,n3",
+        "update JobId=9 ExcNodeList=n1,n3,n5,n6",
+    ]

@@ -255,7 +255,8 @@ exclude_blocklisted() {{
   [ -s "$RUN_DIR/{BLOCKLIST}" ] || return 0
   KILOCARD_EXCLUDE=$(timeout 10 scontrol show job "$SLURM_JOB_ID" | sed -n 's/.*ExcNodeList=\\([^ ]*\\).*/\\1/p')
   KILOCARD_EXCLUDE=$( {{ cut -f1 "$RUN_DIR/{BLOCKLIST}"
-    [ "$KILOCARD_EXCLUDE" = "(null)" ] || scontrol show hostnames "$KILOCARD_EXCLUDE"; }} 2>/dev/null |
+    [ -z "$KILOCARD_EXCLUDE" ] || [ "$KILOCARD_EXCLUDE" = "(null)" ] || scontrol show hostnames "$KILOCARD_EXCLUDE"
+  }} 2>/dev/null |
     grep -E '^[A-Za-z0-9._-]+$' | sort -u | paste -sd, -)
   for _ in 1 2 3; do
     if timeout 10 scontrol update "JobId=$SLURM_JOB_ID" "ExcNodeList=$KILOCARD_EXCLUDE"; then
