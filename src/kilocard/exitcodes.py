@@ -10,6 +10,7 @@ marker, since the run directory belongs to the writer that holds its lock.
 | 0    | DONE       | trained to trainer.train_iters (or found the run already finished) | none; chain ends    |
 | 75   | RETRY      | stopped at a step boundary after a committed save (USR1/TERM)     | requeue / next link |
 | 76   | FAULT      | a rank died or hung; the last committed step is intact            | requeue / next link |
+| 77   | BAD_NODE   | a node failed its health check (``kilocard.train.health``)        | exclude, requeue    |
 | 2    | BAD_CONFIG | frozen config missing/altered, or a resume with a changed model    | fail, do not retry  |
 | 3    | BAD_CKPT   | the checkpoint to resume from failed its integrity check           | fail, do not retry  |
 | 4    | BUSY       | another writer holds the run directory's lock (kilocard.runlock)  | end this job only   |
@@ -22,6 +23,10 @@ exits non-zero only for codes in ``RESTART_IN_JOB`` (a fault: restart the ranks 
 a deliberate end (DONE, RETRY, BAD_CONFIG, ...) exits 0 so the launcher ends instead of repeating it.
 The run's code is then ``from_exit_dir(EXIT_DIR, launcher_code)``; the batch script gets it with
 ``python -m kilocard.exitcodes EXIT_DIR LAUNCHER_CODE``.
+
+BAD_NODE: every rank ends with it when a node of the job failed its health check (the node is in the
+run directory's blocklist); it is not restarted in the job (the allocation holds the same node), the
+batch script of an in-job run excludes the listed nodes from the job and requeues it.
 """
 
 from __future__ import annotations
@@ -33,14 +38,15 @@ BAD_CKPT = 3
 BUSY = 4
 RETRY = 75
 FAULT = 76
+BAD_NODE = 77
 
-RETRYABLE = frozenset({RETRY, FAULT})
+RETRYABLE = frozenset({RETRY, FAULT, BAD_NODE})
 NO_RETRY = frozenset({CRASH, BAD_CONFIG, BAD_CKPT, BUSY})
 RESTART_IN_JOB = frozenset({FAULT})
 """Codes on which a restarting launcher should restart the ranks inside the allocation."""
 INJOB_ENV = "KILOCARD_INJOB_RESTARTS"
 """Set (to ``launcher.max_restarts``) for ranks under a restarting launcher: see the module docstring."""
-SEVERITY = (BAD_CONFIG, BAD_CKPT, BUSY, CRASH, FAULT, RETRY)
+SEVERITY = (BAD_CONFIG, BAD_CKPT, BUSY, BAD_NODE, CRASH, FAULT, RETRY)
 """Which rank's code wins, first first, when ranks end differently."""
 
 

@@ -67,6 +67,19 @@ CASES = {
         "checkpoint.save=/lustre/ckpt/llama3_8b",
         "precision=fp8",
     ],
+    # in-job restarts: one NVRx ft_launcher per node, the run's code from the ranks' records, bad nodes excluded
+    "tiny_gpt_local_cpu_2x2_injob": [
+        "recipe=tiny_gpt",
+        "launcher=slurm",
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=2",
+        "cluster.venv=/opt/kilocard/venv",
+        "launcher.time=00:30:00",
+        "launcher.signal_lead_s=60",
+        "launcher.max_restarts=2",
+    ],
+    # in-job restarts in a container on GPUs: the exit-code helper runs inside the image
+    "llama3_70b_h100_injob": ["recipe=llama3_70b", "cluster=h100_dgx", "launcher.max_restarts=3"],
     # bare metal, kilocard from the site venv (packaging=none): the preflight still checks it
     "tiny_gpt_venv_none": [
         "recipe=tiny_gpt",

@@ -397,6 +397,10 @@ class LauncherConfig:
     """Names of variables (``WANDB_API_KEY``) passed from the submitting shell with ``--export``; never written."""
     max_requeues: int = 20
     """Self-requeues of one Slurm job after RETRY/FAULT exits before it gives up (``SLURM_RESTART_COUNT``)."""
+    max_excluded_nodes: int = 4
+    """Nodes one run may keep out of its Slurm job after they failed the node health check or hosted the
+    failed rank of two in-job restarts (``kilocard.train.health``; the run directory's blocklist). A node
+    found bad beyond this many ends the run CRASH: that many bad nodes is a site problem a person must see."""
     packaging: str = "snapshot"
     """How the job gets kilocard's code (``kilocard.launch.package``): ``snapshot`` (a wheel of this
     checkout built at sbatch time and unpacked into ``<run_dir>/code/site``, first on the job's

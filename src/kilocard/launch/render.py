@@ -11,12 +11,15 @@ import os
 import re
 from pathlib import Path
 
+from kilocard import exitcodes
 from kilocard.base import shell
 from kilocard.base.slurmtime import time_to_seconds
 from kilocard.config.schema import RunConfig
+from kilocard.launch import ftlaunch
 from kilocard.launch.package import CODE_DIR, PREFLIGHT, SITE_DIR, mcore_range
 from kilocard.paths import data_dir
 from kilocard.plan import LaunchPlan
+from kilocard.train.names import BLOCKLIST, EXIT_DIR_ENV
 
 TEMPLATE = "train.sbatch.tmpl"
 SLOT = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -147,16 +150,137 @@ def container_args(cfg: RunConfig, run_dir: Path) -> list[str]:
 
 
 def srun_args(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> str:
-    """srun options of the training step: the process layout, per-rank labelled output, the container."""
-    args = [
-        f"--nodes={plan.nodes}",
-        f"--ntasks={plan.world_size}",
-        f"--ntasks-per-node={plan.tasks_per_node}",
-        f"--cpus-per-task={plan.cpus_per_task}",
-        "--kill-on-bad-exit=0",
-        "--label",
-    ]
+    """srun options of the training step: the process layout, per-rank labelled output, the container.
+
+    In-job restarts: one ``ft_launcher`` task per node with every CPU (and GPU) the node's ranks
+    have in the allocation; a launcher that ends non-zero (its restarts spent) or dies with its node
+    ends the step at once (``--kill-on-bad-exit=1``): the other nodes' ranks do not wait for a
+    collective timeout, and the script requeues. Output is labelled by node, not by rank."""
+    if ftlaunch.in_job(cfg):
+        args = [
+            f"--nodes={plan.nodes}",
+            f"--ntasks={plan.nodes}",
+            "--ntasks-per-node=1",
+            f"--cpus-per-task={plan.cpus_per_task * plan.tasks_per_node}",
+        ]
+        args += [f"--gpus-per-node={plan.gpus_per_node}"] if plan.on_gpu else []
+        args += ["--kill-on-bad-exit=1", "--label"]
+    else:
+        args = [
+            f"--nodes={plan.nodes}",
+            f"--ntasks={plan.world_size}",
+            f"--ntasks-per-node={plan.tasks_per_node}",
+            f"--cpus-per-task={plan.cpus_per_task}",
+            "--kill-on-bad-exit=0",
+            "--label",
+        ]
     return " ".join(args + container_args(cfg, run_dir))
+
+
+def train_command(cfg: RunConfig, plan: LaunchPlan, python: str) -> str:
+    """What each srun task runs, up to the run directory: the trainer, or (in-job restarts) one NVRx
+    ``ft_launcher`` per node starting the node's ranks. The launcher starts with USR1 ignored (Slurm's
+    ``--signal=USR1`` reaches every process of the step and would kill it); its ranks install their own
+    handler (save, then RETRY)."""
+    if not ftlaunch.in_job(cfg):
+        return f"{python} -m kilocard.train"
+    args = ftlaunch.ft_launcher_args(
+        cfg, nnodes='"$SLURM_NNODES"', nproc=plan.tasks_per_node, rdzv_endpoint='"$MASTER_ADDR:$MASTER_PORT"'
+    )
+    ignore_usr1 = 'bash -c \'trap "" USR1; exec "$@"\' ft_launcher'
+    return f"{ignore_usr1} {python} -m {ftlaunch.MODULE} {' '.join(args)} -m kilocard.train"
+
+
+def host_python(cfg: RunConfig, run_dir: Path, python: str) -> str:
+    """The python the batch shell runs kilocard's small helpers with: the job's, or inside the container
+    image (one task) when there is one (the batch host may have no kilocard)."""
+    if not cfg.cluster.container_image:
+        return python
+    return " ".join(["srun --nodes=1 --ntasks=1 --kill-on-bad-exit=0", *container_args(cfg, run_dir), "python"])
+
+
+def injob_notes(cfg: RunConfig) -> str:
+    """The in-job part of the exit-code comment block (empty without in-job restarts)."""
+    if not ftlaunch.in_job(cfg):
+        return ""
+    n = cfg.launcher.max_restarts
+    return (
+        f"#   {exitcodes.BAD_NODE} BAD_NODE    a node failed its health check (kilocard/train/health.py)      "
+        f"-> exclude the blocklist's nodes, requeue\n"
+        f"# In-job restarts (launcher.max_restarts={n}): one NVRx ft_launcher per node starts the node's ranks\n"
+        f"# and, when a rank dies or hangs, restarts every rank inside this allocation, at most {n} times\n"
+        "# (each start runs the node health check first). Each rank records its code in $KILOCARD_EXIT_DIR\n"
+        "# and exits non-zero only on FAULT; the run's code is `python -m kilocard.exitcodes EXIT_DIR RC`.\n"
+        "# When the restarts are spent (FAULT) or the allocation is lost, the requeue below is the fallback;\n"
+        f"# a requeued job keeps the nodes of {BLOCKLIST} out (ExcNodeList). Output lines are labelled by\n"
+        "# node (the launcher's srun task), not by rank.\n"
+    )
+
+
+def injob_setup(cfg: RunConfig) -> str:
+    """The in-job restarts' environment: the exit-code directory (per job and requeue) and ``rank_env``."""
+    if not ftlaunch.in_job(cfg):
+        return ""
+    env = [f"export {name}={shell.quote('launcher.max_restarts', v)}" for name, v in ftlaunch.rank_env(cfg).items()]
+    return "\n".join(
+        [
+            "# In-job restarts: each rank records its exit code here (one directory per job and requeue).",
+            f'export {EXIT_DIR_ENV}="$RUN_DIR/logs/exit/$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"',
+            f'mkdir -p "${EXIT_DIR_ENV}" || exit 1',
+            *env,
+            "",
+        ]
+    )
+
+
+def injob_code(cfg: RunConfig, run_dir: Path, python: str) -> str:
+    """After the launchers: the run's code from the ranks' records and the launcher's status."""
+    if not ftlaunch.in_job(cfg):
+        return ""
+    helper = host_python(cfg, run_dir, python)
+    return (
+        'log "ft_launcher exit code $rc"\n'
+        f'KILOCARD_LAUNCHER_RC=$rc\nrc=$({helper} -m kilocard.exitcodes "${EXIT_DIR_ENV}" "$KILOCARD_LAUNCHER_RC") '
+        "|| rc=$KILOCARD_LAUNCHER_RC\n"
+    )
+
+
+def injob_functions(cfg: RunConfig) -> str:
+    """``exclude_blocklisted``: after a requeue (the job is pending again) keep the blocklist's nodes out."""
+    if not ftlaunch.in_job(cfg):
+        return ""
+    return f"""# Keep the nodes of the run's blocklist (kilocard/train/health.py) out of the requeued job; the job's
+# own exclusions stay. The requeue's TERM may cut an scontrol call short: it is retried.
+exclude_blocklisted() {{
+  [ -s "$RUN_DIR/{BLOCKLIST}" ] || return 0
+  KILOCARD_EXCLUDE=$(timeout 10 scontrol show job "$SLURM_JOB_ID" | sed -n 's/.*ExcNodeList=\\([^ ]*\\).*/\\1/p')
+  KILOCARD_EXCLUDE=$( {{ cut -f1 "$RUN_DIR/{BLOCKLIST}"
+    [ -z "$KILOCARD_EXCLUDE" ] || [ "$KILOCARD_EXCLUDE" = "(null)" ] || scontrol show hostnames "$KILOCARD_EXCLUDE"
+  }} 2>/dev/null |
+    grep -E '^[A-Za-z0-9._-]+$' | sort -u | paste -sd, -)
+  for _ in 1 2 3; do
+    if timeout 10 scontrol update "JobId=$SLURM_JOB_ID" "ExcNodeList=$KILOCARD_EXCLUDE"; then
+      log "excluding node(s) $KILOCARD_EXCLUDE from the requeued job (blocklist $RUN_DIR/{BLOCKLIST})"
+      return 0
+    fi
+    sleep 1
+  done
+  log "could not exclude node(s) $KILOCARD_EXCLUDE (scontrol update failed); the requeued job may run on them"
+  return 0
+}}
+
+"""
+
+
+def injob_case(cfg: RunConfig) -> str:
+    """The BAD_NODE arm of the exit-code ``case``: requeue (``exclude_blocklisted`` keeps the nodes out)."""
+    if not ftlaunch.in_job(cfg):
+        return ""
+    return (
+        f'  "{exitcodes.BAD_NODE}")\n'
+        "    # BAD_NODE: a node failed its health check and is in the blocklist (see the ranks' lines above)\n"
+        "    continue_run ;;\n"
+    )
 
 
 def preflight_command(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, python: str) -> str:
@@ -221,6 +345,12 @@ def render_script(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, chain_length:
         "code_setup": code_setup(cfg),
         "preflight": preflight_command(cfg, plan, run_dir, python),
         "srun_args": srun_args(cfg, plan, run_dir),
-        "python": python,
+        "train_command": train_command(cfg, plan, python),
+        "injob_notes": injob_notes(cfg),
+        "injob_setup": injob_setup(cfg),
+        "injob_code": injob_code(cfg, run_dir, python),
+        "injob_functions": injob_functions(cfg),
+        "after_requeue": "exclude_blocklisted && " if ftlaunch.in_job(cfg) else "",
+        "injob_case": injob_case(cfg),
     }
     return fill((data_dir("slurm") / TEMPLATE).read_text(), values)

@@ -74,7 +74,7 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
     from kilocard.backends import select
     from kilocard.runlock import RunDirBusy
     from kilocard.train import checkpoint as ck
-    from kilocard.train import heartbeat
+    from kilocard.train import health, heartbeat
     from kilocard.train.claim import claim_run_dir
     from kilocard.train.dist_env import init_process_group
     from kilocard.train.megatron_adapter import UnsupportedConfig
@@ -91,6 +91,9 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
         init_process_group(backend.dist_backend, os.environ, timeout)  # per-attempt store under a restarting launcher
         claim_run_dir(run_dir)  # one writer per run directory; a lock taken here lasts until this rank exits
         _record_start(run_dir, env, started, attempt)
+        unhealthy = health.check(run_cfg, run_dir, os.environ, backend.is_cuda)  # every node, every attempt
+        if unhealthy is not None:
+            return unhealthy
         return _train_in_group(run_dir, run_cfg, sha, backend, stop, watchdog, timeout)
     except RunDirBusy as e:
         if env.rank == 0:

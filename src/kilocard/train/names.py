@@ -22,3 +22,10 @@ a run starts from it at step 0 with a fresh optimizer and LR schedule."""
 EVENTS_FILE = "events.jsonl"
 """One JSON object per run event (launch attempt, resume, committed checkpoint, exit), each with ``time``
 (unix seconds), in the run directory; appended by rank 0 (``kilocard.train.events``)."""
+BLOCKLIST = "nodes/blocklist.tsv"
+"""Nodes kept out of the run's Slurm jobs, one line each: node, reason, job, time (tab-separated); appended by
+the node health check (``kilocard.train.health``); the batch script of an in-job run excludes them."""
+FAILED_RANKS = "nodes/failed_ranks.tsv"
+"""Which node hosted the failed rank of each in-job restart, one line each: node, ranks, job, attempt, time."""
+UNHEALTHY_NODES_ENV = "KILOCARD_FAULT_UNHEALTHY_NODES"
+"""Fault injection (tests): comma-separated node names whose health check fails as if the node were bad."""

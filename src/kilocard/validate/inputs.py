@@ -43,6 +43,7 @@ FLOORS: tuple[tuple[str, float, bool, str], ...] = (
     ("launcher.signal_lead_s", 0, True, "seconds between USR1 and the time limit"),
     ("launcher.max_restarts", 0, True, "in-job restarts after a rank fault"),
     ("launcher.max_requeues", 0, True, "times a job may requeue itself"),
+    ("launcher.max_excluded_nodes", 0, True, "nodes a run may exclude after failed health checks"),
 )
 
 #: Highest seed: numpy's ``RandomState`` takes 0 .. 2**32 - 1, and each pipeline stage adds 100 to it.

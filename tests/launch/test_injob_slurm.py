@@ -1,0 +1,130 @@
+"""In-job restarts and bad-node exclusion on the real local Slurm cluster (2 nodes x 2 CPU ranks).
+
+a) ``launcher.max_restarts=2``: one rank SIGKILLed mid-run; NVRx's ft_launcher restarts every rank
+   inside the same allocation and the job ends COMPLETED without a requeue (Restarts=0), with the loss
+   of every step equal to an uninterrupted run's;
+b) a node marked unhealthy by the health check's fault injection (``KILOCARD_FAULT_UNHEALTHY_NODES``)
+   ends the first attempt BAD_NODE; the batch script requeues the job with the node excluded, and the
+   requeued job completes on other nodes; the blocklist file and the log say so.
+Each test submits at most two jobs and cancels them at the end.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from kilocard.train.names import BLOCKLIST, FAILED_RANKS, UNHEALTHY_NODES_ENV
+from slurm_runs import (
+    ITERS,
+    Run,
+    cancel,
+    finished,
+    idle_nodes,
+    inject,
+    job,
+    jsonl,
+    logs,
+    losses,
+    metrics,
+    rank_on_node,
+    recovery,
+    scontrol,
+    submit,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def test_killed_rank_restarts_in_the_same_job_with_the_uninterrupted_loss(local_slurm, tmp_path):
+    ref = submit(tmp_path, "launcher.job_name=injob-ref")
+    run = submit(tmp_path, "launcher.job_name=injob-kill", "launcher.max_restarts=2")
+    try:
+        killed_at = inject(run, rank=3, kind="kill")
+        final, ref_final = finished(run), finished(ref)
+    finally:
+        cancel(ref, run)
+    text = logs(run)
+    assert final["JobState"] == "COMPLETED" and (run.run_dir / "DONE").exists(), text[-4000:]
+    assert final["Restarts"] == "0", f"the job was requeued instead of restarted in the job:\n{text[-4000:]}"
+    starts = [e for e in jsonl(run.run_dir / "events.jsonl") if e["event"] == "start"]
+    assert [e["restart"] for e in starts] == [0, 1] and {e["job_id"] for e in starts} == {str(run.job_id)}
+    rec = recovery(run, killed_at)
+    assert rec["seconds_to_resume"] is not None and rec["seconds_to_resume"] < 60, rec
+    assert ref_final["JobState"] == "COMPLETED", logs(ref)[-3000:]
+    got = losses(run)
+    assert sorted(got) == list(range(1, ITERS + 1))
+    assert got == losses(ref)
+
+
+def test_unhealthy_node_is_excluded_and_the_requeued_job_completes_elsewhere(local_slurm, tmp_path):
+    nodes = wait_until(lambda: n if len(n := idle_nodes()) >= 4 else None, 300, "4 idle nodes", every=2)
+    bad = nodes[0]  # Slurm gives a job the first idle nodes
+    run = submit(tmp_path, "launcher.job_name=badnode", "launcher.max_restarts=2", env={UNHEALTHY_NODES_ENV: bad})
+    try:
+        final = finished(run, 420)
+    finally:
+        cancel(run)
+    text = logs(run)
+    blocklist = (run.run_dir / BLOCKLIST).read_text().splitlines()
+    node, reason, job_id, _when = blocklist[0].split("\t")
+    assert (node, job_id) == (bad, str(run.job_id)) and "fault injection" in reason, blocklist
+    assert f"node(s) {bad} failed the health check" in text and "exiting BAD_NODE (77)" in text, text[-4000:]
+    assert f"excluding node(s) {bad} from the requeued job" in text, text[-4000:]
+    assert final["JobState"] == "COMPLETED" and int(final["Restarts"]) >= 1, text[-4000:]
+    assert bad in scontrol("show", "hostnames", final["ExcNodeList"]).split()
+    assert bad not in scontrol("show", "hostnames", final["NodeList"]).split()
+    assert sorted(losses(run)) == list(range(1, ITERS + 1)) and (run.run_dir / "DONE").exists()
+    assert job(run.job_id)["JobState"] == "COMPLETED"
+
+
+def test_usr1_before_the_time_limit_saves_and_requeues_under_ft_launcher(local_slurm, tmp_path):
+    """Slurm's ``--signal=USR1@lead`` reaches every process of the step, the launcher too. The launcher
+    ignores it; the ranks save, exit RETRY, and the job requeues. (Without the batch script's
+    ``trap "" USR1`` the launcher died of it, ``srun: error: n1: task 0: User defined signal 1``, exit 138,
+    and slurmstepd then ends the step, with ranks that may still be saving.)"""
+    run = submit(tmp_path, "launcher.job_name=injob-usr1", "launcher.max_restarts=2")
+    try:
+        wait_until(lambda: len(metrics(run)) >= 10, 300, "step 10")
+        subprocess.run(["timeout", "10", "scancel", "--signal=USR1", str(run.job_id)], check=True)
+        final = finished(run, 420)
+    finally:
+        cancel(run)
+    text = logs(run)
+    assert "exiting RETRY (75)" in text and "trainer exit code 75" in text, text[-4000:]
+    assert "User defined signal 1" not in text and "ft_launcher exit code 0" in text, text[-4000:]
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
+    assert sorted(losses(run)) == list(range(1, ITERS + 1)) and (run.run_dir / "DONE").exists()
+
+
+def test_node_that_hosted_the_failed_rank_twice_is_excluded(local_slurm, tmp_path):
+    """A rank on the same node SIGKILLed in two attempts: the third attempt's health check blames the node
+    twice, every rank ends BAD_NODE, and the requeued job completes without that node."""
+    run = submit(tmp_path, "launcher.job_name=injob-twice", "launcher.max_restarts=3")
+    try:
+        first = inject(run, rank=3, kind="kill")
+        node = node_of_first_failure(run)
+        wait_until(lambda: any(m["time"] > first and m["step"] >= 8 for m in metrics(run)), 300, "the restart's step 8")
+        wait_until(lambda: rank_on_node(run, node, first), 60, f"a rank on {node}").send_signal(signal.SIGKILL)
+        final = finished(run, 420)
+    finally:
+        cancel(run)
+    text = logs(run)
+    failed = [line.split("\t") for line in (run.run_dir / FAILED_RANKS).read_text().splitlines()]
+    assert [(f[0], f[3]) for f in failed] == [(node, "0"), (node, "1")], failed
+    reason = (run.run_dir / BLOCKLIST).read_text().split("\t")
+    assert reason[0] == node and "hosted the failed rank of 2 in-job restarts" in reason[1], reason
+    assert f"excluding node(s) {node} from the requeued job" in text, text[-4000:]
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
+    assert node not in scontrol("show", "hostnames", final["NodeList"]).split()
+    assert sorted(losses(run)) == list(range(1, ITERS + 1))
+
+
+def node_of_first_failure(run: Run) -> str:
+    """The node of the rank the first kill hit, from the health check's record of the restart."""
+    path = run.run_dir / FAILED_RANKS
+    wait_until(lambda: path.exists() and path.read_text().strip(), 300, "the restart's failed-rank record")
+    return path.read_text().split("\t", 1)[0]

@@ -1,0 +1,118 @@
+"""The batch script's in-job restart path (launcher.max_restarts > 0): what it runs, and that it fits.
+
+The whole script is in tests/golden/sbatch/*_injob.sbatch (tests/launch/test_sbatch_render.py); these
+tests name the properties that matter. The path runs for real in tests/launch/test_injob_slurm.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+from kilocard import exitcodes
+from kilocard.config.compose import compose, to_run_config
+from kilocard.launch import ftlaunch
+from kilocard.launch.render import render_script
+from kilocard.plan import build_plan
+from kilocard.validate.environment import reserved_reason
+
+RUN = Path("/srv/runs/r1")
+
+
+def render(*overrides: str) -> str:
+    cfg = to_run_config(compose(["recipe=tiny_gpt", "launcher=slurm", "cluster.venv=/opt/venv", *overrides]))
+    return render_script(cfg, build_plan(cfg), RUN)
+
+
+def training_srun(text: str) -> list[str]:
+    line = next(x for x in text.splitlines() if x.startswith("srun ") and "kilocard.train" in x)
+    return shlex.split(line)
+
+
+def test_one_ft_launcher_per_node_with_the_nodes_cpus_and_the_shared_argument_list():
+    cfg = to_run_config(
+        compose(["recipe=tiny_gpt", "launcher=slurm", "cluster.nodes=2", "cluster.gpus_per_node=2",
+                 "cluster.cpus_per_node=8", "launcher.max_restarts=2"])
+    )  # fmt: skip
+    text = render_script(cfg, build_plan(cfg), RUN)
+    argv = training_srun(text)
+    sbatch = dict(re.findall(r"#SBATCH --([\w-]+)=(\S+)", text))
+    assert argv[1:6] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=8", "--kill-on-bad-exit=1"]
+    assert int(sbatch["ntasks-per-node"]) * int(sbatch["cpus-per-task"]) == 8  # the launcher gets the node's CPUs
+    launcher = argv.index(ftlaunch.MODULE)
+    endpoint = "$MASTER_ADDR:$MASTER_PORT"
+    expected = ftlaunch.ft_launcher_args(cfg, nnodes="$SLURM_NNODES", nproc=2, rdzv_endpoint=endpoint)
+    assert argv[launcher + 1 : -3] == expected and argv[-3:] == ["-m", "kilocard.train", "$RUN_DIR"]
+    assert argv[argv.index("bash") : argv.index("bash") + 3] == ["bash", "-c", 'trap "" USR1; exec "$@"']
+
+
+def test_gpu_launcher_step_takes_the_nodes_gpus():
+    text = render("cluster=h100_dgx", "recipe=llama3_8b", "launcher.max_restarts=1")
+    argv = training_srun(text)
+    assert "--gpus-per-node=8" in argv and "--cpus-per-task=112" in argv and "--ntasks-per-node=1" in argv
+
+
+def test_run_code_comes_from_the_ranks_records_and_bad_node_requeues():
+    text = render("launcher.max_restarts=2")
+    assert 'export KILOCARD_EXIT_DIR="$RUN_DIR/logs/exit/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"' in text
+    assert f"export {exitcodes.INJOB_ENV}=2" in text
+    assert '-m kilocard.exitcodes "$KILOCARD_EXIT_DIR" "$KILOCARD_LAUNCHER_RC"' in text
+    assert re.search(rf'^  "{exitcodes.BAD_NODE}"\)\n.*\n    continue_run ;;$', text, flags=re.M)
+    assert 'scontrol requeue "$SLURM_JOB_ID" && exclude_blocklisted && exit "$rc"' in text
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_without_restarts_there_is_no_in_job_part():
+    text = render()
+    for word in ("ft_launcher", "KILOCARD_EXIT_DIR", "exclude_blocklisted", str(exitcodes.BAD_NODE)):
+        assert word not in text
+
+
+def test_every_variable_of_the_in_job_script_is_reserved():
+    """Nothing the in-job script assigns or reads can be set from launcher.env / cluster.env."""
+    text = render("launcher.max_restarts=2")
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assigned = re.findall(r"(?:^|[\s;{(])(?:export\s+)?([A-Za-z_]\w*)=", code, flags=re.M)
+    read = re.findall(r"\$\{?([A-Za-z_]\w*)", code)
+    names = (set(assigned) | set(read)) - {"OMP_NUM_THREADS"}
+    assert {"KILOCARD_EXIT_DIR", "KILOCARD_LAUNCHER_RC", "KILOCARD_EXCLUDE", "SLURM_NNODES"} <= names
+    assert sorted(n for n in names if reserved_reason(n) is None) == []
+
+
+def test_bad_node_wins_over_the_codes_it_causes():
+    """A bad node makes other ranks fail (FAULT, CRASH): the run's code is BAD_NODE, so it is excluded."""
+    assert exitcodes.combine([exitcodes.BAD_NODE, exitcodes.FAULT, exitcodes.CRASH], 0) == exitcodes.BAD_NODE
+    assert exitcodes.combine([exitcodes.BAD_NODE, exitcodes.BAD_CKPT], 0) == exitcodes.BAD_CKPT
+    assert exitcodes.BAD_NODE in exitcodes.RETRYABLE and exitcodes.BAD_NODE not in exitcodes.RESTART_IN_JOB
+
+
+def test_exclusion_keeps_the_jobs_own_exclusions(tmp_path):
+    """``exclude_blocklisted`` sets ExcNodeList to the blocklist plus the job's own (expanded) exclusions.
+    A stand-in ``scontrol`` answers ``show job`` and records ``update``: a real controller would need a job
+    submitted with ``--exclude`` (the real exclusion runs in tests/launch/test_injob_slurm.py)."""
+    text = render("launcher.max_restarts=2")
+    function = re.search(r"^exclude_blocklisted\(\) \{\n.*?^\}\n", text, flags=re.M | re.S)
+    assert function is not None
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "blocklist.tsv").write_text("n3\tbad\t1\tt\nn1\tbad\t2\tt\nn3\tagain\t3\tt\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/bash\n"
+        'case "$1 $2" in\n'
+        '  "show job") echo "   ReqNodeList=(null) ExcNodeList=$OWN";;\n'
+        '  "show hostnames") echo "$3" | sed "s/n\\[5-6\\]/n5 n6/" | tr " " "\\n";;\n'
+        '  *) echo "$*" >> "$RUN_DIR/updates";;\n'
+        "esac\n"
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+    calls = 'OWN="(null)" exclude_blocklisted\nOWN="n[5-6]" exclude_blocklisted\n'
+    script = "log() { :; }\n" + function.group(0) + calls
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RUN_DIR": str(tmp_path), "SLURM_JOB_ID": "9"}
+    subprocess.run(["bash", "-c", script], env=env, check=True)
+    assert (tmp_path / "updates").read_text().splitlines() == [
+        "update JobId=9 ExcNodeList=n1,n3",
+        "update JobId=9 ExcNodeList=n1,n3,n5,n6",
+    ]
