@@ -128,3 +128,23 @@ def node_of_first_failure(run: Run) -> str:
     path = run.run_dir / FAILED_RANKS
     wait_until(lambda: path.exists() and path.read_text().strip(), 300, "the restart's failed-rank record")
     return path.read_text().split("\t", 1)[0]
+
+
+def test_hung_rank_without_in_job_restarts_ends_the_step_and_the_job_requeues(local_slurm, tmp_path):
+    """``launcher.max_restarts=0``: a SIGSTOPped rank never exits, so srun used to wait for it until the time
+    limit. The healthy ranks' watchdog ends them FAULT after ``trainer.hang_timeout_s`` (20 s here); srun's
+    ``--wait`` then kills the stopped rank, the step ends and the batch script requeues; the requeued job
+    resumes from the last committed step and completes."""
+    run = submit(tmp_path, "launcher.job_name=hang-requeue")
+    try:
+        stopped_at = inject(run, rank=3, kind="stop")
+        final = finished(run, timeout_s=420)
+    finally:
+        cancel(run)
+    text = logs(run)
+    assert final["JobState"] == "COMPLETED" and (run.run_dir / "DONE").exists(), text[-4000:]
+    assert int(final["Restarts"]) >= 1, text[-4000:]
+    rec = recovery(run, stopped_at)
+    # watchdog 20 s + srun --wait 60 s + requeue (about 16 s here) + start-up: well under the 10 min limit
+    assert rec["seconds_to_resume"] is not None and rec["seconds_to_resume"] < 240, rec
+    assert sorted(losses(run)) == list(range(1, ITERS + 1))

@@ -28,9 +28,9 @@ def instructions(text: str) -> list[tuple[str, str]]:
 
 
 def test_dockerfile_installs_the_pinned_wheel_on_the_base_and_checks_it_at_build_time():
-    text = dockerfile("nvcr.io/nvidia/nemo:25.09", "kilocard-0.1.0-py3-none-any.whl", "0.1.0", ("0.16.1", "0.20"))
+    text = dockerfile("nvcr.io/nvidia/nemo:26.04", "kilocard-0.1.0-py3-none-any.whl", "0.1.0", ("0.16.1", "0.20"))
     ins = instructions(text)
-    assert ins[0] == ("FROM", "nvcr.io/nvidia/nemo:25.09") and [k for k, _ in ins].count("FROM") == 1
+    assert ins[0] == ("FROM", "nvcr.io/nvidia/nemo:26.04") and [k for k, _ in ins].count("FROM") == 1
     assert ("COPY", "kilocard-0.1.0-py3-none-any.whl preflight.py /opt/kilocard/") in ins
     runs = [shlex.split(arg) for k, arg in ins if k == "RUN"]
     pip = next(r for r in runs if "pip" in r)

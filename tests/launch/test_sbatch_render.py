@@ -134,7 +134,7 @@ def test_container_through_pyxis_and_bare_metal():
     """A profile with an image runs srun inside it (run root mounted); no image means the venv."""
     h100 = render_case("llama3_70b_h100")
     srun = next(line for line in h100.splitlines() if line.startswith("srun "))
-    assert "--container-image=nvcr.io/nvidia/nemo:25.09" in srun
+    assert "--container-image=nvcr.io/nvidia/nemo:26.04" in srun
     assert "--container-mounts=/lustre:/lustre,/shared/runs:/shared/runs" in srun
     assert '--container-workdir="$RUN_DIR"' in srun and "source " not in h100
     local = render_case("tiny_gpt_local_cpu_2x2")

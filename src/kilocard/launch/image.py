@@ -19,7 +19,7 @@ from kilocard.launch.package import PREFLIGHT, build_wheel, mcore_range, repack_
 from kilocard.launch.rundir import RunDirError
 from kilocard.paths import checkout_root, data_dir
 
-DEFAULT_BASE = "nvcr.io/nvidia/nemo:25.09"
+DEFAULT_BASE = "nvcr.io/nvidia/nemo:26.04"
 #: Where the wheel and preflight go inside the image.
 IMAGE_DIR = "/opt/kilocard"
 

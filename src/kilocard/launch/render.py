@@ -149,6 +149,13 @@ def container_args(cfg: RunConfig, run_dir: Path) -> list[str]:
     ]
 
 
+END_WAIT_S = 60
+"""``srun --wait``: seconds the other ranks may run on after the first rank's process ends. Ranks end
+together (a commit sits between barriers), so only a rank that can no longer end by itself (stopped,
+hung in a kernel) is still there: the healthy ranks' watchdog ends them FAULT after
+``trainer.hang_timeout_s`` and srun then kills it, instead of the step waiting for the time limit."""
+
+
 def srun_args(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> str:
     """srun options of the training step: the process layout, per-rank labelled output, the container.
 
@@ -172,6 +179,7 @@ def srun_args(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> str:
             f"--ntasks-per-node={plan.tasks_per_node}",
             f"--cpus-per-task={plan.cpus_per_task}",
             "--kill-on-bad-exit=0",
+            f"--wait={END_WAIT_S}",
             "--label",
         ]
     return " ".join(args + container_args(cfg, run_dir))
