@@ -17,14 +17,16 @@ def comparisons():
 
 
 def test_error_targets_on_rows_with_full_configurations(comparisons):
-    """In sample (the shipped fit) over the 100+ scored rows: median |error| within 5%, mean within 8%,
-    at least 80% of the rows within 12%. Issue 16's targets (mean 3%, max 12%) are not reached: the rows
-    outside 12% carry effects the model has no term for (docs/perf_model.md, Accuracy)."""
+    """In sample (the shipped fit) over the 100+ scored rows: median |error| within 5%, mean within 6.5%,
+    max within 30%, at least 85% of the rows within 12% (now 4.3%, 5.9%, 27.7%, 91 of 105). Issue 16's
+    targets (mean 3%, max 12%) are not reached: the rows outside 12% carry effects the model has no term
+    for (docs/perf_model.md, Accuracy)."""
     errs = sorted(abs(c.rel_error) for c in comparisons if c.rel_error is not None)
     assert len(errs) >= 100
     assert errs[len(errs) // 2] <= 0.05
-    assert sum(errs) / len(errs) <= 0.08
-    assert sum(e <= 0.12 for e in errs) >= 0.8 * len(errs)
+    assert sum(errs) / len(errs) <= 0.065
+    assert errs[-1] <= 0.30
+    assert sum(e <= 0.12 for e in errs) >= 0.85 * len(errs)
 
 
 def test_unverified_rows_are_listed_but_excluded(comparisons):
