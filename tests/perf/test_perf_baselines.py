@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kilocard.cli import main
-from kilocard.perf.baselines import compare_all, error_stats, load_rows
+from kilocard.perf.baselines import compare_all, error_stats, load_rows, row_inputs
 from kilocard.perf.efficiency import FITTED, with_values
 
 
@@ -17,14 +17,16 @@ def comparisons():
 
 
 def test_error_targets_on_rows_with_full_configurations(comparisons):
-    """In sample (the shipped fit) over the 100+ scored rows: median |error| within 5%, mean within 8%,
-    at least 80% of the rows within 12%. Issue 16's targets (mean 3%, max 12%) are not reached: the rows
-    outside 12% carry effects the model has no term for (docs/perf_model.md, Accuracy)."""
+    """In sample (the shipped fit) over the 100+ scored rows: median |error| within 5%, mean within 6.5%,
+    max within 30%, at least 85% of the rows within 12% (now 4.3%, 5.9%, 27.7%, 91 of 105). Issue 16's
+    targets (mean 3%, max 12%) are not reached: the rows outside 12% carry effects the model has no term
+    for (docs/perf_model.md, Accuracy)."""
     errs = sorted(abs(c.rel_error) for c in comparisons if c.rel_error is not None)
     assert len(errs) >= 100
     assert errs[len(errs) // 2] <= 0.05
-    assert sum(errs) / len(errs) <= 0.08
-    assert sum(e <= 0.12 for e in errs) >= 0.8 * len(errs)
+    assert sum(errs) / len(errs) <= 0.065
+    assert errs[-1] <= 0.30
+    assert sum(e <= 0.12 for e in errs) >= 0.85 * len(errs)
 
 
 def test_unverified_rows_are_listed_but_excluded(comparisons):
@@ -103,3 +105,22 @@ def test_row_software_override_changes_the_prediction(tmp_path):
     slow = compare_all(str(plain), recipes={})[0].predicted_tflops_per_gpu
     fast = compare_all(str(flash), recipes={})[0].predicted_tflops_per_gpu
     assert fast > slow * 1.05
+
+
+def test_torchtitan_op_recompute_row_is_predicted_with_its_own_policy(tmp_path):
+    """``recompute: op`` (torchtitan's op-level checkpointing) is neither none nor Megatron's selective:
+    the row's step-time features carry it, and its prediction lies between none and full."""
+    row = (
+        "{id: r, gpu: h200-sxm-141gb, gpus: 32, precision: bf16, recompute: %s, model: {layers: 32, hidden: 4096,"
+        " heads: 32, kv_heads: 8, ffn: 14336, gated_mlp: true, vocab: 128256, seq: 8192},"
+        " parallel: {tp: 1, pp: 1, vp: null, cp: 1, ep: 1, dp: 32, fsdp: true}, batch: {gbs: 64, mbs: 2},"
+        " result: {tokens_per_s_per_gpu: 10000}, flops_convention: six_n, source: test}"
+    )
+    tf = {}
+    for mode in ("none", "op", "full"):
+        f = tmp_path / f"{mode}.yaml"
+        f.write_text("rows:\n  - " + row % mode + "\n")
+        (r,) = load_rows(str(f))
+        assert row_inputs(r, "six_n").features.recompute == mode
+        tf[mode] = compare_all(str(f), recipes={})[0].predicted_tflops_per_gpu
+    assert tf["full"] < tf["op"] < tf["none"]

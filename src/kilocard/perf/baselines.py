@@ -14,7 +14,7 @@ optimizer, gradient/parameter/TP/pipeline overlap). A row may override either wi
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from kilocard.config.schema import (
 from kilocard.paths import data_dir
 from kilocard.perf.efficiency import FITTED, PerfModelParams
 from kilocard.perf.flops import CONVENTIONS, flops_per_iteration
-from kilocard.perf.predict import predict, require_gpu
+from kilocard.perf.predict import PredictionInputs, predict_prepared, prepare, require_gpu
 from kilocard.perf.unstated import apply_policy
 
 #: Per-GPU network bandwidth (one direction) of the DGX system of each GPU: one NIC per GPU.
@@ -41,7 +41,11 @@ DGX_NETWORK_GBS: dict[str, float] = {
     "h100-sxm5-80gb": 50.0,  # DGX H100: 8x NDR 400 Gb/s InfiniBand
     "h200-sxm-141gb": 50.0,
     "b200-sxm-180gb": 50.0,
-    "gb200-nvl72": 100.0,  # ConnectX-8 800 Gb/s per GPU
+    # DGX GB200: one ConnectX-7 400 Gb/s InfiniBand port per GPU (4 OSFP compute-fabric ports per
+    # 4-GPU compute tray: NVIDIA DGX GB200 User Guide, "Networking"; "CX7" in the compute tray of the
+    # NVIDIA Multi-Node NVLink Systems tuning guide, "Understanding Your Grace-Blackwell Systems").
+    # ConnectX-8 800 Gb/s is GB300's.
+    "gb200-nvl72": 50.0,
     "mi300x": 50.0,
     "h100-pcie-80gb": 25.0,
 }
@@ -226,7 +230,7 @@ def row_run_config(row: Row) -> RunConfig:
         overlap_param_gather=modern,
         tp_comm_overlap=modern and tp > 1,
         overlap_p2p_comm=modern and bool(vp),
-        recompute_granularity=None if raw["recompute"] == "none" else raw["recompute"],
+        recompute_granularity=None if raw["recompute"] in ("none", "op") else raw["recompute"],
         recompute_method="uniform" if raw["recompute"] == "full" else None,
         recompute_num_layers=1 if raw["recompute"] == "full" else None,
     )
@@ -252,6 +256,16 @@ def row_run_config(row: Row) -> RunConfig:
         cluster=row_cluster(raw),
         trainer=TrainerConfig(micro_batch_size=int(b["mbs"]), global_batch_size=int(b["gbs"])),
     )
+
+
+def row_inputs(row: Row, convention: str) -> PredictionInputs:
+    """``predict.prepare`` of the row's RunConfig. A row with ``recompute: op`` (torchtitan's op-level
+    selective checkpointing, which no Megatron-Core setting expresses) runs with no recompute in its
+    RunConfig and the step-time model's ``op`` recompute."""
+    inputs = prepare(row_run_config(row), convention)
+    if row.raw.get("recompute") != "op":
+        return inputs
+    return replace(inputs, features=replace(inputs.features, recompute="op"))
 
 
 @dataclass(frozen=True)
@@ -317,8 +331,7 @@ def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FIT
     if not row.complete or conv not in CONVENTIONS or pub_tf is None:
         note = row.excluded or "unverified/missing: " + ", ".join(row.missing or ["flops_convention"])
         return Comparison(**base, predicted_tflops_per_gpu=None, predicted_mfu=None, rel_error=None, note=note)
-    cfg = row_run_config(row)
-    pred = predict(cfg, conv, params)
+    pred = predict_prepared(row_inputs(row, conv), params)
     rel = (pred.tflops_per_gpu - pub_tf) / pub_tf
     return Comparison(
         **base, predicted_tflops_per_gpu=pred.tflops_per_gpu, predicted_mfu=pred.mfu, rel_error=rel, note=""

@@ -17,9 +17,9 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kilocard.perf.baselines import Row, compare_row, row_run_config
+from kilocard.perf.baselines import Row, compare_row, row_inputs
 from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, PerfModelParams, flat, with_values
-from kilocard.perf.predict import PredictionInputs, predict_prepared, prepare
+from kilocard.perf.predict import PredictionInputs, predict_prepared
 
 Groups = Sequence[Sequence[str]]
 
@@ -70,7 +70,7 @@ def targets(rows: Sequence[Row]) -> list[Target]:
     for r in rows:
         c = compare_row(r, {})
         if c.rel_error is not None and c.published_tflops_per_gpu is not None:
-            out.append(Target(r, prepare(row_run_config(r), c.convention), c.published_tflops_per_gpu))
+            out.append(Target(r, row_inputs(r, c.convention), c.published_tflops_per_gpu))
     return out
 
 

@@ -15,7 +15,8 @@ Per micro-batch and layer the model charges:
   replicated over TP ranks unless sequence parallelism shards it;
 * TP collectives on NVLink (less what ``tp_comm_overlap`` and the backward overlap hide), CP ring
   exchange behind attention, EP all-to-all;
-* full recompute adds a forward, selective recompute the attention core's forward.
+* full recompute adds a forward, selective recompute the attention core's forward, torchtitan's
+  op-level checkpointing (``op``) every other projection GEMM and the elementwise work.
 
 Then the pipeline bubble ``(P - 1) / V`` stage passes, point-to-point sends, the gradient
 reduce-scatter / all-reduce and parameter all-gather over DP x CP, the optimizer step, and the wait for
@@ -63,7 +64,9 @@ class Features:
     gbs: int = 1
     """Global batch size (sequences)."""
     recompute: str = "none"
-    """``none``, ``selective`` or ``full``."""
+    """``none``, ``selective``, ``full``, or ``op``: torchtitan's op-level selective checkpointing
+    (``selective_ac_option = "op"``), which keeps the attention core's output and every other
+    projection's, recomputing the rest of the layer's forward (``op_recompute_gemm_share``)."""
     sequence_parallel: bool = False
     """Sequence parallelism over TP ranks."""
     distributed_optimizer: bool = False
@@ -289,6 +292,33 @@ def ep_comm_forward(
     return 2 * all_to_all_time(token * shape.topk, lay.etp, lay.ep, hw, params, off_domain)
 
 
+def op_recompute_gemm_share(shape: ModelShape) -> float:
+    """Share of a dense layer's forward GEMM FLOPs that torchtitan's op-level selective checkpointing
+    recomputes. Its policy (``torchtitan/models/llama3/parallelize_llama.py`` ``_custom_policy`` at
+    e7c0cae) saves every ``aten.mm`` output except every second one of a block, counted in call order:
+    of wq, wk, wv, wo, w1, w3, w2 (gated MLP; w1, w2 ungated) it recomputes wk, wo and w3 (wk, wo and
+    w2 ungated). GEMM FLOPs per token are proportional to each weight's size."""
+    q = shape.heads * shape.kv_channels
+    kv = shape.query_groups * shape.kv_channels
+    h, f = shape.hidden, shape.ffn
+    mlp = 3 * h * f if shape.gated else 2 * h * f
+    recomputed = kv * h + q * h + h * f
+    return recomputed / (q * h + 2 * kv * h + q * h + mlp)
+
+
+def recompute_shares(shape: ModelShape, ft: Features) -> tuple[float, float, float]:
+    """Forward work recomputed in the backward, as shares of (GEMMs and collectives, attention core,
+    elementwise): full recomputes the whole forward, selective the attention core, ``op`` (torchtitan)
+    every other projection and all elementwise work, keeping the attention core."""
+    if ft.recompute == "full":
+        return 1.0, 1.0, 1.0
+    if ft.recompute == "selective":
+        return 0.0, 1.0, 0.0
+    if ft.recompute == "op":
+        return op_recompute_gemm_share(shape), 0.0, 1.0
+    return 0.0, 0.0, 0.0
+
+
 def local_experts(ft: Features, lay: Layout) -> int:
     """Routed experts on one GPU."""
     return max(1, ft.num_experts // lay.ep)
@@ -316,11 +346,12 @@ def stage_microbatch_time(
         # tp_comm_overlap hides a share of the collectives, at most behind the GEMMs they pipeline with.
         exposed_tp = f.tp_comm - (min(net.tp_overlap * f.tp_comm, f.gemm) if ft.tp_comm_overlap else 0.0)
         full = 1.0 if ft.recompute == "full" else 0.0
-        # Forward, backward (2x the forward's GEMM and elementwise work), and a recompute forward.
+        gemm_re, attn_re, elem_re = recompute_shares(shape, ft)
+        # Forward, backward (2x the forward's GEMM and elementwise work), and what the backward recomputes.
         per_layer = {
-            "gemm": f.gemm * (3 + full),
-            "attention": f.attn * (3 + (1.0 if ft.recompute in ("full", "selective") else 0.0)),
-            "elementwise": f.elem * (3 + full),
+            "gemm": f.gemm * (3 + gemm_re),
+            "attention": f.attn * (3 + attn_re),
+            "elementwise": f.elem * (3 + elem_re),
             "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) + full),
             "cp_comm": f.cp_comm * (3 + full),
             "ep_comm": f.ep_comm * (1.0 - net.ep_overlap) * (2 + full),
