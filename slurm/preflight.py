@@ -30,6 +30,8 @@ from pathlib import Path
 BAD_CONFIG = 2
 #: (module, distribution): what every rank imports.
 REQUIRED = (("torch", "torch"), ("megatron.core", "megatron-core"), ("kilocard", "kilocard"))
+#: NVRx's ft_launcher module (kilocard.launch.ftlaunch.MODULE; this script imports only the standard library).
+NVRX_LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -106,7 +108,22 @@ def check(args: argparse.Namespace) -> tuple[dict, list[str]]:
         problems.append(f"megatron-core {mcore} is outside the supported range >={args.mcore_min},<{args.mcore_below}")
     if args.need_te and record.get("transformer-engine") is None:
         problems.append("transformer_engine is not importable and the config asks for FP8/TE")
+    if args.need_nvrx:
+        probe_nvrx(record, problems)
     return record, problems
+
+
+def probe_nvrx(record: dict, problems: list[str]) -> None:
+    """In-job restarts start NVRx's ft_launcher on every node: its launcher module must import."""
+    try:
+        importlib.import_module(NVRX_LAUNCHER)
+        record["nvidia-resiliency-ext"] = dist_version("nvidia-resiliency-ext", None)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the finding itself
+        record["nvidia-resiliency-ext"] = None
+        problems.append(
+            f"import {NVRX_LAUNCHER} failed ({type(exc).__name__}: {exc}) and launcher.max_restarts > 0 needs "
+            "it (pip install 'kilocard[resiliency]' in the image, or launcher.max_restarts=0)"
+        )
 
 
 def write(run_dir: Path, record: dict, problems: list[str]) -> Path:
@@ -131,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mcore-min", required=True, help="lowest supported megatron-core, e.g. 0.16.1")
     ap.add_argument("--mcore-below", required=True, help="first unsupported megatron-core, e.g. 0.20")
     ap.add_argument("--need-te", action="store_true", help="Transformer Engine must import (FP8)")
+    ap.add_argument("--need-nvrx", action="store_true", help="NVRx's ft_launcher must import (in-job restarts)")
     args = ap.parse_args(argv)
     record, problems = check(args)
     path = write(args.run_dir, record, problems)

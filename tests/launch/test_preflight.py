@@ -58,3 +58,27 @@ def test_venv_without_megatron_core_fails_in_seconds_naming_the_module(tmp_path)
     failed = (tmp_path / "run" / "FAILED").read_text()
     assert "import megatron.core failed: ModuleNotFoundError" in failed
     assert record(tmp_path / "run")["megatron-core"] is None
+
+
+def test_in_job_restarts_need_nvrx_on_the_node(tmp_path):
+    """``--need-nvrx`` (rendered when launcher.max_restarts > 0): a node whose Python lacks NVRx fails the
+    preflight naming the module and the fix; with NVRx it passes and records its version."""
+    from kilocard.launch.ftlaunch import MODULE
+
+    venv = venv_without(tmp_path, ("nvidia_resiliency",))
+    proc = preflight(str(venv / "bin" / "python"), tmp_path / "run", "--gpus-per-node", "0", *RANGE, "--need-nvrx")
+    assert proc.returncode == 2, proc.stderr
+    assert f"import {MODULE} failed" in (tmp_path / "run" / "FAILED").read_text()
+    assert "launcher.max_restarts=0" in proc.stderr
+    ok = preflight(sys.executable, tmp_path / "ok", "--gpus-per-node", "0", *RANGE, "--need-nvrx")
+    assert ok.returncode == 0, ok.stderr
+    assert record(tmp_path / "ok")["nvidia-resiliency-ext"] == "0.4.1"
+
+
+def test_preflight_names_the_launcher_module_the_batch_script_runs():
+    """preflight.py keeps its own copy (standard library only): it must stay ftlaunch.MODULE."""
+    import runpy
+
+    from kilocard.launch.ftlaunch import MODULE
+
+    assert runpy.run_path(str(SCRIPT))["NVRX_LAUNCHER"] == MODULE

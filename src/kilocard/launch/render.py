@@ -299,6 +299,8 @@ def preflight_command(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, python: s
     flags = [f"--gpus-per-node {gpus}", f"--mcore-min {low}", f"--mcore-below {below}"]
     if cfg.precision.fp8 or cfg.precision.fp4:
         flags.append("--need-te")
+    if ftlaunch.in_job(cfg):
+        flags.append("--need-nvrx")
     argv = " ".join(args + container_args(cfg, run_dir))
     return f'srun {argv} {python} "$RUN_DIR/{PREFLIGHT}" "$RUN_DIR" {" ".join(flags)}'
 
