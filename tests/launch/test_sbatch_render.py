@@ -235,3 +235,20 @@ def test_packaging_none_and_image_put_nothing_on_the_path():
     """Only the snapshot mode adds the run's code to PYTHONPATH."""
     for name in ("tiny_gpt_venv_none", "llama3_8b_h100_image_data"):
         assert "PYTHONPATH" not in render_case(name), name
+
+
+@pytest.mark.parametrize("in_job", [False, True])
+def test_nsys_wraps_each_gpu_task_and_captures_the_profiler_range(in_job):
+    """``trainer.nsys=true`` on GPUs: every srun task of the training step runs under ``nsys profile``,
+    which records only the cudaProfilerApi range the ranks open for ``trainer.profile_steps``."""
+    extra = ["launcher.max_restarts=2"] if in_job else []
+    on = ["recipe=llama3_70b", "cluster=h100_dgx", "trainer.nsys=true", "trainer.profile_steps=[10,12]", *extra]
+    rc = to_run_config(compose(on))
+    text = render_script(rc, build_plan(rc), Path("/shared/runs/nsys"), 1)
+    (step,) = [line for line in text.splitlines() if line.startswith("srun ") and "kilocard.train" in line]
+    assert "nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop" in step
+    assert '--output="$RUN_DIR/profile/nsys_node%q{SLURM_NODEID}_task%q{SLURM_PROCID}"' in step
+    assert step.index("nsys profile") < step.index("python")
+    cpu_on = ["recipe=tiny_gpt", "launcher=slurm", "trainer.nsys=true", "trainer.profile_steps=[2,3]"]
+    cpu = to_run_config(compose(cpu_on))
+    assert "nsys" not in render_script(cpu, build_plan(cpu), Path("/shared/runs/cpu"), 1)

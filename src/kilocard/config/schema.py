@@ -313,6 +313,10 @@ class TrainerConfig:
     profile_steps: list[int] = field(default_factory=list)
     """``[a, b]``: trace steps a..b with torch's profiler into ``<run_dir>/profile/`` (one file per rank);
     empty: no tracing."""
+    nsys: bool = False
+    """On GPUs, the batch script runs each Slurm task under Nsight Systems (``nsys profile``, CUDA/NVTX/OS
+    traces), capturing only ``trainer.profile_steps`` (the ranks open and close the cudaProfilerApi range),
+    into ``<run_dir>/profile/nsys_node<N>_task<T>.nsys-rep``; ignored on CPU ranks."""
 
 
 @dataclass(kw_only=True)
@@ -465,6 +469,7 @@ KILOCARD_OWN_FIELDS: dict[str, str] = {
     "trainer.wandb": "kilocard's optional tracker (offline W&B); Megatron-LM's --wandb-project takes a project name",
     "trainer.mlflow": "kilocard's optional tracker (a local MLflow file store); Megatron-LM has none",
     "trainer.profile_steps": "torch profiler window; Megatron-LM's --profile-step-start/--profile-step-end as one list",
+    "trainer.nsys": "kilocard's switch for the sbatch nsys wrapper (Megatron-LM leaves nsys to the user's command)",
     "model.name": "a label for tables and run names",
     "model.seq_length": "Megatron-LM --seq-length; reaches Megatron-Core as the dataset sequence_length",
     "model.vocab_size": "GPTModel(vocab_size=...) after padding by make_vocab_size_divisible_by",

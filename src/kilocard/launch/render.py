@@ -190,13 +190,27 @@ def train_command(cfg: RunConfig, plan: LaunchPlan, python: str) -> str:
     ``ft_launcher`` per node starting the node's ranks. The launcher starts with USR1 ignored (Slurm's
     ``--signal=USR1`` reaches every process of the step and would kill it); its ranks install their own
     handler (save, then RETRY)."""
+    nsys = nsys_prefix(cfg, plan)
     if not ftlaunch.in_job(cfg):
-        return f"{python} -m kilocard.train"
+        return f"{nsys}{python} -m kilocard.train"
     args = ftlaunch.ft_launcher_args(
         cfg, nnodes='"$SLURM_NNODES"', nproc=plan.tasks_per_node, rdzv_endpoint='"$MASTER_ADDR:$MASTER_PORT"'
     )
     ignore_usr1 = 'bash -c \'trap "" USR1; exec "$@"\' ft_launcher'
-    return f"{ignore_usr1} {python} -m {ftlaunch.MODULE} {' '.join(args)} -m kilocard.train"
+    return f"{ignore_usr1} {nsys}{python} -m {ftlaunch.MODULE} {' '.join(args)} -m kilocard.train"
+
+
+NSYS = (
+    "nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop --trace=cuda,nvtx,osrt "
+    '--force-overwrite=true --output="$RUN_DIR/profile/nsys_node%q{SLURM_NODEID}_task%q{SLURM_PROCID}" '
+)
+"""Nsight Systems around each task (``trainer.nsys``): it records only between the ranks'
+``cudaProfilerStart``/``Stop`` (``kilocard.train.profiling``), i.e. ``trainer.profile_steps``."""
+
+
+def nsys_prefix(cfg: RunConfig, plan: LaunchPlan) -> str:
+    """``NSYS`` when ``trainer.nsys`` is on and the ranks have GPUs, else nothing."""
+    return NSYS if cfg.trainer.nsys and plan.on_gpu else ""
 
 
 def host_python(cfg: RunConfig, run_dir: Path, python: str) -> str:

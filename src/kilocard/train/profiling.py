@@ -3,7 +3,9 @@
 Every rank records its CPU activity (and CUDA kernels on GPU ranks) from the start of step ``a`` to
 the end of step ``b`` and writes ``<run_dir>/profile/rank_<R>_steps_<a>-<b>.json`` (open it in
 Perfetto or ``chrome://tracing``). A resumed run inside the window traces from its first step; a
-run that stops inside the window writes what it recorded.
+run that stops inside the window writes what it recorded. On GPU ranks the window is also the CUDA
+profiler range, which is what Nsight Systems captures when the batch script wraps the ranks with
+``nsys`` (``trainer.nsys``).
 """
 
 from __future__ import annotations
@@ -35,17 +37,28 @@ class StepProfiler:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
         self._prof = profile(activities=activities, record_shapes=True)
         self._prof.__enter__()
+        self._cuda_range(start=True)
 
     def after_step(self, step: int) -> None:
         """Called after step ``step``: write the trace once the window's last step is done."""
         if self._prof is not None and self.window is not None and step >= self.window[1]:
             self.finish()
 
+    def _cuda_range(self, start: bool) -> None:
+        """Open or close the CUDA profiler range on GPU ranks: what ``nsys --capture-range=cudaProfilerApi``
+        (``trainer.nsys``) records; a no-op without nsys attached."""
+        if not self._cuda:
+            return
+        import torch
+
+        (torch.cuda.cudart().cudaProfilerStart if start else torch.cuda.cudart().cudaProfilerStop)()
+
     def finish(self) -> None:
         """Stop tracing (if on) and write the trace."""
         if self._prof is None or self.path is None:
             return
         prof, self._prof = self._prof, None
+        self._cuda_range(start=False)
         prof.__exit__(None, None, None)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(self.path))

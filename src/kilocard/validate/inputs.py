@@ -206,6 +206,18 @@ def rule_profile_steps(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     )
 
 
+def rule_nsys_window(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``trainer.nsys`` captures the ``trainer.profile_steps`` window: it needs one."""
+    if cfg.trainer.nsys and not cfg.trainer.profile_steps:
+        yield error(
+            "NSYS_WINDOW",
+            "trainer.nsys",
+            True,
+            "trainer.nsys=true captures the steps of trainer.profile_steps, which is empty",
+            "set trainer.profile_steps=[a,b] (e.g. [10,12]) or trainer.nsys=false",
+        )
+
+
 def rule_master_port(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """``launcher.master_port``, when fixed, is a TCP port 1..65535."""
     port = cfg.launcher.master_port
@@ -314,6 +326,7 @@ RULES = (
     rule_train_samples,
     rule_launcher_time,
     rule_profile_steps,
+    rule_nsys_window,
     rule_master_port,
     rule_run_name,
     rule_script_values,
