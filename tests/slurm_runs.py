@@ -38,9 +38,9 @@ class Run:
     """Its Slurm job id."""
 
 
-def submit(root: Path, *overrides: str, env: dict[str, str] | None = None) -> Run:
-    """``kilocard sbatch --submit`` of tiny_gpt on 2 nodes x 2 CPU ranks; ``env`` is set in the submitting
-    environment (sbatch passes it on to the job)."""
+def submit(root: Path, *overrides: str, env: dict[str, str] | None = None, iters: int = ITERS) -> Run:
+    """``kilocard sbatch --submit`` of tiny_gpt on 2 nodes x 2 CPU ranks, ``iters`` steps; ``env`` is set in
+    the submitting environment (sbatch passes it on to the job)."""
     args = [
         "sbatch",
         "recipe=tiny_gpt",
@@ -54,7 +54,7 @@ def submit(root: Path, *overrides: str, env: dict[str, str] | None = None) -> Ru
         "trainer.tensorboard=false",
         "launcher.time=00:10:00",
         "launcher.signal_lead_s=45",
-        f"trainer.train_iters={ITERS}",
+        f"trainer.train_iters={iters}",
         f"checkpoint.save_interval={EVERY}",
         "trainer.hang_timeout_s=20",
         *overrides,

@@ -149,7 +149,7 @@ def container_args(cfg: RunConfig, run_dir: Path) -> list[str]:
     ]
 
 
-END_WAIT_S = 60
+END_WAIT_S = 30
 """``srun --wait``: seconds the other ranks may run on after the first rank's process ends. Ranks end
 together (a commit sits between barriers), so only a rank that can no longer end by itself (stopped,
 hung in a kernel) is still there: the healthy ranks' watchdog ends them FAULT after

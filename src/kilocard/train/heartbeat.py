@@ -48,16 +48,31 @@ class Heartbeat(Watchdog):
         """Where rank 0 keeps the calibrated timeouts."""
         self._saved = False
         """A save began since the last calibration: the next step calibrates."""
+        self.client_error: type[Exception] = _client_error()
+        """NVRx's ``RankMonitorClientError``: a heartbeat that could not reach the rank monitor."""
 
     def beat(self, where: str) -> None:
         """Record progress, send a heartbeat; at the first step after a save, calibrate (collective)."""
         super().beat(where)
-        self.client.send_heartbeat()
+        if self.client is None:
+            return
+        try:
+            self.client.send_heartbeat()
+        except self.client_error as e:
+            self.monitor_lost(e)
+            return
         if where.startswith("saving "):
             self._saved = True
         elif where.startswith("step ") and self._saved:
             self._saved = False
             self.calibrate()
+
+    def monitor_lost(self, error: Exception) -> None:
+        """The rank monitor went away (Slurm's ``--signal=USR1`` reaches it too, and NVRx's monitor ends on
+        USR1): training goes on, the own watchdog still guards against hangs, and ft_launcher still
+        restarts a rank that dies. Said once."""
+        self.client = None
+        _say(f"rank monitor gone ({str(error)[:120]}); hang detection continues with the watchdog")
 
     def calibrate(self) -> None:
         """Set the heartbeat timeouts from the measured intervals (every rank at once) and keep them."""
@@ -76,7 +91,8 @@ class Heartbeat(Watchdog):
     def stop(self) -> None:
         """Stop watching and leave the rank monitor (the rank ends on purpose)."""
         super().stop()
-        self.client.shutdown_workload_monitoring()
+        if self.client is not None:
+            self.client.shutdown_workload_monitoring()
 
 
 def bounded(state: Mapping[str, Any], startup_s: float) -> dict[str, Any]:
@@ -107,6 +123,12 @@ def load_state(state_file: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) else None
+
+
+def _client_error() -> type[Exception]:
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_client import RankMonitorClientError
+
+    return RankMonitorClientError
 
 
 def start(timeout_s: float, rank: int, run_dir: Path, env: Mapping[str, str]) -> Watchdog:
