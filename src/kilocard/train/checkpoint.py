@@ -78,7 +78,8 @@ def atomic_write(path: Path, text: str) -> None:
         os.close(fd)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -93,7 +94,7 @@ def _step_files(sdir: Path) -> list[str]:
 
 def write_manifest(sdir: Path) -> dict[str, Any]:
     """Hash every file of a step directory into its manifest; return the manifest."""
-    files = {rel: {"size": (sdir / rel).stat().st_size, "sha256": _sha256(sdir / rel)} for rel in _step_files(sdir)}
+    files = {rel: {"size": (sdir / rel).stat().st_size, "sha256": sha256_file(sdir / rel)} for rel in _step_files(sdir)}
     manifest = {"step": int(sdir.name.split("_")[-1]), "files": files}
     atomic_write(sdir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -115,7 +116,7 @@ def verify_step(sdir: Path) -> None:
                 f"checkpoint step {step}: file {p} has {p.stat().st_size} bytes, "
                 f"manifest says {meta['size']} (truncated or altered)"
             )
-        if _sha256(p) != meta["sha256"]:
+        if sha256_file(p) != meta["sha256"]:
             raise CheckpointError(f"checkpoint step {step}: file {p} fails its sha256 check (corrupted)")
     for rel in _step_files(sdir):
         if rel not in manifest["files"]:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from kilocard.train import ckpt_state as cs
+from kilocard.train.checkpoint import sha256_file
 from kilocard.train.megatron_adapter import UnsupportedConfig
 
 ALGO = "atomic"
@@ -63,14 +64,6 @@ class _HashingWriter:
 
     def flush(self) -> None:
         self.f.flush()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _manager_class() -> type:
@@ -162,7 +155,7 @@ class LocalTier:
             why = None
             if not digest.is_file():
                 why = f"{p} has no {DIGEST_SUFFIX} (torn or foreign)"
-            elif _sha256(p) != digest.read_text().strip():
+            elif sha256_file(p) != digest.read_text().strip():
                 why = f"{p} fails its sha256 check (corrupted)"
             if why:
                 out.append(why)
