@@ -71,6 +71,21 @@ def test_recipe_value_for_an_unstated_fact_needs_its_citation(tmp_path):
     assert row.complete and row.raw["recompute"] == "full" and row.filled == {}
 
 
+def test_interleaving_stated_without_depth_is_not_filled_as_not_interleaved(tmp_path):
+    # The source states an interleaved schedule but not its depth: the not-interleaved default would
+    # contradict it, so the depth stays missing (listed, not scored) unless a cited value fills it.
+    marked = tiny(
+        "interleaved",
+        ", recompute: none, unstated: [parallel.vp], batch: {gbs: 64, mbs: 1},"
+        " parallel: {tp: 1, pp: 2, vp: interleaved, cp: 1, ep: 1, dp: 4}, result: {mfu: 0.4}, source: s",
+    )
+    (row,) = load_rows(rows_file(tmp_path, marked))
+    assert not row.complete and row.missing == ["parallel.vp"] and row.filled == {}
+    cited = marked.replace("vp: interleaved", "vp: 2").replace("source: s", "filled_from: 'recipe y.py', source: s")
+    (row,) = load_rows(rows_file(tmp_path, cited))
+    assert row.complete and row.raw["parallel"]["vp"] == 2
+
+
 def test_unknown_unstated_field_is_rejected(tmp_path):
     f = rows_file(tmp_path, tiny("typo", ", unstated: [batch.msb], recompute: none, result: {mfu: 0.4}, source: s"))
     with pytest.raises(ValueError, match=r"typo.*unstated: \['batch.msb'\] must be a list of field names"):

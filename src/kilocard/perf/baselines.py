@@ -32,7 +32,7 @@ from kilocard.paths import data_dir
 from kilocard.perf.efficiency import FITTED, PerfModelParams
 from kilocard.perf.flops import CONVENTIONS, flops_per_iteration
 from kilocard.perf.predict import PredictionInputs, predict_prepared, prepare, require_gpu
-from kilocard.perf.unstated import apply_policy
+from kilocard.perf.unstated import INTERLEAVED, apply_policy
 
 #: Per-GPU network bandwidth (one direction) of the DGX system of each GPU: one NIC per GPU.
 DGX_NETWORK_GBS: dict[str, float] = {
@@ -93,7 +93,7 @@ def _missing(raw: dict[str, Any]) -> list[str]:
             continue
         out.extend(f"{group}.{k}" for k in keys if node.get(k) in (None, UNVERIFIED))
     par = raw.get("parallel")
-    if isinstance(par, dict) and par.get("vp") == UNVERIFIED:
+    if isinstance(par, dict) and par.get("vp") in (UNVERIFIED, INTERLEAVED):
         out.append("parallel.vp")
     result = raw.get("result") or {}
     if all(result.get(k) is None for k in ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu")):

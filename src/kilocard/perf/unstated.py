@@ -12,6 +12,17 @@ but not the micro-batch size, the recompute setting or the expert-TP size. A row
 
 A fact that is unstated, has no value in the row and no default here (a model dimension, the GPU,
 the FLOPs convention) stays missing: the row is listed but not scored, with the fact named.
+
+The interleaving depth: ``DEFAULTS``' ``parallel.vp: None`` (not interleaved) is for sources that do not
+say which schedule ran. A source that states an interleaved schedule but not its depth contradicts that
+default, and its depth is filled, in this order, by
+
+1. the depth the source's own description of its model chunks fixes (the Llama 3 paper, Section 3.3.2:
+   removing one layer from the first and last stage leaves the first chunk with only the embedding, so a
+   chunk holds one layer: (126 + 2) / 16 = 8 chunks per pipeline rank), cited in ``filled_from``;
+2. else the layers per virtual stage of that framework's recipe for the model, cited by file and commit;
+3. else nothing: the row writes ``vp: interleaved`` (``INTERLEAVED``) and is listed but not scored, with
+   ``parallel.vp`` named.
 """
 
 from __future__ import annotations
@@ -32,10 +43,15 @@ DEFAULTS: dict[str, Any] = {
 recipes set (Megatron-Bridge ``src/megatron/bridge/recipes/llama/h100/llama3.py``:
 ``cfg.train.micro_batch_size = 1``). ``recompute``: none (Megatron-Core's
 ``recompute_granularity=None``). ``parallel.vp``:
-not interleaved (``virtual_pipeline_model_parallel_size=None``). ``parallel.cp``/``ep``: 1.
+not interleaved (``virtual_pipeline_model_parallel_size=None``), only where the source does not state an
+interleaved schedule (module docstring). ``parallel.cp``/``ep``: 1.
 ``parallel.etp``: 1, what the Megatron-Bridge and NeMo MoE recipes set
 (``expert_tensor_parallel_size=1``). ``fp8_recipe``: ``delayed``, Transformer Engine's default
 scaling recipe (NeMo before 25.04); rows of later releases state ``tensorwise``/``mxfp8``."""
+
+INTERLEAVED = "interleaved"
+"""``parallel.vp`` of a row whose source states an interleaved schedule without its depth: a stated fact
+(no ``filled_from`` needed), which keeps the not-interleaved default out and leaves the depth missing."""
 
 KNOWN = frozenset(DEFAULTS) | frozenset(
     {
@@ -85,7 +101,7 @@ def apply_policy(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[
     filled: dict[str, Any] = {}
     for field in unstated:
         value = _get(raw, field)
-        if value is not None and not raw.get("filled_from"):
+        if value is not None and value != INTERLEAVED and not raw.get("filled_from"):
             raise ValueError(
                 f"--file: {where}: unstated field {field} has the value {value!r} but no filled_from: "
                 f"cite the recipe it comes from, or drop the value to take the policy default"
