@@ -97,7 +97,8 @@ def test_baselines_command_reports_cross_validation_within_a_minute(capsys):
     assert doc["cv_max_abs_rel_error"] == pytest.approx(max(held))
     assert all(math.isfinite(v) for v in held)
     assert any(r["cv_rel_error"] != pytest.approx(r["rel_error"], abs=1e-4) for r in scored)
-    # Honest bounds on the shipped rows (now 8.7% / 28.4%; the folds' searches move the mean by ~0.5 point).
+    # Honest bounds on the shipped rows (now 9.6% / 26.6%; 8.7% / 28.4% while the Llama 3 rows ran the
+    # non-interleaved default; the folds' searches move the mean by ~0.5 point).
     assert doc["cv_mean_abs_rel_error"] <= 0.10 and doc["cv_max_abs_rel_error"] <= 0.32
 
 
