@@ -121,6 +121,7 @@ def _row(raw: Any, i: int, file: str) -> Row:
     if not str(raw.get("source") or "").strip():
         raise ValueError(f"--file: {where} has no 'source': cite the document, table and release it comes from")
     _check_result(raw.get("result"), where)
+    check_torchtitan(raw, where)
     full, filled = apply_policy(raw, where)
     missing = _missing(full)
     excluded = str(raw.get("excluded") or "")
@@ -248,6 +249,7 @@ def row_run_config(row: Row) -> RunConfig:
         fp8_recipe=str(raw.get("fp8_recipe") or "delayed"),
         fp4="nvfp4" if prec == "fp4" else None,
         grad_reduce_in_fp32=modern or prec == "bf16",  # 2021 Megatron-LM reduced fp16 grads in fp16
+        fp8_param=prec == "fp8" and bool((raw.get("torchtitan") or {}).get("enable_fsdp_float8_all_gather")),
     )
     return RunConfig(
         model=model,
@@ -258,14 +260,53 @@ def row_run_config(row: Row) -> RunConfig:
     )
 
 
+TORCHTITAN_KEYS = {
+    "fsdp_reshard_after_forward": "parallelism.fsdp_reshard_after_forward: default | always | never",
+    "converters": "model.converters: a list, [float8] for torchao's Float8Linear",
+    "enable_fsdp_float8_all_gather": "float8.enable_fsdp_float8_all_gather: true | false",
+}
+"""The torchtitan settings a row's ``torchtitan:`` mapping may give (torchtitan's own names; those
+with no Megatron-Core equivalent reach the step-time model only through ``row_inputs``)."""
+
+
+def check_torchtitan(raw: dict[str, Any], where: str) -> None:
+    """A row's ``torchtitan:`` mapping names only ``TORCHTITAN_KEYS``, with values of their kind."""
+    tt = raw.get("torchtitan")
+    if tt is None:
+        return
+    if not isinstance(tt, dict) or any(k not in TORCHTITAN_KEYS for k in tt):
+        raise ValueError(f"--file: {where}: torchtitan: {tt!r} may only set {'; '.join(TORCHTITAN_KEYS.values())}")
+    if tt.get("fsdp_reshard_after_forward", "default") not in ("default", "always", "never") or not isinstance(
+        tt.get("converters", []), list
+    ):
+        raise ValueError(f"--file: {where}: torchtitan: {tt!r}: use {'; '.join(TORCHTITAN_KEYS.values())}")
+
+
+def torchtitan_reshards(raw: dict[str, Any]) -> bool:
+    """Whether a torchtitan row's FSDP2 blocks are gathered again for the backward: ``always``, or
+    ``default`` without pipeline parallelism (``apply_fsdp`` in torchtitan's
+    ``models/llama3/parallelize_llama.py`` at e7c0cae; with PP ``default`` keeps them gathered)."""
+    tt = raw.get("torchtitan") or {}
+    policy = tt.get("fsdp_reshard_after_forward")
+    if policy is None or not (raw.get("parallel") or {}).get("fsdp"):
+        return False
+    return policy == "always" or (policy == "default" and int(raw["parallel"]["pp"]) == 1)
+
+
 def row_inputs(row: Row, convention: str) -> PredictionInputs:
-    """``predict.prepare`` of the row's RunConfig. A row with ``recompute: op`` (torchtitan's op-level
-    selective checkpointing, which no Megatron-Core setting expresses) runs with no recompute in its
-    RunConfig and the step-time model's ``op`` recompute."""
+    """``predict.prepare`` of the row's RunConfig, with what no Megatron-Core setting expresses: a row
+    with ``recompute: op`` (torchtitan's op-level selective checkpointing) runs with no recompute in
+    its RunConfig and the step-time model's ``op`` recompute; a ``torchtitan:`` mapping's FSDP2
+    resharding (``torchtitan_reshards``) and torchao float8 converter set the matching ``Features``."""
     inputs = prepare(row_run_config(row), convention)
-    if row.raw.get("recompute") != "op":
-        return inputs
-    return replace(inputs, features=replace(inputs.features, recompute="op"))
+    tt = row.raw.get("torchtitan") or {}
+    features = replace(
+        inputs.features,
+        recompute="op" if row.raw.get("recompute") == "op" else inputs.features.recompute,
+        fsdp_reshard_after_forward=torchtitan_reshards(row.raw),
+        float8_converter="float8" in (tt.get("converters") or []),
+    )
+    return replace(inputs, features=features)
 
 
 @dataclass(frozen=True)

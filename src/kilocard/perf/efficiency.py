@@ -27,6 +27,14 @@ class GpuEfficiency:
     """Fraction of the bf16 peak the fused (flash) attention core sustains, forward and backward."""
     hbm_efficiency: float
     """Fraction of the HBM bandwidth that elementwise kernels (norms, activations, softmax) sustain."""
+    fa2_attention_ratio: float = 1.0
+    """Speed of FlashAttention-2 kernels (Megatron-Core ``attention_backend: flash``; PyTorch SDPA's
+    flash backend) relative to the fused cuDNN attention that Transformer Engine selects on Hopper and
+    later (``auto``/``fused``), whose speed ``flash_attention_efficiency`` is fitted to. Stated, not
+    fitted: Hopper 0.62 from FlashAttention-3 (Shah et al., arXiv 2407.08608) Figures 5 and 6 on H100
+    SXM5, head dim 128, sequence 8k (forward, causal: FA2 333 vs cuDNN 529 TFLOP/s; backward: 318 vs
+    518), the backward weighted 2.5x the forward as the paper counts FLOPs; 1.0 (no measurement)
+    elsewhere."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,8 @@ class PerfModelParams:
 #: Fitted by scripts/fit_perf_model.py (best of 4 starts) on baselines/published.yaml (105 scored rows:
 #: mean |error| 5.9%, median 4.3%). Not fitted (stated values): the MXFP8 ratio of Ampere and Hopper and
 #: Ampere's FP8 ratio (no such GEMMs), ampere flash_attention_efficiency (the A100 rows ran unfused
-#: attention), tp_bwd_overlap, dp_overlap, p2p_overlap. Families without a row use Hopper's values.
+#: attention), tp_bwd_overlap, dp_overlap, p2p_overlap, fa2_attention_ratio. Families without a row use
+#: Hopper's values.
 #: docs/perf_model.md lists each value and the rows that set it.
 FITTED = PerfModelParams(
     gpu={
@@ -98,6 +107,7 @@ FITTED = PerfModelParams(
             gemm_knee=8.0,
             flash_attention_efficiency=0.3486,
             hbm_efficiency=0.8462,
+            fa2_attention_ratio=0.62,
         ),
         "blackwell": GpuEfficiency(
             gemm_efficiency=0.7245,
@@ -144,6 +154,7 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "ep_overlap": (0.0, 0.95),
     "layer_overhead_s": (0.0, 1e-3),
     "expert_overhead_s": (0.0, 1e-3),
+    "fa2_attention_ratio": (0.3, 1.0),
 }
 
 

@@ -77,6 +77,8 @@ class ModelShape:
     """Multi-token-prediction layers."""
     active_params_no_input_embedding: int | None = None
     """Parameters a token passes through, input embedding excluded (``six_n``); ``None``: derived."""
+    tied_embeddings: bool = True
+    """Input embedding and output layer share one matrix (``share_embeddings_and_output_weights``)."""
 
     @property
     def is_moe(self) -> bool:
@@ -119,6 +121,7 @@ def shape_from_model(m: ModelConfig, tp: int = 1) -> ModelShape:
         active_params_no_input_embedding=count.active
         - emb_in
         + (0 if not m.share_embeddings_and_output_weights else padded_vocab_size(m) * m.hidden_size),
+        tied_embeddings=m.share_embeddings_and_output_weights,
     )
 
 

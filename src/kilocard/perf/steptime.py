@@ -95,6 +95,25 @@ class Features:
     (DeepEP / HybridEP) one copy per destination NVLink domain."""
     dropout: bool = False
     """Hidden/attention dropout on (extra mask traffic)."""
+    attention_backend: str = "auto"
+    """Megatron-Core's ``attention_backend``: ``flash`` runs FlashAttention-2 kernels (as PyTorch SDPA's
+    flash backend does), slower on Hopper than the fused cuDNN kernels ``auto``/``fused`` select
+    (``fa2_attention_ratio``)."""
+    fp8_param_gather: bool = False
+    """Parameters gathered over DP in FP8 (Megatron-Core ``fp8_param_gather``, torchtitan's
+    ``enable_fsdp_float8_all_gather``): one byte per element of the layers' GEMM weights; the
+    embedding and output layer stay bf16. Used by the FSDP gathers (``dp_comm_fsdp``); the distributed
+    optimizer's gather is counted in bf16."""
+    fsdp_reshard_after_forward: bool = False
+    """Fully sharded parameters (PyTorch FSDP2, one ``fully_shard`` unit per transformer block and one
+    root unit for the embedding, final norm and output layer) freed after each block's forward and
+    gathered again for its backward (torchtitan's ``fsdp_reshard_after_forward = "default"`` without
+    pipeline parallelism; FSDP2 never reshards the root), every micro-batch, with the gradients
+    reduce-scattered every micro-batch (``dp_comm_fsdp``)."""
+    float8_converter: bool = False
+    """FP8 GEMMs through torchao's ``Float8Linear`` (torchtitan's ``model.converters = ["float8"]``) with
+    dynamic tensorwise scaling: every operand cast in its own amax and cast passes, not fused into the
+    producing norm or activation as Transformer Engine does (``torchao_cast_bytes``)."""
 
 
 def microbatches(lay: Layout, ft: Features) -> int:
@@ -142,6 +161,8 @@ class _Layer:
     gemm: float
     attn: float
     elem: float
+    elem_bwd: float
+    """Elementwise time of the layer's backward (twice the forward's, plus what FP8 casts add)."""
     tp_comm: float
     cp_comm: float
     ep_comm: float
@@ -180,17 +201,44 @@ def layer_forward(
     replicated = h * (10 + (6 if ft.dropout else 0))  # 2 norms, 2 residual adds (+ dropout masks)
     per_token = replicated / (t if ft.sequence_parallel else 1) + ffn_elems * (3 if shape.gated else 2)
     per_token += 2 * (q + kv) / t + permute  # RoPE / bias on q and k
-    if ft.precision in ("fp8", "fp4"):
-        per_token += 1.5 * (3 * h / (t if ft.sequence_parallel else 1) + ffn_elems + q / t)  # casts + amax
-    elem = (tok * per_token * ACT_BYTES + score_bytes) / hbm
+    cast_fwd, cast_bwd = fp8_cast_bytes(shape, lay, ft, ffn_elems)
+    plain = (tok * per_token * ACT_BYTES + score_bytes) / hbm
     return _Layer(
         gemm,
         attn,
-        elem,
+        plain + tok * cast_fwd / hbm,
+        2 * plain + tok * cast_bwd / hbm,
         tp_comm_forward(tok, h, lay, ft, hw, params),
         cp_comm_forward(tok, kv, lay, ft, hw, params, attn),
         ep_comm_forward(tok, h, shape, lay, ft, hw, params) if moe else 0.0,
     )
+
+
+def fp8_cast_bytes(shape: ModelShape, lay: Layout, ft: Features, ffn_elems: float) -> tuple[float, float]:
+    """HBM bytes per token of one layer's FP8 operand casts, (forward, backward); (0, 0) without FP8.
+
+    Transformer Engine fuses the cast and amax into the producing norm or activation kernel: about
+    1.5 bf16 elements of traffic per element of ``3h + q + F`` forward, twice that backward. torchao's
+    ``Float8Linear`` with dynamic tensorwise scaling (``float8_converter``; ``torchao/float8/
+    float8_linear.py``) scales every GEMM operand from its own amax, so each cast is two passes: the
+    amax reads the bf16 tensor (2 B per element), the cast reads it again and writes FP8 (3 B). Forward
+    it casts each distinct GEMM input (``2h + q + F``; wq/wk/wv and w1/w3 share theirs); backward each
+    output gradient (``q + 2kv + 2h + F_up``) likewise and, because ``torch._scaled_mm`` takes its second
+    operand column-major, copies the weight-gradient GEMM's FP8 operands transposed (gradient and saved
+    input, 2 B per element: read and write). The weights' transposed copies (per micro-batch, not per
+    token) are not counted."""
+    if ft.precision not in ("fp8", "fp4"):
+        return 0.0, 0.0
+    t, h = lay.tp, shape.hidden
+    h_in = h / (t if ft.sequence_parallel else 1)
+    q = shape.kv_channels * shape.heads / t
+    if not ft.float8_converter:
+        fwd = 1.5 * (3 * h_in + ffn_elems + q) * ACT_BYTES
+        return fwd, 2 * fwd
+    kv = shape.kv_channels * shape.query_groups / t
+    inputs = 2 * h_in + q + ffn_elems
+    grads = q + 2 * kv + 2 * h_in + ffn_elems * (2 if shape.gated else 1)
+    return 5.0 * inputs, 7.0 * grads + 2.0 * inputs
 
 
 def attention_forward(
@@ -203,7 +251,8 @@ def attention_forward(
         d = (shape.mla.qk_head_dim + shape.mla.qk_pos_emb_head_dim + shape.mla.v_head_dim) / 2
     causal_flops = 2.0 * tok * shape.seq * heads * d  # QK^T and PV, half the s x s under the causal mask
     if ft.flash_attention:
-        return causal_flops / (hw.peak_flops["bf16"] * eff.flash_attention_efficiency), 0.0
+        fa2 = eff.fa2_attention_ratio if ft.attention_backend == "flash" else 1.0
+        return causal_flops / (hw.peak_flops["bf16"] * eff.flash_attention_efficiency * fa2), 0.0
     # Unfused: two batched GEMMs over the full square, scores written, softmaxed, (dropout), read.
     per_head = gemm_time(shape.seq / lay.cp, shape.seq, d, 2 * ft.mbs * heads, hw.peak_flops["bf16"], eff)
     score_elems = tok * shape.seq * heads
@@ -351,7 +400,7 @@ def stage_microbatch_time(
         per_layer = {
             "gemm": f.gemm * (3 + gemm_re),
             "attention": f.attn * (3 + attn_re),
-            "elementwise": f.elem * (3 + elem_re),
+            "elementwise": f.elem * (1 + elem_re) + f.elem_bwd,
             "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) + full),
             "cp_comm": f.cp_comm * (3 + full),
             "ep_comm": f.ep_comm * (1.0 - net.ep_overlap) * (2 + full),
@@ -406,7 +455,10 @@ def predict_step_time(
     parts["pp_p2p"] = p2p
     compute = m * t_slow + bubble + p2p
     n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay, ft, max(stages))
-    parts["dp_comm"] = dp_comm(n_params, lay, ft, hw, params, t_slow)
+    if ft.fsdp_reshard_after_forward:
+        parts["dp_comm"] = dp_comm_fsdp(shape, n_params, lay, ft, hw, params, t_slow, m)
+    else:
+        parts["dp_comm"] = dp_comm(n_params, lay, ft, hw, params, t_slow)
     parts["optimizer"] = optimizer_time(n_params, lay, ft, hw, params)
     parts["straggler"] = (m * t_slow + bubble) * params.network.gpu_speed_spread * expected_slowest(lay.world_size)
     total = compute + parts["dp_comm"] + parts["optimizer"] + parts["straggler"]
@@ -470,6 +522,47 @@ def dp_comm(
     gather_window = net.dp_overlap * t_microbatch / 3  # the first micro-batch's forward
     exposed_gather = max(edge * gather, gather - gather_window) if ft.overlap_param_gather else gather
     return exposed_reduce + exposed_gather
+
+
+def dp_comm_fsdp(
+    shape: ModelShape,
+    n_params: float,
+    lay: Layout,
+    ft: Features,
+    hw: Hardware,
+    params: PerfModelParams,
+    t_microbatch: float,
+    m: int,
+) -> float:
+    """Exposed PyTorch FSDP2 traffic of one step (``fsdp_reshard_after_forward``; ``n_params`` as for
+    ``dp_comm``, the output layer added when untied).
+
+    Every micro-batch gathers each block before its forward, again before its backward (every block
+    but the last, which torchtitan's ``apply_fsdp`` does not reshard; ``parallelize_llama.py`` at
+    e7c0cae) and reduce-scatters its gradients (in ``ft.grad_bytes``: torchtitan's
+    ``mixed_precision_reduce = "float32"``). The blocks' traffic hides behind the pass it prefetches
+    for (``dp_overlap`` of it); the root unit (embedding, final norm, output layer) cannot: FSDP2
+    gathers it before anything else runs, keeps it for the backward (``_fsdp_state.py``
+    ``_lazy_init``: the root is never resharded after forward) and reduce-scatters it after the last
+    backward kernel. Block weights travel in FP8 with ``fp8_param_gather``, the root in bf16."""
+    group = lay.dp_cp
+    if group == 1:
+        return 0.0
+    bw = ring_bandwidth(lay.tp, group, hw, params)
+    frac = (group - 1) / group
+    root = shape.vocab * shape.hidden / lay.tp * (1 if shape.tied_embeddings else 2)
+    total = n_params + (0 if shape.tied_embeddings else shape.vocab * shape.hidden / lay.tp)
+    blocks = max(0.0, total - root)
+    w_bytes = 1 if ft.fp8_param_gather and ft.precision == "fp8" else ACT_BYTES
+    gather = frac * blocks * w_bytes / bw
+    regather = gather * (shape.layers - 1) / shape.layers
+    reduce_blocks = frac * blocks * ft.grad_bytes / bw
+    net = params.network
+    forward = frac * root * ACT_BYTES / bw + max(0.0, gather - net.dp_overlap * t_microbatch / 3)
+    backward = frac * root * ft.grad_bytes / bw + max(
+        0.0, regather + reduce_blocks - net.dp_overlap * t_microbatch * 2 / 3
+    )
+    return m * (forward + backward)
 
 
 def dp_bucket_params(dp_cp: int) -> float:
