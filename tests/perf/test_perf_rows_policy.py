@@ -6,6 +6,7 @@ import pytest
 
 from kilocard.cli import main
 from kilocard.perf.baselines import compare_all, error_stats, flops_per_token, load_rows, published, row_run_config
+from kilocard.perf.flops import flops_per_iteration
 from kilocard.perf.unstated import DEFAULTS
 
 TINY = (
@@ -187,3 +188,20 @@ def test_software_override_reaches_the_precision_config(tmp_path):
     cfg = row_run_config(load_rows(f)[0])
     assert cfg.precision.grad_reduce_in_fp32 is False and cfg.precision.bf16
     assert cfg.model.hidden_dropout == 0.1 and cfg.parallel.overlap_grad_reduce is False
+
+
+def test_shipped_step_times_reproduce_the_published_mfu(shipped):
+    """Where a row publishes both MFU (in its own convention) and the step time, MFU × peak × time × GPUs is
+    the source's FLOPs per iteration: kilocard's count of the row's shape in the row's convention must agree
+    (Korthikanti et al.'s Appendix A eq. 7 is megatron_legacy for a GPT with a 4h MLP)."""
+    off, checked = {}, 0
+    for r in shipped:
+        res = r.raw.get("result") or {}
+        if r.complete and res.get("mfu") and res.get("step_time_s"):
+            _, mfu, peak = published(r)
+            theirs = mfu * peak * 1e12 * res["step_time_s"] * r.raw["gpus"]
+            mine = flops_per_iteration(row_run_config(r), r.raw["flops_convention"])
+            checked += 1
+            if abs(theirs / mine - 1) > 0.03:
+                off[r.id] = round(theirs / mine, 3)
+    assert checked >= 5 and not off
