@@ -6,6 +6,7 @@ import pytest
 
 from kilocard.cli import main
 from kilocard.perf.baselines import compare_all, error_stats, flops_per_token, load_rows, published, row_run_config
+from kilocard.perf.flops import flops_per_iteration
 from kilocard.perf.unstated import DEFAULTS
 
 TINY = (
@@ -171,3 +172,51 @@ def test_non_numeric_published_figure_is_rejected(tmp_path):
     )
     with pytest.raises(ValueError, match=r"str.*result.tokens_per_s_per_gpu = '1e5' is not a number"):
         load_rows(f)
+
+
+def test_step_time_rows_are_scored_in_their_own_convention(tmp_path):
+    """A source that publishes only the iteration time: TFLOP/s per GPU is the convention's FLOPs per
+    iteration over that time and the GPU count."""
+    f = rows_file(
+        tmp_path,
+        tiny("step", ", recompute: none, batch: {gbs: 64, mbs: 1}, result: {step_time_s: 2.0}, source: s"),
+    )
+    (row,) = load_rows(f)
+    assert row.complete
+    tf, mfu, peak = published(row)
+    # six_n written out per token (as above) times the 64 × 1024 tokens of the step, over 2 s and 8 GPUs.
+    h, layers, vocab, seq = 512, 4, 1024, 1024
+    per_token = 6 * (layers * 12 * h * h + vocab * h) + 12 * layers * h * seq
+    assert tf == pytest.approx(per_token * 64 * seq / (2.0 * 8) / 1e12, rel=0.01) and mfu == pytest.approx(tf / peak)
+    assert compare_all(f, recipes={})[0].rel_error is not None
+
+
+def test_software_override_reaches_the_precision_config(tmp_path):
+    f = rows_file(
+        tmp_path,
+        tiny(
+            "sw",
+            ", recompute: none, batch: {gbs: 64, mbs: 1}, software: {grad_reduce_in_fp32: false,"
+            " hidden_dropout: 0.1, overlap_grad_reduce: false}, result: {mfu: 0.4}, source: s",
+        ),
+    )
+    cfg = row_run_config(load_rows(f)[0])
+    assert cfg.precision.grad_reduce_in_fp32 is False and cfg.precision.bf16
+    assert cfg.model.hidden_dropout == 0.1 and cfg.parallel.overlap_grad_reduce is False
+
+
+def test_shipped_step_times_reproduce_the_published_mfu(shipped):
+    """Where a row publishes both MFU (in its own convention) and the step time, MFU × peak × time × GPUs is
+    the source's FLOPs per iteration: kilocard's count of the row's shape in the row's convention must agree
+    (Korthikanti et al.'s Appendix A eq. 7 is megatron_legacy for a GPT with a 4h MLP)."""
+    off, checked = {}, 0
+    for r in shipped:
+        res = r.raw.get("result") or {}
+        if r.complete and res.get("mfu") and res.get("step_time_s"):
+            _, mfu, peak = published(r)
+            theirs = mfu * peak * 1e12 * res["step_time_s"] * r.raw["gpus"]
+            mine = flops_per_iteration(row_run_config(r), r.raw["flops_convention"])
+            checked += 1
+            if abs(theirs / mine - 1) > 0.03:
+                off[r.id] = round(theirs / mine, 3)
+    assert checked >= 5 and not off

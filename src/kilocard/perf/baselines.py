@@ -8,7 +8,7 @@ the Megatron-LM of 2021 (unfused attention with dropout 0.1, no sequence paralle
 communication overlap, gradients all-reduced in fp16 for fp16 runs); every other row runs today's
 Megatron-Core defaults for performance (flash attention, sequence parallelism, the distributed
 optimizer, gradient/parameter/TP/pipeline overlap). A row may override either with a
-``software:`` mapping of ParallelConfig/ModelConfig field names.
+``software:`` mapping of ParallelConfig/ModelConfig/PrecisionConfig field names.
 """
 
 from __future__ import annotations
@@ -74,6 +74,10 @@ class Row:
     """Name of the scaling series the row belongs to (``series:``: same model, several GPU counts)."""
 
 
+FIGURES = ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "step_time_s")
+"""The published figures a row is scored on (at least one): TFLOP/s per GPU, MFU, tokens/s per GPU, or
+the step time of the row's global batch (sources that publish iteration times only)."""
+
 REQUIRED = {
     "model": ("layers", "hidden", "heads", "ffn", "gated_mlp", "vocab", "seq"),
     "parallel": ("tp", "pp", "cp", "dp"),
@@ -96,7 +100,7 @@ def _missing(raw: dict[str, Any]) -> list[str]:
     if isinstance(par, dict) and par.get("vp") in (UNVERIFIED, INTERLEAVED):
         out.append("parallel.vp")
     result = raw.get("result") or {}
-    if all(result.get(k) is None for k in ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu")):
+    if all(result.get(k) is None for k in FIGURES):
         out.append("result")
     return out
 
@@ -139,7 +143,7 @@ def _row(raw: Any, i: int, file: str) -> Row:
 
 def _check_result(result: Any, where: str) -> None:
     """Published figures must be numbers (YAML reads ``1e5`` as a string: write ``1.0e+5`` or ``100000``)."""
-    for key in ("tflops_per_gpu", "mfu", "tokens_per_s_per_gpu"):
+    for key in FIGURES:
         value = result.get(key) if isinstance(result, dict) else None
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise ValueError(f"--file: {where}: result.{key} = {value!r} is not a number (write e.g. 100000 or 1.0e+5)")
@@ -236,11 +240,6 @@ def row_run_config(row: Row) -> RunConfig:
         recompute_num_layers=1 if raw["recompute"] == "full" else None,
     )
     model = row_model(raw, era_2021)
-    software = dict(raw.get("software") or {})
-    for key in list(software):
-        if hasattr(model, key):
-            model = ModelConfig(**{**model.__dict__, key: software.pop(key)})
-    par.update(software)
     prec = raw["precision"]
     precision = PrecisionConfig(
         bf16=prec in ("bf16", "fp8", "fp4"),
@@ -251,6 +250,13 @@ def row_run_config(row: Row) -> RunConfig:
         grad_reduce_in_fp32=modern or prec == "bf16",  # 2021 Megatron-LM reduced fp16 grads in fp16
         fp8_param=prec == "fp8" and bool((raw.get("torchtitan") or {}).get("enable_fsdp_float8_all_gather")),
     )
+    software = dict(raw.get("software") or {})
+    for key in list(software):
+        if hasattr(model, key):
+            model = ModelConfig(**{**model.__dict__, key: software.pop(key)})
+        elif hasattr(precision, key):
+            precision = PrecisionConfig(**{**precision.__dict__, key: software.pop(key)})
+    par.update(software)
     return RunConfig(
         model=model,
         parallel=ParallelConfig(**par),
@@ -340,10 +346,12 @@ class Comparison:
 
 def published(row: Row) -> tuple[float | None, float | None, float | None]:
     """The row's published (TFLOP/s per GPU, MFU, peak TFLOP/s), each derived from the others where the
-    source gives only one: MFU times the peak, or tokens/s times the FLOPs per token of the row's own
-    convention (sources that publish step times or tokens/s, not FLOPs)."""
+    source gives only one: MFU times the peak, tokens/s times the FLOPs per token of the row's own
+    convention, or that convention's FLOPs per iteration over the step time and the GPU count (sources
+    that publish step times or tokens/s, not FLOPs)."""
     result = row.raw.get("result") or {}
     tf, mfu, tokens = result.get("tflops_per_gpu"), result.get("mfu"), result.get("tokens_per_s_per_gpu")
+    step = result.get("step_time_s")
     gpu, precision = row.raw.get("gpu"), row.raw.get("precision")
     if gpu in (None, UNVERIFIED) or precision in (None, UNVERIFIED):
         return tf, mfu, None
@@ -352,6 +360,8 @@ def published(row: Row) -> tuple[float | None, float | None, float | None]:
     conv = row.raw.get("flops_convention")
     if tf is None and mfu is None and tokens and row.complete and conv in CONVENTIONS:
         tf = tokens * flops_per_token(row_run_config(row), str(conv)) / 1e12
+    if tf is None and mfu is None and step and row.complete and conv in CONVENTIONS:
+        tf = flops_per_iteration(row_run_config(row), str(conv)) / (step * int(row.raw["gpus"])) / 1e12
     tf = tf if tf is not None else (mfu * peak if mfu is not None else None)
     mfu = mfu if mfu is not None else (tf / peak if tf is not None else None)
     return tf, mfu, peak
