@@ -8,7 +8,7 @@ the Megatron-LM of 2021 (unfused attention with dropout 0.1, no sequence paralle
 communication overlap, gradients all-reduced in fp16 for fp16 runs); every other row runs today's
 Megatron-Core defaults for performance (flash attention, sequence parallelism, the distributed
 optimizer, gradient/parameter/TP/pipeline overlap). A row may override either with a
-``software:`` mapping of ParallelConfig/ModelConfig field names.
+``software:`` mapping of ParallelConfig/ModelConfig/PrecisionConfig field names.
 """
 
 from __future__ import annotations
@@ -239,7 +239,6 @@ def row_run_config(row: Row) -> RunConfig:
     for key in list(software):
         if hasattr(model, key):
             model = ModelConfig(**{**model.__dict__, key: software.pop(key)})
-    par.update(software)
     prec = raw["precision"]
     precision = PrecisionConfig(
         bf16=prec in ("bf16", "fp8", "fp4"),
@@ -249,6 +248,9 @@ def row_run_config(row: Row) -> RunConfig:
         fp4="nvfp4" if prec == "fp4" else None,
         grad_reduce_in_fp32=modern or prec == "bf16",  # 2021 Megatron-LM reduced fp16 grads in fp16
     )
+    for key in [k for k in software if hasattr(precision, k)]:
+        precision = replace(precision, **{key: software.pop(key)})
+    par.update(software)
     return RunConfig(
         model=model,
         parallel=ParallelConfig(**par),

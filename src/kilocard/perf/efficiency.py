@@ -25,6 +25,9 @@ class GpuEfficiency:
     each of M, N, K adds ``knee / dim`` to the time of its FLOPs (tiles, waves, operand traffic)."""
     flash_attention_efficiency: float
     """Fraction of the bf16 peak the fused (flash) attention core sustains, forward and backward."""
+    flash_attention_2_ratio: float
+    """Speed of FlashAttention-2's kernels (Dao's ``flash-attn``; Megatron-Core ``attention_backend:
+    flash``) relative to the fused cuDNN kernels ``flash_attention_efficiency`` describes."""
     hbm_efficiency: float
     """Fraction of the HBM bandwidth that elementwise kernels (norms, activations, softmax) sustain."""
 
@@ -79,7 +82,9 @@ class PerfModelParams:
 #: Fitted by scripts/fit_perf_model.py (best of 4 starts) on baselines/published.yaml (105 scored rows:
 #: mean |error| 5.9%, median 4.3%). Not fitted (stated values): the MXFP8 ratio of Ampere and Hopper and
 #: Ampere's FP8 ratio (no such GEMMs), ampere flash_attention_efficiency (the A100 rows ran unfused
-#: attention), tp_bwd_overlap, dp_overlap, p2p_overlap. Families without a row use Hopper's values.
+#: attention), the FlashAttention-2 ratio (FlashAttention-3 paper: FA3 1.5-2.0x FA2 forward, 1.5-1.75x
+#: backward on H100, cuDNN on par with FA3; FA2 is Ampere's own kernel), tp_bwd_overlap, dp_overlap,
+#: p2p_overlap. Families without a row use Hopper's values.
 #: docs/perf_model.md lists each value and the rows that set it.
 FITTED = PerfModelParams(
     gpu={
@@ -89,6 +94,7 @@ FITTED = PerfModelParams(
             mxfp8_gemm_ratio=1.0,
             gemm_knee=8.0,
             flash_attention_efficiency=0.50,
+            flash_attention_2_ratio=1.0,
             hbm_efficiency=0.8462,
         ),
         "hopper": GpuEfficiency(
@@ -97,6 +103,7 @@ FITTED = PerfModelParams(
             mxfp8_gemm_ratio=1.0,
             gemm_knee=8.0,
             flash_attention_efficiency=0.3486,
+            flash_attention_2_ratio=0.6,
             hbm_efficiency=0.8462,
         ),
         "blackwell": GpuEfficiency(
@@ -105,6 +112,7 @@ FITTED = PerfModelParams(
             mxfp8_gemm_ratio=0.9129,
             gemm_knee=8.0,
             flash_attention_efficiency=0.2458,
+            flash_attention_2_ratio=0.6,
             hbm_efficiency=0.8462,
         ),
     },
@@ -130,6 +138,7 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.4, 0.95),
     "gemm_knee": (0.0, 512.0),
     "flash_attention_efficiency": (0.2, 0.8),
+    "flash_attention_2_ratio": (0.3, 1.0),
     "hbm_efficiency": (0.5, 0.9),
     "nvlink_efficiency": (0.3, 0.9),
     "network_efficiency": (0.3, 0.95),

@@ -119,6 +119,7 @@ def features_of(cfg: RunConfig) -> Features:
         fp8_recipe=cfg.precision.fp8_recipe,
         grad_bytes=4 if main_grads_fp32(cfg.precision) else 2,
         flash_attention=m.attention_backend not in ("local", "unfused"),
+        flash_attention_2=m.attention_backend == "flash",
         num_experts=m.num_moe_experts or 0,
         moe_dispatcher=m.moe_token_dispatcher_type,
         dropout=bool(m.hidden_dropout or m.attention_dropout),
