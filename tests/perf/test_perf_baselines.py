@@ -10,6 +10,7 @@ from kilocard.cli import main
 from kilocard.perf.baselines import compare_all, error_stats, load_rows, row_inputs, row_run_config
 from kilocard.perf.efficiency import FITTED, with_values
 from kilocard.perf.predict import predict_prepared
+from kilocard.perf.predict import predict
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,24 @@ def test_row_software_override_changes_the_prediction(tmp_path):
     slow = compare_all(str(plain), recipes={})[0].predicted_tflops_per_gpu
     fast = compare_all(str(flash), recipes={})[0].predicted_tflops_per_gpu
     assert fast > slow * 1.05
+
+
+def test_row_software_sets_precision_fields(tmp_path):
+    """A row's ``software:`` may set PrecisionConfig fields too: gradients reduced in bf16
+    (``grad_reduce_in_fp32: false``, NeMo's ``grad_sync_dtype: bf16``) halve the data-parallel traffic."""
+    row = (
+        "{id: r, gpu: h100-sxm5-80gb, gpus: 64, precision: bf16, recompute: none, model: {layers: 32,"
+        " hidden: 4096, heads: 32, kv_heads: 8, ffn: 14336, gated_mlp: true, vocab: 128256, seq: 8192},"
+        " parallel: {tp: 1, pp: 1, vp: null, cp: 1, ep: 1, dp: 64}, batch: {gbs: 64, mbs: 1},"
+        " result: {tflops_per_gpu: 400}, flops_convention: megatron_current, source: test%s}"
+    )
+    fp32, bf16 = tmp_path / "fp32.yaml", tmp_path / "bf16.yaml"
+    fp32.write_text("rows:\n  - " + row % "" + "\n")
+    bf16.write_text("rows:\n  - " + row % ", software: {grad_reduce_in_fp32: false}" + "\n")
+    cfg32, cfg16 = (row_run_config(load_rows(str(f))[0]) for f in (fp32, bf16))
+    assert cfg32.precision.grad_reduce_in_fp32 and not cfg16.precision.grad_reduce_in_fp32
+    comm32, comm16 = (predict(c).breakdown["dp_comm"] for c in (cfg32, cfg16))
+    assert comm16 < comm32
 
 
 def test_torchtitan_op_recompute_row_is_predicted_with_its_own_policy(tmp_path):

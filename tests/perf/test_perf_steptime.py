@@ -284,3 +284,31 @@ def test_torchtitan_op_recompute_redoes_every_other_projection_and_keeps_attenti
     assert op.breakdown["gemm"] == pytest.approx(none.breakdown["gemm"] * (3 + 0.3654) / 3, rel=1e-3)
     assert op.breakdown["attention"] == pytest.approx(none.breakdown["attention"], rel=1e-9)
     assert op.breakdown["elementwise"] == pytest.approx(none.breakdown["elementwise"] * 4 / 3, rel=1e-9)
+
+
+def test_expert_tp_gathers_and_scatters_the_routed_tokens():
+    """With expert TP the dispatcher all-gathers each GPU's routed copies over the ETP group before the
+    experts and reduce-scatters after them (Megatron-Core ``MoEAlltoAllTokenDispatcher``), on NVLink, even
+    with EP 1; ETP 1 has none of it."""
+    hw = hardware_for(H100)
+    cfg = _cfg(tensor_model_parallel_size=4, pipeline_model_parallel_size=1)
+    cfg = replace(cfg, model=replace(cfg.model, num_moe_experts=8, moe_router_topk=2))
+    etp4 = replace(cfg, parallel=replace(cfg.parallel, expert_tensor_parallel_size=4))
+    etp1 = replace(cfg, parallel=replace(cfg.parallel, expert_tensor_parallel_size=1))
+    assert predict(etp1).breakdown.get("ep_comm", 0.0) == 0.0
+    routed = 8192 / 4 * 2 * 4096 * 2  # one GPU's tokens (SP shard) x top-2 x hidden x bf16
+    nvlink = hw.nvlink_bandwidth * FITTED.network.nvlink_efficiency
+    share = 1.0 - FITTED.network.ep_overlap
+    layers, micro = 32, 128 // 16
+    expected = 2 * 2 * 3 * routed / nvlink * share * layers * micro  # (AG + RS) x (forward + backward)
+    assert predict(etp4).breakdown["ep_comm"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_flash_attention_2_runs_at_its_ratio_of_the_fused_kernels():
+    """``attention_backend: flash`` (FlashAttention-2) is slower than cuDNN's fused attention on Hopper by
+    the stated ratio; on Ampere FlashAttention-2 is the fast kernel (ratio 1)."""
+    fused, fa2 = predict(_cfg()), predict(replace(_cfg(), model=replace(_cfg().model, attention_backend="flash")))
+    ratio = FITTED.gpu["hopper"].fa2_attention_ratio
+    assert 0.5 < ratio < 0.7
+    assert fa2.breakdown["attention"] == pytest.approx(fused.breakdown["attention"] / ratio, rel=1e-9)
+    assert FITTED.gpu["ampere"].fa2_attention_ratio == 1.0

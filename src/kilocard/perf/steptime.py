@@ -9,7 +9,8 @@ slowest stage, plus what does not hide behind it (data-parallel collectives, opt
 Per micro-batch and layer the model charges:
 
 * GEMMs: per-GPU FLOPs over ``peak * gemm_efficiency``, each of M, N, K adding ``knee / dim``;
-* the attention core: flash kernels at ``flash_attention_efficiency``, or (``local``/``unfused``
+* the attention core: flash kernels at ``flash_attention_efficiency`` (FlashAttention-2's at
+  ``fa2_attention_ratio`` of that), or (``local``/``unfused``
   backends) two batched GEMMs plus the s x s score traffic at HBM bandwidth;
 * elementwise work (norms, residuals, dropout, activations, RoPE, FP8 casts) at HBM bandwidth,
   replicated over TP ranks unless sequence parallelism shards it;
@@ -329,16 +330,33 @@ def ep_comm_forward(
     tok: float, h: int, shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams
 ) -> float:
     """Dispatch and combine all-to-alls of the routed tokens over EP ranks (``etp`` apart: Megatron-Core's
-    expert rank order puts ETP fastest, then EP)."""
+    expert rank order puts ETP fastest, then EP), and with expert TP the gather and scatter of the routed
+    tokens inside the ETP group (``etp_comm_forward``)."""
+    etp = etp_comm_forward(tok, h, shape, lay, hw, params)
     if not lay.ep_enabled:
-        return 0.0
+        return etp
     token = tok / lay.tp * h * ACT_BYTES
     off_domain = None
     if ft.moe_dispatcher == "flex" and lay.etp * lay.ep > hw.nvlink_domain:
         # DeepEP / HybridEP: one copy per destination domain, fanned out to its experts over NVLink.
         domains = lay.ep // _per_domain(lay.etp, lay.ep, hw)
         off_domain = token * remote_domains_per_token(shape.topk, domains)
-    return 2 * all_to_all_time(token * shape.topk, lay.etp, lay.ep, hw, params, off_domain)
+    return 2 * all_to_all_time(token * shape.topk, lay.etp, lay.ep, hw, params, off_domain) + etp
+
+
+def etp_comm_forward(
+    tok: float, h: int, shape: ModelShape, lay: Layout, hw: Hardware, params: PerfModelParams
+) -> float:
+    """All-gather of the routed tokens over the expert-TP group before the experts and reduce-scatter of
+    their outputs after them: each GPU holds its ``tok / TP`` tokens' ``topk`` routed copies and receives
+    ``ETP - 1`` such shares (Megatron-Core ``MoEAlltoAllTokenDispatcher``: ``dispatch_postprocess``
+    AG(TP), ``combine_preprocess`` RS(TP), ``megatron/core/transformer/moe/token_dispatcher.py``). The
+    experts' linear layers leave this communication to the dispatcher, so ``tp_comm_overlap`` does not
+    hide it."""
+    if lay.etp <= 1:
+        return 0.0
+    routed = tok / lay.tp * shape.topk * h * ACT_BYTES
+    return 2 * (lay.etp - 1) * routed / ring_bandwidth(1, lay.etp, hw, params)
 
 
 def op_recompute_gemm_share(shape: ModelShape) -> float:
