@@ -9,8 +9,7 @@ import pytest
 from kilocard.cli import main
 from kilocard.perf.baselines import compare_all, error_stats, load_rows, row_inputs, row_run_config
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.predict import predict_prepared
-from kilocard.perf.predict import predict
+from kilocard.perf.predict import predict, predict_prepared
 
 
 @pytest.fixture(scope="module")
