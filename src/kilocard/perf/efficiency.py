@@ -51,6 +51,9 @@ class NetworkEfficiency:
     and attention work of the same or another micro-batch)."""
     layer_overhead_s: float
     """Fixed time per layer per micro-batch pass (kernel launches, synchronisation), seconds."""
+    attn_overhead_share: float
+    """Share of ``layer_overhead_s`` spent in a layer's attention block (norm, QKV, attention core, output
+    projection): what a Transformer Engine CUDA graph of scope ``attn`` removes."""
     expert_overhead_s: float
     """Fixed time per local expert of an MoE layer per micro-batch pass, seconds: the per-expert kernels
     (one GEMM launch per expert and weight, per-expert FP8 quantisation) that do not shrink with the
@@ -80,6 +83,7 @@ class PerfModelParams:
 #: mean |error| 5.9%, median 4.3%). Not fitted (stated values): the MXFP8 ratio of Ampere and Hopper and
 #: Ampere's FP8 ratio (no such GEMMs), ampere flash_attention_efficiency (the A100 rows ran unfused
 #: attention), tp_bwd_overlap, dp_overlap, p2p_overlap. Families without a row use Hopper's values.
+#: attn_overhead_share was fitted alone, every other value held, when the rows' CUDA graphs were added.
 #: docs/perf_model.md lists each value and the rows that set it.
 FITTED = PerfModelParams(
     gpu={
@@ -117,6 +121,7 @@ FITTED = PerfModelParams(
         p2p_overlap=0.8,
         ep_overlap=0.5701,
         layer_overhead_s=0.0003368,
+        attn_overhead_share=0.5689,
         expert_overhead_s=9.457e-05,
         p2p_latency_s=0.001,
         gpu_speed_spread=0.03382,
@@ -144,6 +149,7 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "ep_overlap": (0.0, 0.95),
     "layer_overhead_s": (0.0, 1e-3),
     "expert_overhead_s": (0.0, 1e-3),
+    "attn_overhead_share": (0.0, 1.0),
 }
 
 

@@ -122,6 +122,8 @@ def features_of(cfg: RunConfig) -> Features:
         num_experts=m.num_moe_experts or 0,
         moe_dispatcher=m.moe_token_dispatcher_type,
         dropout=bool(m.hidden_dropout or m.attention_dropout),
+        cuda_graph_impl=m.cuda_graph_impl,
+        cuda_graph_scope=tuple(m.cuda_graph_scope),
     )
 
 
