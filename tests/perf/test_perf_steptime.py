@@ -312,3 +312,25 @@ def test_flash_attention_2_runs_at_its_ratio_of_the_fused_kernels():
     assert 0.5 < ratio < 0.7
     assert fa2.breakdown["attention"] == pytest.approx(fused.breakdown["attention"] / ratio, rel=1e-9)
     assert FITTED.gpu["ampere"].fa2_attention_ratio == 1.0
+
+
+def test_cuda_graphs_remove_the_launch_overhead_of_what_they_capture():
+    """Megatron-Core's ``cuda_graph_impl``/``cuda_graph_scope``: a local (whole-layer or whole-step) graph
+    removes a layer pass's fixed overhead, a Transformer Engine graph of ``attn`` the attention block's
+    share of it; the router and preprocessing scopes are not split out of the model's overhead."""
+    net = FITTED.network
+    passes = 32 / 4 * 128 / 8 * 3  # layers per stage x micro-batches (GBS / DP 8) x (forward + 2 backward)
+    plain = predict(_cfg()).breakdown["overhead"]
+    assert plain == pytest.approx(net.layer_overhead_s * passes, rel=1e-9)
+
+    def graphed(impl: str, scope: list[str]) -> float:
+        cfg = _cfg()
+        return predict(replace(cfg, model=replace(cfg.model, cuda_graph_impl=impl, cuda_graph_scope=scope))).breakdown[
+            "overhead"
+        ]
+
+    assert graphed("local", ["full_iteration"]) == 0.0
+    assert graphed("transformer_engine", []) == 0.0
+    assert graphed("transformer_engine", ["attn"]) == pytest.approx(plain * (1 - net.attn_overhead_share), rel=1e-9)
+    assert graphed("transformer_engine", ["attn", "mlp"]) == pytest.approx(0.0, abs=1e-12)
+    assert graphed("transformer_engine", ["moe_router", "moe_preprocess"]) == pytest.approx(plain, rel=1e-9)

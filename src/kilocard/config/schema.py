@@ -81,6 +81,15 @@ class ModelConfig:
     """Attention kernels (``TransformerConfig.attention_backend``): ``auto``, ``flash``, ``fused``,
     ``unfused`` or ``local``; ``local``/``unfused`` materialise the s x s scores (the step-time model
     charges their memory traffic)."""
+    cuda_graph_impl: str = "none"
+    """CUDA graph capture (``TransformerConfig.cuda_graph_impl``): ``none``, ``local`` (Megatron-Core's
+    own: each layer, or the whole iteration) or ``transformer_engine`` (the modules in
+    ``cuda_graph_scope``); a captured module launches as one graph (GPU only; the performance model
+    charges no launch overhead for what is captured)."""
+    cuda_graph_scope: list[str] = field(default_factory=list)
+    """What ``cuda_graph_impl`` captures (``TransformerConfig.cuda_graph_scope``): empty means the whole
+    layer, ``full_iteration`` (``local``) the whole step; with ``transformer_engine`` a list of ``attn``,
+    ``mlp``, ``moe``, ``moe_router``, ``moe_preprocess``."""
     init_method_std: float = 0.02
     """Standard deviation of the weight initialisation."""
     num_moe_experts: int | None = None

@@ -59,6 +59,9 @@ class NetworkEfficiency:
     and attention work of the same or another micro-batch)."""
     layer_overhead_s: float
     """Fixed time per layer per micro-batch pass (kernel launches, synchronisation), seconds."""
+    attn_overhead_share: float
+    """Share of ``layer_overhead_s`` spent in a layer's attention block (norm, QKV, attention core, output
+    projection): what a Transformer Engine CUDA graph of scope ``attn`` removes."""
     expert_overhead_s: float
     """Fixed time per local expert of an MoE layer per micro-batch pass, seconds: the per-expert kernels
     (one GEMM launch per expert and weight, per-expert FP8 quantisation) that do not shrink with the
@@ -127,6 +130,7 @@ FITTED = PerfModelParams(
         p2p_overlap=0.8,
         ep_overlap=0.5701,
         layer_overhead_s=0.0003368,
+        attn_overhead_share=0.5689,
         expert_overhead_s=9.457e-05,
         p2p_latency_s=0.001,
         gpu_speed_spread=0.03382,
@@ -155,6 +159,7 @@ PHYSICAL_RANGES: dict[str, tuple[float, float]] = {
     "layer_overhead_s": (0.0, 1e-3),
     "expert_overhead_s": (0.0, 1e-3),
     "fa2_attention_ratio": (0.3, 1.0),
+    "attn_overhead_share": (0.0, 1.0),
 }
 
 

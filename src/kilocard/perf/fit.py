@@ -42,6 +42,7 @@ FREE: Groups = (
     ("network.ep_overlap",),
     ("network.gpu_speed_spread",),
     ("network.layer_overhead_s",),
+    ("network.attn_overhead_share",),
 )
 """Free parameters; names in one tuple move together (one GEMM knee, one HBM efficiency for every GPU
 family). Everything else stays at its stated value. Hopper comes first: a GPU family without training

@@ -124,6 +124,8 @@ def features_of(cfg: RunConfig) -> Features:
         dropout=bool(m.hidden_dropout or m.attention_dropout),
         attention_backend=m.attention_backend,
         fp8_param_gather=cfg.precision.fp8_param,
+        cuda_graph_impl=m.cuda_graph_impl,
+        cuda_graph_scope=tuple(m.cuda_graph_scope),
     )
 
 

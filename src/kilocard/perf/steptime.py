@@ -115,6 +115,12 @@ class Features:
     """FP8 GEMMs through torchao's ``Float8Linear`` (torchtitan's ``model.converters = ["float8"]``) with
     dynamic tensorwise scaling: every operand cast in its own amax and cast passes, not fused into the
     producing norm or activation as Transformer Engine does (``torchao_cast_bytes``)."""
+    cuda_graph_impl: str = "none"
+    """Megatron-Core's ``cuda_graph_impl``: ``none``, ``local`` or ``transformer_engine``."""
+    cuda_graph_scope: tuple[str, ...] = ()
+    """Megatron-Core's ``cuda_graph_scope``: empty = the whole layer (``full_iteration``: the whole step);
+    with ``transformer_engine`` the captured modules (``attn``, ``mlp``, ``moe``, ``moe_router``,
+    ``moe_preprocess``)."""
 
 
 def microbatches(lay: Layout, ft: Features) -> int:
@@ -386,6 +392,23 @@ def recompute_shares(shape: ModelShape, ft: Features) -> tuple[float, float, flo
     return 0.0, 0.0, 0.0
 
 
+def graphed_overhead_share(ft: Features, params: PerfModelParams, moe: bool) -> float:
+    """Share of a layer pass's fixed overhead (``layer_overhead_s``) that CUDA graphs remove: a captured
+    module launches as one graph instead of its kernels one by one (Megatron-Core ``TransformerConfig``
+    ``cuda_graph_impl`` / ``cuda_graph_scope``). ``local`` graphs and an empty scope capture the whole
+    layer (or step); a Transformer Engine scope of ``attn`` the attention block
+    (``attn_overhead_share`` of it), ``mlp`` (dense layers) or ``moe`` (MoE layers) the rest. The router
+    and token preprocessing (``moe_router``, ``moe_preprocess``) and the per-expert kernels
+    (``expert_overhead_s``) are not split out of the model's overhead and stay charged."""
+    if ft.cuda_graph_impl == "none":
+        return 0.0
+    scope = set(ft.cuda_graph_scope)
+    if ft.cuda_graph_impl == "local" or not scope or scope & {"full", "full_iteration"}:
+        return 1.0
+    attn = params.network.attn_overhead_share
+    return (attn if "attn" in scope else 0.0) + (1.0 - attn if ("moe" if moe else "mlp") in scope else 0.0)
+
+
 def local_experts(ft: Features, lay: Layout) -> int:
     """Routed experts on one GPU."""
     return max(1, ft.num_experts // lay.ep)
@@ -422,7 +445,10 @@ def stage_microbatch_time(
             "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) + full),
             "cp_comm": f.cp_comm * (3 + full),
             "ep_comm": f.ep_comm * (1.0 - net.ep_overlap) * (2 + full),
-            "overhead": (net.layer_overhead_s + (local_experts(ft, lay) * net.expert_overhead_s if moe else 0.0))
+            "overhead": (
+                net.layer_overhead_s * (1.0 - graphed_overhead_share(ft, params, moe))
+                + (local_experts(ft, lay) * net.expert_overhead_s if moe else 0.0)
+            )
             * (3 + full),
         }
         n = layers * frac
