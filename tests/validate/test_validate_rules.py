@@ -403,6 +403,12 @@ CASES = [
         "GPU_ONLY_ON_CPU",
         {**H100, P + "tp_comm_overlap": True},
     ),
+    (
+        topology.rule_gpu_only_features,
+        {"model.cuda_graph_impl": "local"},
+        "GPU_ONLY_ON_CPU",
+        {**H100, "model.cuda_graph_impl": "local"},
+    ),
     (launcher.rule_launcher_kind, {"launcher.kind": "k8s"}, "LAUNCHER_KIND", {"launcher.kind": "slurm"}),
     (launcher.rule_launcher_kind, {"launcher.nproc": 4}, "LOCAL_NPROC", {**W4}),
     (

@@ -123,6 +123,7 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
         batch_p2p_comm=not interleaved_overlap,
         tp_comm_overlap=p.tp_comm_overlap and backend.is_cuda,
         moe_grouped_gemm=m.moe_grouped_gemm and backend.is_cuda,
+        cuda_graph_impl=m.cuda_graph_impl if backend.is_cuda else "none",
         params_dtype=dtype,
         pipeline_dtype=dtype,
         deterministic_mode=run_cfg.trainer.deterministic,

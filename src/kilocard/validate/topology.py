@@ -134,7 +134,7 @@ def rule_ep_network(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 
 def rule_gpu_only_features(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """On CPU ranks, GPU-only features are errors (FP8/FP4, TP comm overlap, grouped GEMM)."""
+    """On CPU ranks, GPU-only features are errors (FP8/FP4, TP comm overlap, grouped GEMM, CUDA graphs)."""
     gpu = gpu_spec(cfg.cluster.gpu)
     if gpu is None or gpu.vendor != "cpu":
         return
@@ -143,6 +143,7 @@ def rule_gpu_only_features(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         ("precision.fp4", cfg.precision.fp4 is not None, cfg.precision.fp4, "null"),
         ("parallel.tp_comm_overlap", cfg.parallel.tp_comm_overlap, True, "false"),
         ("model.moe_grouped_gemm", cfg.model.moe_grouped_gemm, True, "false"),
+        ("model.cuda_graph_impl", cfg.model.cuda_graph_impl != "none", cfg.model.cuda_graph_impl, "none"),
     )
     for field, on, value, off in feats:
         if on:
