@@ -341,6 +341,12 @@ CASES = [
     (model.rule_model_shape, {"model.num_query_groups": 3}, "QUERY_GROUPS_HEADS", {"model.num_query_groups": 2}),
     (model.rule_model_shape, {**MOE, "model.moe_router_topk": 8}, "MOE_TOPK", {**MOE}),
     (
+        model.rule_cross_entropy_fusion_impl,
+        {"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "liger"},
+        "CROSS_ENTROPY_FUSION_IMPL",
+        {"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "te"},
+    ),
+    (
         model.rule_model_shape,
         {**MOE, "model.moe_layer_freq": [1, 0, 1]},
         "MOE_LAYER_FREQ",

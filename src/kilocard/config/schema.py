@@ -90,6 +90,14 @@ class ModelConfig:
     """What ``cuda_graph_impl`` captures (``TransformerConfig.cuda_graph_scope``): empty means the whole
     layer, ``full_iteration`` (``local``) the whole step; with ``transformer_engine`` a list of ``attn``,
     ``mlp``, ``moe``, ``moe_router``, ``moe_preprocess``."""
+    cross_entropy_loss_fusion: bool = False
+    """Fused vocab-parallel cross-entropy (``TransformerConfig.cross_entropy_loss_fusion``; Megatron-Core's
+    default off: the eager ``tensor_parallel/cross_entropy.py`` path). The step-time model charges each
+    path's HBM traffic per logit (``perf.steptime.CROSS_ENTROPY_BYTES``)."""
+    cross_entropy_fusion_impl: str = "native"
+    """Which fused cross-entropy runs when ``cross_entropy_loss_fusion`` is on: ``native`` (Megatron-Core's
+    ``fusions/fused_cross_entropy.py``, ``torch.compile``-fused) or ``te`` (Transformer Engine's Triton
+    ``parallel_cross_entropy``)."""
     init_method_std: float = 0.02
     """Standard deviation of the weight initialisation."""
     num_moe_experts: int | None = None

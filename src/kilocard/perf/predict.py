@@ -123,6 +123,7 @@ def features_of(cfg: RunConfig) -> Features:
         moe_dispatcher=m.moe_token_dispatcher_type,
         dropout=bool(m.hidden_dropout or m.attention_dropout),
         attention_backend=m.attention_backend,
+        cross_entropy=m.cross_entropy_fusion_impl if m.cross_entropy_loss_fusion else "unfused",
         fp8_param_gather=cfg.precision.fp8_param,
         cuda_graph_impl=m.cuda_graph_impl,
         cuda_graph_scope=tuple(m.cuda_graph_scope),

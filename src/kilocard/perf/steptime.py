@@ -100,6 +100,10 @@ class Features:
     """Megatron-Core's ``attention_backend``: ``flash`` runs FlashAttention-2 kernels (as PyTorch SDPA's
     flash backend does), slower on Hopper than the fused cuDNN kernels ``auto``/``fused`` select
     (``fa2_attention_ratio``)."""
+    cross_entropy: str = "unfused"
+    """Megatron-Core's vocab-parallel cross-entropy path: ``unfused`` (``cross_entropy_loss_fusion`` off),
+    ``native`` or ``te`` (its ``cross_entropy_fusion_impl``); HBM bytes per logit in
+    ``CROSS_ENTROPY_BYTES``."""
     fp8_param_gather: bool = False
     """Parameters gathered over DP in FP8 (Megatron-Core ``fp8_param_gather``, torchtitan's
     ``enable_fsdp_float8_all_gather``): one byte per element of the layers' GEMM weights; the
@@ -458,15 +462,53 @@ def stage_microbatch_time(
     return total
 
 
+#: HBM bytes per logit (one vocabulary entry of one token on this TP rank) that Megatron-Core's
+#: vocab-parallel cross-entropy moves, forward + backward, from the bf16 logits the output layer
+#: writes to the bf16 gradient its backward GEMMs read. Each kernel reads and writes every element once.
+CROSS_ENTROPY_BYTES: dict[str, float] = {
+    # ``tensor_parallel/cross_entropy.py`` (megatron-core 0.16.1 and 0.19.2 alike), eager: forward
+    # ``calculate_logits_max`` cast to fp32 (2 read + 4 write) and max (4), ``calculate_predicted_logits``
+    # in-place subtract (4 + 4), exp (4 + 4) and sum (4), ``calculate_cross_entropy_loss`` softmax
+    # divide (4 + 4); backward ``calculate_gradients`` grad scale (4 + 4; the one-hot subtract touches
+    # one element per token) and autograd's cast of the fp32 gradient back to bf16 (4 + 2).
+    "unfused": 38.0 + 14.0,
+    # ``fusions/fused_cross_entropy.py``, the same functions under ``jit_fuser`` (``torch.compile`` for
+    # torch >= 2.2, ``jit.py``), one Inductor kernel each: cast+max (2 + 4: the reduction reads the bf16
+    # logits it casts), subtract+exp+sum (4 + 4), divide (4 + 4); backward ``calculate_gradients``
+    # copies the saved softmax for the one-hot scatter (4 + 4), then scales it, casts it to bf16 and
+    # writes the mutated fp32 softmax back (4 + 2 + 4). Inductor's generated code for the four
+    # functions (torch 2.13, CPU) has exactly these passes, except that its CPU cast+max re-reads the
+    # fp32 copy (10 instead of 6).
+    "native": 6.0 + 8.0 + 8.0 + 18.0,
+    # Transformer Engine's ``parallel_cross_entropy`` (``pytorch/triton/cross_entropy.py``):
+    # ``online_softmax_kernel`` reads the bf16 logits (2), ``cross_entropy_kernel`` reads them again and
+    # writes the bf16 gradient in place (2 + 2); backward ``element_mul_kernel`` scales it by the
+    # per-token loss gradient (2 + 2; Megatron-Core's loss is per token, never the scalar 1 it skips).
+    "te": 2.0 + 4.0 + 4.0,
+}
+
+
+def cross_entropy_bytes(path: str) -> float:
+    """HBM bytes per logit of the cross-entropy ``path`` (``unfused``, ``native`` or ``te``)."""
+    if path not in CROSS_ENTROPY_BYTES:
+        raise ValueError(
+            f"model.cross_entropy_fusion_impl: {path!r} is not one of native, te; "
+            "set model.cross_entropy_fusion_impl=native"
+        )
+    return CROSS_ENTROPY_BYTES[path]
+
+
 def logits_time(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
-    """Output layer of one micro-batch on the last stage: the logits GEMM (x3) and the fp32 cross-entropy.
-    The output layer is Megatron-Core's own ``ColumnParallelLinear``, outside Transformer Engine's FP8
-    autocast: its GEMM runs in bf16 even in FP8/FP4 runs."""
+    """Output layer of one micro-batch on the last stage: the logits GEMM (x3) and the cross-entropy's
+    HBM traffic (``CROSS_ENTROPY_BYTES`` of the run's path). The output layer is Megatron-Core's own
+    ``ColumnParallelLinear``, outside Transformer Engine's FP8 autocast: its GEMM runs in bf16 even in
+    FP8/FP4 runs."""
     eff = params.for_family(hw.family)
     tok = ft.mbs * shape.seq / lay.cp
     outside_fp8 = replace(ft, precision="bf16") if ft.precision in ("fp8", "fp4") else ft
     t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, outside_fp8, eff), eff)
-    return t + 3 * tok * shape.vocab / lay.tp * 4 / (hw.hbm_bandwidth * eff.hbm_efficiency)
+    logits = tok * shape.vocab / lay.tp
+    return t + logits * cross_entropy_bytes(ft.cross_entropy) / (hw.hbm_bandwidth * eff.hbm_efficiency)
 
 
 def predict_step_time(

@@ -138,6 +138,7 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
             masked_softmax_fusion=False,
             persist_layer_norm=False,
             apply_rope_fusion=False,
+            cross_entropy_loss_fusion=False,
             batch_p2p_sync=False,
         )
     if m.multi_latent_attention:

@@ -8,6 +8,9 @@ from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.validate.issues import Issue, error
 
+#: Megatron-Core's fused cross-entropy implementations (``ModelParallelConfig.cross_entropy_fusion_impl``).
+CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
+
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "make_vocab_size_divisible_by")
 
 
@@ -76,4 +79,17 @@ def rule_model_shape(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             )
 
 
-RULES = (rule_model_shape,)
+def rule_cross_entropy_fusion_impl(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``model.cross_entropy_fusion_impl`` names one of Megatron-Core's fused cross-entropies."""
+    impl = cfg.model.cross_entropy_fusion_impl
+    if impl not in CROSS_ENTROPY_FUSION_IMPLS:
+        yield error(
+            "CROSS_ENTROPY_FUSION_IMPL",
+            "model.cross_entropy_fusion_impl",
+            impl,
+            f"cross_entropy_fusion_impl({impl!r}) is not one of {', '.join(CROSS_ENTROPY_FUSION_IMPLS)}",
+            "set model.cross_entropy_fusion_impl=native (Megatron-Core's) or te (Transformer Engine's)",
+        )
+
+
+RULES = (rule_model_shape, rule_cross_entropy_fusion_impl)
