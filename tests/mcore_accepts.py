@@ -38,6 +38,7 @@ def _try_rank(case: dict, rank: int) -> str | None:
             expert_model_parallel_size=case["ep"],
             expert_tensor_parallel_size=case["etp"],
             create_gloo_process_groups=False,
+            order="tp-cp-ep-pp-dp" if case.get("tp_pp_dp") else "tp-cp-ep-dp-pp",
         )
         cfg = TransformerConfig(
             num_layers=case["layers"],

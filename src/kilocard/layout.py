@@ -48,6 +48,10 @@ class Layout:
     """Micro-batches per step per DP rank: global / (micro * dp); ``None`` when not whole."""
     stage_layers: list[int] | None = None
     """Transformer layers on each pipeline stage; ``None`` when the split is invalid."""
+    use_tp_pp_dp_mapping: bool = False
+    """parallel.use_tp_pp_dp_mapping: rank order ``tp-cp-ep-pp-dp`` (PP inside DP) instead of ``tp-cp-ep-dp-pp``."""
+    pod_gpus: int = 0
+    """cluster.pod_gpus: GPUs per network pod with full bisection bandwidth (0: no pods)."""
 
     @property
     def model_parallel_size(self) -> int:
@@ -59,6 +63,25 @@ class Layout:
         """DP x CP ranks (Megatron-Core's ``dp_cp`` group: the gradient reduce and the distributed
         optimizer's shards); DP counts 1 when it is not whole."""
         return (self.dp or 1) * self.cp
+
+    @property
+    def pp_stride(self) -> int:
+        """Ranks between consecutive pipeline stages: TP x CP, or TP x CP x DP in the default order."""
+        return self.tp * self.cp * (1 if self.use_tp_pp_dp_mapping else (self.dp or 1))
+
+    @property
+    def dp_stride(self) -> int:
+        """Ranks between consecutive data-parallel replicas: TP x CP, or TP x CP x PP with
+        ``use_tp_pp_dp_mapping``."""
+        return self.tp * self.cp * (self.pp if self.use_tp_pp_dp_mapping else 1)
+
+    @property
+    def dp_cp_stride(self) -> int:
+        """Mean rank distance between members of a DP x CP group: TP in the default order (CP and DP are
+        adjacent); with ``use_tp_pp_dp_mapping`` and DP > 1 the group spans TP x CP x PP x DP ranks, TP x PP
+        per member (exact with CP 1; with CP > 1 its CP members sit TP apart and its DP members further,
+        and the group's span, which decides what it crosses, is still this stride times its size)."""
+        return self.tp * (self.pp if self.use_tp_pp_dp_mapping and (self.dp or 1) > 1 else 1)
 
     @property
     def tp_enabled(self) -> bool:
@@ -158,8 +181,9 @@ def split_layers(
 
 
 def place_groups(lay: Layout) -> dict[str, GroupPlacement]:
-    """Where each process group of ``lay`` sits, in Megatron-Core's rank order ``tp-cp-ep-dp-pp``."""
-    world, gpn, domain = lay.world_size, lay.gpus_per_node, lay.nvlink_domain_size
+    """Where each process group of ``lay`` sits, in Megatron-Core's rank order ``tp-cp-ep-dp-pp`` (or
+    ``tp-cp-ep-pp-dp`` with ``use_tp_pp_dp_mapping``)."""
+    world, gpn, domain, pod = lay.world_size, lay.gpus_per_node, lay.nvlink_domain_size, lay.pod_gpus
     tp, cp, pp, dp, etp, ep, edp = lay.tp, lay.cp, lay.pp, lay.dp, lay.etp, lay.ep, lay.expert_dp
     groups: dict[str, GroupPlacement] = {}
     if dp:
@@ -167,14 +191,15 @@ def place_groups(lay: Layout) -> dict[str, GroupPlacement]:
             ("tp", tp, 1),
             ("cp", cp, tp),
             ("tp_cp", tp * cp, 1),
-            ("dp", dp, tp * cp),
-            ("dp_cp", dp * cp, tp),
-            ("pp", pp, tp * cp * dp),
+            ("dp", dp, lay.dp_stride),
+            ("dp_cp", dp * cp, lay.dp_cp_stride),
+            ("pp", pp, lay.pp_stride),
         ):
-            groups[name] = place_group(name, size, stride, world, gpn, domain)
+            groups[name] = place_group(name, size, stride, world, gpn, domain, pod)
     if edp:
-        for name, size, stride in (("etp", etp, 1), ("ep", ep, etp), ("expert_dp", edp, etp * ep)):
-            groups[name] = place_group(name, size, stride, world, gpn, domain)
+        edp_stride = etp * ep * (pp if lay.use_tp_pp_dp_mapping else 1)
+        for name, size, stride in (("etp", etp, 1), ("ep", ep, etp), ("expert_dp", edp, edp_stride)):
+            groups[name] = place_group(name, size, stride, world, gpn, domain, pod)
     return groups
 
 
@@ -208,4 +233,6 @@ def compute_layout(cfg: RunConfig) -> Layout:
         expert_dp=edp,
         num_microbatches=mb,
         stage_layers=stage_layers(cfg) if pp <= 4096 else None,
+        use_tp_pp_dp_mapping=bool(p.use_tp_pp_dp_mapping),
+        pod_gpus=_pos(c.pod_gpus, 0),
     )

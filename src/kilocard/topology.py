@@ -9,10 +9,12 @@ direction, half the datasheet's bidirectional figure) and the default NVLink dom
 how a layout scales rather than what a given machine does.
 
 Placement: ranks fill nodes in order (node ``r // gpus_per_node``, NVLink domain
-``r // nvlink_domain_size``), and a rank's coordinates follow Megatron-Core's default order
-``tp-cp-ep-dp-pp`` (``parallel_state.initialize_model_parallel(order="tp-cp-ep-dp-pp")``): TP is the
-fastest-varying index, then CP, then DP, then PP. The expert groups use the same order with
-``cp = 1``: ETP fastest, then EP, then expert-DP, then PP. A process group of one dimension is the
+``r // nvlink_domain_size``, network pod ``r // pod_gpus``), and a rank's coordinates follow
+Megatron-Core's default order ``tp-cp-ep-dp-pp`` (``parallel_state.initialize_model_parallel(order=
+"tp-cp-ep-dp-pp")``): TP is the fastest-varying index, then CP, then DP, then PP; or, with
+``parallel.use_tp_pp_dp_mapping`` (Megatron-LM ``megatron/training/initialize.py`` at 00c2c0ad:
+``order='tp-cp-ep-pp-dp'``), PP before DP. The expert groups use the same order with ``cp = 1``: ETP
+fastest, then EP, then expert-DP and PP in the run's order. A process group of one dimension is the
 set ``{offset + stride * i}``, with ``stride`` the product of the faster dimensions.
 """
 
@@ -26,6 +28,13 @@ GiB = 1 << 30
 
 #: Megatron-Core's default rank order (fastest first), 0.16.1 ``initialize_model_parallel``.
 RANK_ORDER = ("tp", "cp", "ep", "dp", "pp")
+#: The order Megatron-LM's ``--use-tp-pp-dp-mapping`` selects: data-parallel replicas outermost.
+TP_PP_DP_ORDER = ("tp", "cp", "ep", "pp", "dp")
+
+
+def rank_order(use_tp_pp_dp_mapping: bool) -> tuple[str, ...]:
+    """The rank order (fastest first) ``initialize_model_parallel`` gets for this setting."""
+    return TP_PP_DP_ORDER if use_tp_pp_dp_mapping else RANK_ORDER
 
 
 @dataclass(frozen=True)
@@ -239,6 +248,8 @@ class GroupPlacement:
     """Every group of this kind lies inside one node."""
     within_nvlink: bool
     """Every group of this kind lies inside one NVLink domain."""
+    within_pod: bool = True
+    """Every group of this kind lies inside one network pod (``cluster.pod_gpus``; always without pods)."""
 
     @property
     def scope(self) -> str:
@@ -261,14 +272,18 @@ def groups_cross(size: int, stride: int, unit: int, world: int) -> bool:
     return unit % block != 0
 
 
-def place_group(name: str, size: int, stride: int, world: int, gpus_per_node: int, domain: int) -> GroupPlacement:
-    """Placement of one group kind on nodes of ``gpus_per_node`` and NVLink domains of ``domain``."""
+def place_group(
+    name: str, size: int, stride: int, world: int, gpus_per_node: int, domain: int, pod: int = 0
+) -> GroupPlacement:
+    """Placement of one group kind on nodes of ``gpus_per_node``, NVLink domains of ``domain`` and network
+    pods of ``pod`` GPUs (0: no pods)."""
     return GroupPlacement(
         name=name,
         size=size,
         stride=stride,
         within_node=not groups_cross(size, stride, gpus_per_node, world),
         within_nvlink=not groups_cross(size, stride, domain, world),
+        within_pod=not groups_cross(size, stride, pod, world),
     )
 
 

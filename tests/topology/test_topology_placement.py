@@ -74,3 +74,68 @@ def test_analytic_crossing_equals_megatron_rank_generator(unit):
             )
             checked += 1
     assert checked == 360
+
+
+def _layout(tp, cp, dp, pp, unit, tp_pp_dp):
+    from kilocard.layout import Layout
+
+    world = tp * cp * dp * pp
+    return Layout(
+        world_size=world,
+        nodes=max(1, world // unit),
+        gpus_per_node=unit,
+        nvlink_domain_size=unit,
+        tp=tp,
+        pp=pp,
+        vp=None,
+        cp=cp,
+        ep=1,
+        etp=tp,
+        dp=dp,
+        expert_dp=cp * dp,
+        num_microbatches=1,
+        use_tp_pp_dp_mapping=tp_pp_dp,
+        pod_gpus=2 * unit,
+    )
+
+
+@pytest.mark.parametrize("tp_pp_dp", [False, True])
+@pytest.mark.parametrize("unit", [2, 4, 8])
+def test_layout_groups_follow_the_rank_order_megatron_core_builds(unit, tp_pp_dp):
+    """``use_tp_pp_dp_mapping`` moves PP inside DP: the layout's groups cross nodes and pods exactly where
+    Megatron-Core's ``RankGenerator`` with Megatron-LM's order for it (``tp-cp-ep-pp-dp``) puts them."""
+    from megatron.core.parallel_state import RankGenerator
+
+    order = "tp-cp-ep-pp-dp" if tp_pp_dp else "tp-cp-ep-dp-pp"
+    checked = 0
+    for tp, cp, dp, pp in itertools.product([1, 2, 4], [1, 2], [1, 2, 3], [1, 2, 4]):
+        lay = _layout(tp, cp, dp, pp, unit, tp_pp_dp)
+        gen = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order)
+        for name, token in (("tp", "tp"), ("cp", "cp"), ("dp", "dp"), ("pp", "pp"), ("dp_cp", "dp-cp")):
+            for attr, size in (("within_node", unit), ("within_pod", 2 * unit)):
+                theirs = not any(len({r // size for r in g}) > 1 for g in gen.get_ranks(token))
+                assert getattr(lay.groups[name], attr) == theirs, (tp, cp, dp, pp, name, attr, order)
+                checked += 1
+    assert checked == 540
+
+
+def test_tp_pp_dp_mapping_puts_llama3s_pipeline_inside_a_pod_and_fsdp_across():
+    """Llama 3 405B on 8,192 GPUs (TP 8, PP 16, DP 64; arXiv 2407.21783 Table 4) on 3,072-GPU pods: in
+    the paper's order [TP, CP, PP, DP] the pipeline stays inside a pod and DP spans pods; Megatron-Core's
+    default order does the opposite."""
+    from kilocard.layout import Layout
+
+    def lay(tp_pp_dp):
+        return Layout(
+            world_size=8192, nodes=1024, gpus_per_node=8, nvlink_domain_size=8, tp=8, pp=16, vp=8, cp=1,
+            ep=1, etp=8, dp=64, expert_dp=64, num_microbatches=32, use_tp_pp_dp_mapping=tp_pp_dp, pod_gpus=3072,
+        )  # fmt: skip
+
+    paper, default = lay(True).groups, lay(False).groups
+    assert (paper["pp"].within_pod, paper["dp"].within_pod, paper["pp"].stride, paper["dp"].stride) == (
+        True,
+        False,
+        8,
+        128,
+    )
+    assert (default["pp"].within_pod, default["dp"].within_pod) == (False, True)

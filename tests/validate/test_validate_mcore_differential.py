@@ -71,6 +71,7 @@ def _case(rng: random.Random) -> dict:
         rn=rn,
         bf16=rng.random() < 0.1,
         fp16=rng.random() < 0.03,
+        tp_pp_dp=rng.random() < 0.25,  # Megatron-LM's --use-tp-pp-dp-mapping order
     )
 
 
@@ -104,6 +105,7 @@ def _run_config(c: dict) -> RunConfig:
             recompute_method=c["rm"],
             recompute_num_layers=c["rn"],
             overlap_p2p_comm=True,
+            use_tp_pp_dp_mapping=c["tp_pp_dp"],
         ),
         precision=PrecisionConfig(bf16=c["bf16"], fp16=c["fp16"]),
         cluster=ClusterConfig(gpu="cpu", nodes=1, gpus_per_node=c["world"]),

@@ -20,6 +20,7 @@ H100 = {
 }
 W4 = {"cluster.gpus_per_node": 4, "launcher.nproc": 4}
 MOE = {"model.num_moe_experts": 4, "model.moe_router_topk": 2}
+EP2 = {"parallel.expert_model_parallel_size": 2}
 
 
 def codes(rule, values):
@@ -42,6 +43,18 @@ CASES = [
         {**W4, **MOE, P + "expert_model_parallel_size": 8},
         "EXPERT_WORLD_NOT_DIVISIBLE",
         {**W4, **MOE, P + "expert_model_parallel_size": 4},
+    ),
+    (
+        parallel.rule_tp_pp_dp_mapping,
+        {
+            **W4,
+            **MOE,
+            P + "use_tp_pp_dp_mapping": True,
+            P + "pipeline_model_parallel_size": 2,
+            P + "expert_model_parallel_size": 2,
+        },
+        "TP_PP_DP_EXPERT_DP",
+        {**W4, **MOE, P + "use_tp_pp_dp_mapping": True, P + "pipeline_model_parallel_size": 2},
     ),
     (
         parallel.rule_heads_tp,

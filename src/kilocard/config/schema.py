@@ -180,6 +180,10 @@ class ParallelConfig:
     """With full recompute: ``uniform`` or ``block``."""
     recompute_num_layers: int | None = None
     """With full recompute: layers per recompute unit (uniform) or recomputed layers (block)."""
+    use_tp_pp_dp_mapping: bool = False
+    """Rank order ``tp-cp-ep-pp-dp`` (pipeline stages inside, data-parallel replicas outermost) instead of
+    Megatron-Core's default ``tp-cp-ep-dp-pp``: Megatron-LM's ``--use-tp-pp-dp-mapping``, the order the
+    Llama 3 paper uses ([TP, CP, PP, DP], arXiv 2407.21783, Section 3.3.2)."""
     tp_within_node: bool = True
     """kilocard: require TP (and TP*CP when ``cp_within_nvlink``) inside one NVLink domain."""
     cp_within_nvlink: bool = False
@@ -354,6 +358,12 @@ class ClusterConfig:
     """NVLink bandwidth per GPU, one direction, GB/s."""
     inter_node_bandwidth_gbs: float = 1.0
     """Network bandwidth per GPU, one direction, GB/s."""
+    pod_gpus: int | None = None
+    """GPUs in one pod of the network: the part of the fabric with full bisection bandwidth (Llama 3's
+    RoCE cluster: 3,072). ``None`` means the whole cluster has full bisection bandwidth."""
+    pod_oversubscription: float = 1.0
+    """How many times a pod's GPU-facing bandwidth exceeds its uplinks to the layer joining the pods
+    (Llama 3's aggregation layer, "1:7": 7.0); 1.0 means none. Only with ``pod_gpus``."""
     hbm_bytes: int | None = None
     """Memory per accelerator; ``None`` means the GPU table's value."""
     cpus_per_node: int = 2
@@ -499,6 +509,7 @@ KILOCARD_OWN_FIELDS: dict[str, str] = {
     "model.rope_scaling": "GPTModel argument",
     "model.rope_scaling_factor": "GPTModel argument",
     "model.share_embeddings_and_output_weights": "GPTModel argument",
+    "parallel.use_tp_pp_dp_mapping": "Megatron-LM --use-tp-pp-dp-mapping; reaches initialize_model_parallel's order",
     "parallel.tp_within_node": "topology rule switch of kilocard's validator",
     "parallel.cp_within_nvlink": "topology rule switch of kilocard's validator",
     "launcher.packaging": "how the Slurm job gets kilocard's code; Megatron-Core has no launcher",

@@ -14,7 +14,7 @@ optimizer, gradient/parameter/TP/pipeline overlap). A row may override either wi
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,7 @@ def _row(raw: Any, i: int, file: str) -> Row:
         raise ValueError(f"--file: {where} has no 'source': cite the document, table and release it comes from")
     _check_result(raw.get("result"), where)
     check_torchtitan(raw, where)
+    check_cluster(raw, where)
     full, filled = apply_policy(raw, where)
     missing = _missing(full)
     excluded = str(raw.get("excluded") or "")
@@ -150,10 +151,11 @@ def _check_result(result: Any, where: str) -> None:
 
 
 def row_cluster(raw: dict[str, Any]) -> ClusterConfig:
-    """A DGX-style cluster of the row's GPU, big enough for its GPU count."""
+    """A DGX-style cluster of the row's GPU, big enough for its GPU count, with the network facts its
+    source states (a ``cluster:`` mapping of ClusterConfig fields, e.g. ``pod_gpus``)."""
     spec = require_gpu(raw["gpu"])
     per_node = min(8, int(raw["gpus"]))
-    return ClusterConfig(
+    dgx = ClusterConfig(
         name=f"dgx-{spec.name}",
         gpu=spec.name,
         nodes=max(1, int(raw["gpus"]) // per_node),
@@ -162,6 +164,17 @@ def row_cluster(raw: dict[str, Any]) -> ClusterConfig:
         intra_node_bandwidth_gbs=spec.nvlink_bandwidth / 1e9,
         inter_node_bandwidth_gbs=DGX_NETWORK_GBS.get(spec.name, 25.0),
     )
+    return replace(dgx, **(raw.get("cluster") or {}))
+
+
+def check_cluster(raw: dict[str, Any], where: str) -> None:
+    """A row's ``cluster:`` mapping names only ClusterConfig fields."""
+    cl = raw.get("cluster")
+    if cl is None:
+        return
+    known = {f.name for f in fields(ClusterConfig)}
+    if not isinstance(cl, dict) or any(k not in known for k in cl):
+        raise ValueError(f"--file: {where}: cluster: {cl!r} may only set ClusterConfig fields (e.g. pod_gpus)")
 
 
 def row_model(raw: dict[str, Any], era_2021: bool) -> ModelConfig:

@@ -72,6 +72,7 @@ def require_gpu(name: str) -> GpuSpec:
 def hardware_for(cluster: ClusterConfig) -> Hardware:
     """The model's view of a cluster: GPU table peaks and HBM, the profile's links and node shape."""
     spec = require_gpu(cluster.gpu)
+    pod = cluster.pod_gpus or 0
     return Hardware(
         gpu=spec.name,
         family=gpu_family(spec),
@@ -81,6 +82,8 @@ def hardware_for(cluster: ClusterConfig) -> Hardware:
         network_bandwidth=cluster.inter_node_bandwidth_gbs * 1e9,
         gpus_per_node=cluster.gpus_per_node,
         nvlink_domain=max(1, cluster.nvlink_domain_size),
+        pod_gpus=pod if 0 < pod < cluster.nodes * cluster.gpus_per_node else 0,
+        pod_oversubscription=cluster.pod_oversubscription,
     )
 
 

@@ -54,6 +54,11 @@ class Hardware:
     """GPUs per node."""
     nvlink_domain: int
     """GPUs sharing one NVLink domain."""
+    pod_gpus: int = 0
+    """GPUs per network pod (full bisection bandwidth inside); 0 when the run's GPUs fit in one pod or
+    the network has no oversubscribed layer."""
+    pod_oversubscription: float = 1.0
+    """A pod's GPU-facing bandwidth over its uplinks to the layer joining the pods (Llama 3: 7)."""
 
 
 @dataclass(frozen=True)
@@ -287,7 +292,29 @@ def ring_bandwidth(stride: int, size: int, hw: Hardware, params: PerfModelParams
     nvlink = hw.nvlink_bandwidth * net.nvlink_efficiency
     if stride * size <= hw.nvlink_domain:
         return nvlink
-    return min(nvlink, _per_domain(stride, size, hw) * hw.network_bandwidth * net.network_efficiency)
+    nics = _per_domain(stride, size, hw) * hw.network_bandwidth * net.network_efficiency
+    return min(nvlink, nics, pod_bandwidth(stride, size, hw, params))
+
+
+def crosses_pods(stride: int, size: int, hw: Hardware) -> bool:
+    """Whether some group of ``size`` ranks ``stride`` apart spans two network pods (groups tile the
+    ranks in aligned blocks of ``stride * size``; ``kilocard.topology.groups_cross``)."""
+    return hw.pod_gpus > 0 and size > 1 and hw.pod_gpus % (stride * size) != 0
+
+
+def pod_bandwidth(stride: int, size: int, hw: Hardware, params: PerfModelParams) -> float:
+    """Per-GPU bandwidth a ring or chain of ``size`` ranks ``stride`` apart gets across pods (infinite
+    when it stays inside one, or the network is not oversubscribed).
+
+    Every group of the kind runs at once. A ring or chain leaves a pod once per pass, so each of the
+    ``m`` members a pod holds has ``m`` members' share of the pod's uplinks: the pod's ``pod_gpus``
+    NICs over ``pod_oversubscription``, divided over ``pod_gpus / m`` groups, is ``m /
+    pod_oversubscription`` NICs per group (Llama 3, arXiv 2407.21783, Section 3.3.1: 3,072-GPU pods
+    at full bisection, 1:7 above them)."""
+    if hw.pod_oversubscription <= 1.0 or not crosses_pods(stride, size, hw):
+        return float("inf")
+    members = max(1, min(size, hw.pod_gpus // stride))
+    return members * hw.network_bandwidth * params.network.network_efficiency / hw.pod_oversubscription
 
 
 def neighbour_bandwidth(span: int, hw: Hardware, params: PerfModelParams) -> float:
@@ -306,10 +333,17 @@ def all_to_all_time(
     NVLink, the rest (``off_domain`` bytes when given) over its NIC, both at once."""
     k = _per_domain(stride, size, hw) if stride * size > hw.nvlink_domain else size
     net = params.network
+    nic = hw.network_bandwidth * net.network_efficiency
     inside = volume * (k - 1) / size / (hw.nvlink_bandwidth * net.nvlink_efficiency)
     leaving = volume * (size - k) / size if off_domain is None else off_domain
-    outside = leaving / (hw.network_bandwidth * net.network_efficiency)
-    return max(inside, outside)
+    outside = leaving / nic
+    if hw.pod_oversubscription <= 1.0 or not crosses_pods(stride, size, hw):
+        return max(inside, outside)
+    # Every GPU of a pod sends the share of its bytes bound for other pods through uplinks worth
+    # 1 / pod_oversubscription of its NIC.
+    in_pod = max(k, min(size, hw.pod_gpus // stride))
+    off_pod = leaving * (size - in_pod) / (size - k) if size > k else 0.0
+    return max(inside, outside, off_pod * hw.pod_oversubscription / nic)
 
 
 def remote_domains_per_token(topk: int, domains: int) -> float:
@@ -333,7 +367,8 @@ def cp_comm_forward(
     if not lay.cp_enabled:
         return 0.0
     volume = (lay.cp - 1) * 2 * tok * kv / lay.tp * ACT_BYTES
-    return max(0.0, volume / neighbour_bandwidth(lay.tp * lay.cp, hw, params) - attn)
+    bw = min(neighbour_bandwidth(lay.tp * lay.cp, hw, params), pod_bandwidth(lay.tp, lay.cp, hw, params))
+    return max(0.0, volume / bw - attn)
 
 
 def ep_comm_forward(
@@ -564,10 +599,10 @@ def pipeline_p2p(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, par
     tok = ft.mbs * shape.seq / lay.cp
     # Each TP rank sends its 1/TP slice (sequence parallelism, or SC21's scatter/gather optimisation).
     volume = 2 * tok * shape.hidden * ACT_BYTES / lay.tp
-    span = lay.tp * lay.dp_cp * 2  # neighbouring stages sit DP x CP x TP ranks apart
+    span = lay.pp_stride * 2  # neighbouring stages sit pp_stride ranks apart (TP x CP (x DP) in the rank order)
     exposed = 1.0 - (params.network.p2p_overlap if ft.overlap_p2p_comm else 0.0)
     regather = volume * (lay.tp - 1) / ring_bandwidth(1, lay.tp, hw, params)  # all-gather of the slices in TP
-    send = volume / neighbour_bandwidth(span, hw, params)
+    send = volume / min(neighbour_bandwidth(span, hw, params), pod_bandwidth(lay.pp_stride, lay.pp, hw, params))
     return (send + regather + 2 * params.network.p2p_latency_s) * exposed
 
 
@@ -593,7 +628,7 @@ def dp_comm(
     group = lay.dp_cp
     if group == 1:
         return 0.0
-    bw = ring_bandwidth(lay.tp, group, hw, params)  # Megatron-Core's order: TP fastest, then CP, then DP
+    bw = ring_bandwidth(lay.dp_cp_stride, group, hw, params)  # TP fastest, then CP, (PP,) DP
     frac = (group - 1) / group
     if ft.distributed_optimizer:
         reduce = frac * n_params * ft.grad_bytes / bw
@@ -634,7 +669,7 @@ def dp_comm_fsdp(
     group = lay.dp_cp
     if group == 1:
         return 0.0
-    bw = ring_bandwidth(lay.tp, group, hw, params)
+    bw = ring_bandwidth(lay.dp_cp_stride, group, hw, params)
     frac = (group - 1) / group
     root = shape.vocab * shape.hidden / lay.tp * (1 if shape.tied_embeddings else 2)
     total = n_params + (0 if shape.tied_embeddings else shape.vocab * shape.hidden / lay.tp)

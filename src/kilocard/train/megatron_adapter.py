@@ -18,6 +18,7 @@ from kilocard.config.dtypes import main_grads_fp32, param_dtype
 from kilocard.config.megatron import megatron_kwargs
 from kilocard.config.schema import RunConfig
 from kilocard.perf.params import padded_vocab_size
+from kilocard.topology import rank_order
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,6 +56,7 @@ def init_parallel_state(run_cfg: RunConfig, timeout_minutes: int) -> None:
         expert_model_parallel_size=p.expert_model_parallel_size,
         expert_tensor_parallel_size=p.expert_tensor_parallel_size,
         distributed_timeout_minutes=timeout_minutes,
+        order="-".join(rank_order(p.use_tp_pp_dp_mapping)),
     )
 
 

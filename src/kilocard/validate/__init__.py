@@ -62,6 +62,7 @@ MCORE_CODES = frozenset(
         "PARALLEL_SIZE",
         "WORLD_NOT_DIVISIBLE",
         "EXPERT_WORLD_NOT_DIVISIBLE",
+        "TP_PP_DP_EXPERT_DP",
         "TP_HEADS",
         "TP_QUERY_GROUPS",
         "SP_WITHOUT_TP",

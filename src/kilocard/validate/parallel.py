@@ -59,6 +59,22 @@ def rule_expert_world_divisible(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
 
 
+def rule_tp_pp_dp_mapping(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """With ``use_tp_pp_dp_mapping`` (order ``tp-cp-ep-pp-dp``) and PP > 1, the expert layers' data-parallel
+    size equals the attention layers' (Megatron-Core 0.16.1 ``initialize_model_parallel`` asserts it for
+    any order not ending in ``pp``)."""
+    if not cfg.parallel.use_tp_pp_dp_mapping or lay.pp == 1 or lay.dp is None or lay.expert_dp in (None, lay.dp):
+        return
+    yield error(
+        "TP_PP_DP_EXPERT_DP",
+        P + "use_tp_pp_dp_mapping",
+        True,
+        f"with PP {lay.pp} the order tp-cp-ep-pp-dp needs the expert data-parallel size "
+        f"(world / (etp {lay.etp} * ep {lay.ep} * pp {lay.pp}) = {lay.expert_dp}) to equal DP ({lay.dp})",
+        f"set {P}use_tp_pp_dp_mapping=false, or etp * ep = tp * cp ({lay.tp * lay.cp})",
+    )
+
+
 def rule_heads_tp(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """Attention heads are a multiple of TP; query groups a multiple or divisor of TP."""
     m = cfg.model
@@ -286,6 +302,7 @@ RULES = (
     rule_sizes_positive,
     rule_world_divisible,
     rule_expert_world_divisible,
+    rule_tp_pp_dp_mapping,
     rule_heads_tp,
     rule_sequence_parallel,
     rule_experts_ep,
