@@ -176,6 +176,8 @@ class _Layer:
 
     gemm: float
     attn: float
+    """The attention core: its kernels, and for the unfused core also its scores' HBM traffic (softmax,
+    dropout), all of which selective recompute reruns."""
     elem: float
     elem_bwd: float
     """Elementwise time of the layer's backward (twice the forward's, plus what FP8 casts add)."""
@@ -212,20 +214,23 @@ def layer_forward(
         gemm += gemm_time(tok, h, shape.ffn / t, 1, peak, eff)
         ffn_elems = shape.ffn / t
         permute = 0.0
-    attn, score_bytes = attention_forward(shape, lay, ft, hw, eff, tok)
+    core, score_bytes = attention_forward(shape, lay, ft, hw, eff, tok)
     hbm = hw.hbm_bandwidth * eff.hbm_efficiency
+    # The unfused core's score traffic (softmax, dropout) belongs to the attention core, which selective
+    # recompute reruns as a whole.
+    attn = core + score_bytes / hbm
     replicated = h * (10 + (6 if ft.dropout else 0))  # 2 norms, 2 residual adds (+ dropout masks)
     per_token = replicated / (t if ft.sequence_parallel else 1) + ffn_elems * (3 if shape.gated else 2)
     per_token += 2 * (q + kv) / t + permute  # RoPE / bias on q and k
     cast_fwd, cast_bwd = fp8_cast_bytes(shape, lay, ft, ffn_elems)
-    plain = (tok * per_token * ACT_BYTES + score_bytes) / hbm
+    plain = tok * per_token * ACT_BYTES / hbm
     return _Layer(
         gemm,
         attn,
         plain + tok * cast_fwd / hbm,
         2 * plain + tok * cast_bwd / hbm,
         tp_comm_forward(tok, h, lay, ft, hw, params),
-        cp_comm_forward(tok, kv, lay, ft, hw, params, attn),
+        cp_comm_forward(tok, kv, lay, ft, hw, params, core),
         ep_comm_forward(tok, h, shape, lay, ft, hw, params) if moe else 0.0,
     )
 
