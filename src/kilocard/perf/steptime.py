@@ -436,6 +436,16 @@ def recompute_shares(shape: ModelShape, ft: Features) -> tuple[float, float, flo
     return 0.0, 0.0, 0.0
 
 
+def sp_regather_share(lay: Layout, ft: Features) -> float:
+    """Extra TP traffic of the backward with sequence parallelism, as a share of the backward's own: a
+    column-parallel linear keeps its input sequence-sharded and all-gathers it again in the backward for
+    its weight gradient (``LinearWithGradAccumulationAndAsyncCommunication.backward``, ``megatron/mpu/
+    layers.py`` at Megatron-LM 877f6a1bd5; ``megatron/core/tensor_parallel/layers.py`` alike): two
+    all-gathers per layer (QKV and MLP input) beside the backward's two all-gather / reduce-scatter pairs,
+    overlapped with the input-gradient GEMM as the rest of the backward's collectives are."""
+    return 0.5 if ft.sequence_parallel and lay.tp_enabled else 0.0
+
+
 def graphed_overhead_share(ft: Features, params: PerfModelParams, moe: bool) -> float:
     """Share of a layer pass's fixed overhead (``layer_overhead_s``) that CUDA graphs remove: a captured
     module launches as one graph instead of its kernels one by one (Megatron-Core ``TransformerConfig``
@@ -486,7 +496,7 @@ def stage_microbatch_time(
             "gemm": f.gemm * (3 + gemm_re),
             "attention": f.attn * (3 + attn_re),
             "elementwise": f.elem * (1 + elem_re) + f.elem_bwd,
-            "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) + full),
+            "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) * (1 + sp_regather_share(lay, ft)) + full),
             "cp_comm": f.cp_comm * (3 + full),
             "ep_comm": f.ep_comm * (1.0 - net.ep_overlap) * (2 + full),
             "overhead": (
