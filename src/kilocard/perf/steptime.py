@@ -176,6 +176,8 @@ class _Layer:
 
     gemm: float
     attn: float
+    """The attention core: its kernels, and for the unfused core also its scores' HBM traffic (softmax,
+    dropout), all of which selective recompute reruns."""
     elem: float
     elem_bwd: float
     """Elementwise time of the layer's backward (twice the forward's, plus what FP8 casts add)."""
@@ -212,20 +214,23 @@ def layer_forward(
         gemm += gemm_time(tok, h, shape.ffn / t, 1, peak, eff)
         ffn_elems = shape.ffn / t
         permute = 0.0
-    attn, score_bytes = attention_forward(shape, lay, ft, hw, eff, tok)
+    core, score_bytes = attention_forward(shape, lay, ft, hw, eff, tok)
     hbm = hw.hbm_bandwidth * eff.hbm_efficiency
+    # The unfused core's score traffic (softmax, dropout) belongs to the attention core, which selective
+    # recompute reruns as a whole.
+    attn = core + score_bytes / hbm
     replicated = h * (10 + (6 if ft.dropout else 0))  # 2 norms, 2 residual adds (+ dropout masks)
     per_token = replicated / (t if ft.sequence_parallel else 1) + ffn_elems * (3 if shape.gated else 2)
     per_token += 2 * (q + kv) / t + permute  # RoPE / bias on q and k
     cast_fwd, cast_bwd = fp8_cast_bytes(shape, lay, ft, ffn_elems)
-    plain = (tok * per_token * ACT_BYTES + score_bytes) / hbm
+    plain = tok * per_token * ACT_BYTES / hbm
     return _Layer(
         gemm,
         attn,
         plain + tok * cast_fwd / hbm,
         2 * plain + tok * cast_bwd / hbm,
         tp_comm_forward(tok, h, lay, ft, hw, params),
-        cp_comm_forward(tok, kv, lay, ft, hw, params, attn),
+        cp_comm_forward(tok, kv, lay, ft, hw, params, core),
         ep_comm_forward(tok, h, shape, lay, ft, hw, params) if moe else 0.0,
     )
 
@@ -431,6 +436,16 @@ def recompute_shares(shape: ModelShape, ft: Features) -> tuple[float, float, flo
     return 0.0, 0.0, 0.0
 
 
+def sp_regather_share(lay: Layout, ft: Features) -> float:
+    """Extra TP traffic of the backward with sequence parallelism, as a share of the backward's own: a
+    column-parallel linear keeps its input sequence-sharded and all-gathers it again in the backward for
+    its weight gradient (``LinearWithGradAccumulationAndAsyncCommunication.backward``, ``megatron/mpu/
+    layers.py`` at Megatron-LM 877f6a1bd5; ``megatron/core/tensor_parallel/layers.py`` alike): two
+    all-gathers per layer (QKV and MLP input) beside the backward's two all-gather / reduce-scatter pairs,
+    overlapped with the input-gradient GEMM as the rest of the backward's collectives are."""
+    return 0.5 if ft.sequence_parallel and lay.tp_enabled else 0.0
+
+
 def graphed_overhead_share(ft: Features, params: PerfModelParams, moe: bool) -> float:
     """Share of a layer pass's fixed overhead (``layer_overhead_s``) that CUDA graphs remove: a captured
     module launches as one graph instead of its kernels one by one (Megatron-Core ``TransformerConfig``
@@ -481,7 +496,7 @@ def stage_microbatch_time(
             "gemm": f.gemm * (3 + gemm_re),
             "attention": f.attn * (3 + attn_re),
             "elementwise": f.elem * (1 + elem_re) + f.elem_bwd,
-            "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) + full),
+            "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) * (1 + sp_regather_share(lay, ft)) + full),
             "cp_comm": f.cp_comm * (3 + full),
             "ep_comm": f.ep_comm * (1.0 - net.ep_overlap) * (2 + full),
             "overhead": (
