@@ -5,8 +5,13 @@ a) ``launcher.max_restarts=2``: one rank SIGKILLed mid-run; NVRx's ft_launcher r
    of every step equal to an uninterrupted run's;
 b) a node marked unhealthy by the health check's fault injection (``KILOCARD_FAULT_UNHEALTHY_NODES``)
    ends the first attempt BAD_NODE; the batch script requeues the job with the node excluded, and the
-   requeued job completes on other nodes; the blocklist file and the log say so.
-Each test submits at most two jobs and cancels them at the end.
+   requeued job completes on other nodes; the blocklist file and the log say so;
+c) Slurm's USR1 under ft_launcher: the ranks save, exit RETRY and the job requeues;
+d) the node that hosted the failed rank of two in-job restarts is excluded from the requeued job;
+e) a hung rank without in-job restarts ends the step and the job requeues.
+a) and d) submit their jobs themselves; b), c) and e) share one module fixture that submits their three
+jobs together (6 nodes) and drives each fault from its own thread, so their requeue delays and the hang's
+watchdog and ``srun --wait`` overlap instead of adding up. Every job is cancelled at the end.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -67,48 +75,6 @@ def test_killed_rank_restarts_in_the_same_job_with_the_uninterrupted_loss(local_
     assert got == losses(ref)
 
 
-def test_unhealthy_node_is_excluded_and_the_requeued_job_completes_elsewhere(local_slurm, tmp_path):
-    nodes = wait_until(lambda: n if len(n := idle_nodes()) >= 4 else None, 300, "4 idle nodes", every=2)
-    bad = nodes[0]  # Slurm gives a job the first idle nodes
-    run = submit(tmp_path, "launcher.job_name=badnode", "launcher.max_restarts=2", env={UNHEALTHY_NODES_ENV: bad})
-    try:
-        final = finished(run, 420)
-    finally:
-        cancel(run)
-    text = logs(run)
-    blocklist = (run.run_dir / BLOCKLIST).read_text().splitlines()
-    node, reason, job_id, _when = blocklist[0].split("\t")
-    assert (node, job_id) == (bad, str(run.job_id)) and "fault injection" in reason, blocklist
-    assert f"node(s) {bad} failed the health check" in text and "exiting BAD_NODE (77)" in text, text[-4000:]
-    assert f"excluding node(s) {bad} from the requeued job" in text, text[-4000:]
-    assert final["JobState"] == "COMPLETED" and int(final["Restarts"]) >= 1, text[-4000:]
-    assert bad in scontrol("show", "hostnames", final["ExcNodeList"]).split()
-    assert bad not in scontrol("show", "hostnames", final["NodeList"]).split()
-    assert sorted(losses(run)) == list(range(1, ITERS + 1)) and (run.run_dir / "DONE").exists()
-    assert job(run.job_id)["JobState"] == "COMPLETED"
-
-
-def test_usr1_before_the_time_limit_saves_and_requeues_under_ft_launcher(local_slurm, tmp_path):
-    """Slurm's ``--signal=USR1@lead`` reaches every process of the step, the launcher too. The launcher
-    ignores it; the ranks save, exit RETRY, and the job requeues. (Without the batch script's
-    ``trap "" USR1`` the launcher died of it, ``srun: error: n1: task 0: User defined signal 1``, exit 138,
-    and slurmstepd then ends the step, with ranks that may still be saving.)"""
-    # long enough that the signal lands mid-run however slowly scancel answers on a loaded machine
-    iters = 200
-    run = submit(tmp_path, "launcher.job_name=injob-usr1", "launcher.max_restarts=2", iters=iters)
-    try:
-        wait_until(lambda: len(metrics(run)) >= 10, 300, "step 10")
-        subprocess.run(["timeout", "10", "scancel", "--signal=USR1", str(run.job_id)], check=True)
-        final = finished(run, 420)
-    finally:
-        cancel(run)
-    text = logs(run)
-    assert "exiting RETRY (75)" in text and "trainer exit code 75" in text, text[-4000:]
-    assert "User defined signal 1" not in text and "ft_launcher exit code 0" in text, text[-4000:]
-    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
-    assert sorted(losses(run)) == list(range(1, iters + 1)) and (run.run_dir / "DONE").exists()
-
-
 def test_node_that_hosted_the_failed_rank_twice_is_excluded(local_slurm, tmp_path):
     """A rank on the same node SIGKILLed in two attempts: the third attempt's health check blames the node
     twice, every rank ends BAD_NODE, and the requeued job completes without that node."""
@@ -139,21 +105,105 @@ def node_of_first_failure(run: Run) -> str:
     return path.read_text().split("\t", 1)[0]
 
 
-def test_hung_rank_without_in_job_restarts_ends_the_step_and_the_job_requeues(local_slurm, tmp_path):
+USR1_ITERS = 200
+"""Steps of the USR1 run: long enough that the signal lands mid-run however slowly scancel answers on a
+loaded machine."""
+
+
+def _unhealthy_node(run: Run) -> dict:
+    """Nothing to inject (the health check's fault injection fails the node): the job's end."""
+    return {"final": finished(run, 420)}
+
+
+def _usr1_at_step_10(run: Run) -> dict:
+    """``scancel --signal=USR1`` (what Slurm sends ``launcher.signal_lead_s`` before the limit) at step 10."""
+    wait_until(lambda: len(metrics(run)) >= 10, 300, "step 10")
+    subprocess.run(["timeout", "10", "scancel", "--signal=USR1", str(run.job_id)], check=True)
+    return {"final": finished(run, 420)}
+
+
+def _rank_3_stopped(run: Run) -> dict:
+    """SIGSTOP of rank 3 after step 10: the job's end and the unix time of the signal."""
+    stopped_at = inject(run, rank=3, kind="stop")
+    return {"final": finished(run, 420), "stopped_at": stopped_at}
+
+
+def _drive(run: Run, fault: Callable[[Run], dict]) -> dict:
+    """``fault(run)``, the job cancelled whatever happens (a finished job is left as it is)."""
+    try:
+        return fault(run)
+    finally:
+        cancel(run)
+
+
+@pytest.fixture(scope="module")
+def side_by_side(local_slurm, tmp_path_factory) -> Iterator[dict[str, tuple[Run, Future]]]:
+    """The unhealthy-node, USR1 and hung-rank runs submitted together (the unhealthy node's first, so Slurm
+    gives it the first idle nodes), each fault driven from its own thread: {name: (run, future of its end)}.
+    Submissions stay in this thread (``submit`` sets the environment it passes on)."""
+    root: Path = tmp_path_factory.mktemp("side-by-side")
+    nodes = wait_until(lambda: n if len(n := idle_nodes()) >= 4 else None, 300, "4 idle nodes", every=2)
+    bad = nodes[0]  # Slurm gives a job the first idle nodes
+    runs = {
+        "unhealthy": submit(
+            root, "launcher.job_name=badnode", "launcher.max_restarts=2", env={UNHEALTHY_NODES_ENV: bad}
+        ),
+        "usr1": submit(root, "launcher.job_name=injob-usr1", "launcher.max_restarts=2", iters=USR1_ITERS),
+        "hang": submit(root, "launcher.job_name=hang-requeue"),
+    }
+    faults = {"unhealthy": _unhealthy_node, "usr1": _usr1_at_step_10, "hang": _rank_3_stopped}
+    with ThreadPoolExecutor(len(runs)) as pool:
+        futures = {name: pool.submit(_drive, run, faults[name]) for name, run in runs.items()}
+        try:
+            yield {"bad": bad, **{name: (runs[name], futures[name]) for name in runs}}
+        finally:
+            cancel(*runs.values())  # a test that stopped early: end every job now, the threads then return
+
+
+def test_unhealthy_node_is_excluded_and_the_requeued_job_completes_elsewhere(side_by_side):
+    """b) the node ``KILOCARD_FAULT_UNHEALTHY_NODES`` names fails the health check: BAD_NODE, blocklisted,
+    excluded from the requeued job, which completes on other nodes."""
+    bad, (run, outcome) = side_by_side["bad"], side_by_side["unhealthy"]
+    final = outcome.result()["final"]
+    text = logs(run)
+    blocklist = (run.run_dir / BLOCKLIST).read_text().splitlines()
+    node, reason, job_id, _when = blocklist[0].split("\t")
+    assert (node, job_id) == (bad, str(run.job_id)) and "fault injection" in reason, blocklist
+    assert f"node(s) {bad} failed the health check" in text and "exiting BAD_NODE (77)" in text, text[-4000:]
+    assert f"excluding node(s) {bad} from the requeued job" in text, text[-4000:]
+    assert final["JobState"] == "COMPLETED" and int(final["Restarts"]) >= 1, text[-4000:]
+    assert bad in scontrol("show", "hostnames", final["ExcNodeList"]).split()
+    assert bad not in scontrol("show", "hostnames", final["NodeList"]).split()
+    assert sorted(losses(run)) == list(range(1, ITERS + 1)) and (run.run_dir / "DONE").exists()
+    assert job(run.job_id)["JobState"] == "COMPLETED"
+
+
+def test_usr1_before_the_time_limit_saves_and_requeues_under_ft_launcher(side_by_side):
+    """Slurm's ``--signal=USR1@lead`` reaches every process of the step, the launcher too. The launcher
+    ignores it; the ranks save, exit RETRY, and the job requeues. (Without the batch script's
+    ``trap "" USR1`` the launcher died of it, ``srun: error: n1: task 0: User defined signal 1``, exit 138,
+    and slurmstepd then ends the step, with ranks that may still be saving.)"""
+    run, outcome = side_by_side["usr1"]
+    final = outcome.result()["final"]
+    text = logs(run)
+    assert "exiting RETRY (75)" in text and "trainer exit code 75" in text, text[-4000:]
+    assert "User defined signal 1" not in text and "ft_launcher exit code 0" in text, text[-4000:]
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
+    assert sorted(losses(run)) == list(range(1, USR1_ITERS + 1)) and (run.run_dir / "DONE").exists()
+
+
+def test_hung_rank_without_in_job_restarts_ends_the_step_and_the_job_requeues(side_by_side):
     """``launcher.max_restarts=0``: a SIGSTOPped rank never exits, so srun used to wait for it until the time
     limit. The healthy ranks' watchdog ends them FAULT after ``trainer.hang_timeout_s`` (20 s here); srun's
     ``--wait`` then kills the stopped rank, the step ends and the batch script requeues; the requeued job
     resumes from the last committed step and completes."""
-    run = submit(tmp_path, "launcher.job_name=hang-requeue")
-    try:
-        stopped_at = inject(run, rank=3, kind="stop")
-        final = finished(run, timeout_s=420)
-    finally:
-        cancel(run)
+    run, outcome = side_by_side["hang"]
+    got = outcome.result()
+    final = got["final"]
     text = logs(run)
     assert final["JobState"] == "COMPLETED" and (run.run_dir / "DONE").exists(), text[-4000:]
     assert int(final["Restarts"]) >= 1, text[-4000:]
-    rec = recovery(run, stopped_at)
+    rec = recovery(run, got["stopped_at"])
     # watchdog 20 s + srun --wait 30 s + requeue (about 16 s here) + start-up: well under the 10 min limit
     assert rec["seconds_to_resume"] is not None and rec["seconds_to_resume"] < 240, rec
     assert sorted(losses(run)) == list(range(1, ITERS + 1))

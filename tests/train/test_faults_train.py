@@ -3,7 +3,8 @@
 Each test interrupts the same 24-step tiny_gpt run (a committed step every 4) and checks what
 kilocard promises for that fault (docs/faults.md): the exit code of the contract, how fast the
 run gives up, which step a restart loads, and that the restarted loss curve equals the
-uninterrupted run's step for step (deterministic mode, so equal means bit-equal).
+uninterrupted run's step for step (deterministic mode, so equal means bit-equal). The hung-rank
+run starts in the background as the module starts: it mostly waits, beside the other tests' runs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -58,7 +61,8 @@ def test_sigkill_mid_step_then_usr1_on_one_rank_then_deleted_shard_resumes_exact
     """SIGKILL of rank 1 in the middle of a step -> FAULT within FAIL_FAST_S, the last committed step
     intact; resumed, USR1 to rank 1 only -> both ranks save the same step and exit RETRY; a shard of
     that newest step deleted, with checkpoint.fallback_to_previous=true -> the previous committed
-    step is loaded and the run finishes with the uninterrupted loss curve."""
+    step is loaded and the run finishes with the uninterrupted loss curve. The finished run then goes on
+    to ``deleted_metadata_falls_back_and_a_torn_metrics_line_does_not_block_the_resume``."""
     args = [*TINY, "checkpoint.fallback_to_previous=true", "checkpoint.keep_last=3"]
     ckpts = lambda d: d / "checkpoints"  # noqa: E731
 
@@ -89,6 +93,7 @@ def test_sigkill_mid_step_then_usr1_on_one_rank_then_deleted_shard_resumes_exact
     assert code == exitcodes.DONE, out[-3000:]
     assert f"resumed from {ck.step_dir(ckpts(run_dir), previous)} (step {previous}," in train_log(run_dir)
     assert losses(run_dir) == reference[1]
+    deleted_metadata_falls_back_and_a_torn_metrics_line_does_not_block_the_resume(reference, kilocard_run, run_dir)
 
 
 def test_sigkill_during_checkpoint_save_never_loads_the_partial_step(reference, kilocard_run):
@@ -181,12 +186,12 @@ def test_swapped_entries_of_torch_dist_metadata_are_bad_ckpt_naming_the_file(ref
     assert records(run_dir) == before
 
 
-def test_deleted_metadata_falls_back_and_a_torn_metrics_line_does_not_block_the_resume(reference, kilocard_run):
-    """With checkpoint.fallback_to_previous=true, the newest step's ``.metadata`` deleted and the last
-    line of metrics.jsonl torn (a rank killed mid-write): the resume loads the previous committed step,
-    drops the torn line and the records past that step, and ends DONE with the uninterrupted loss curve."""
-    code, out, run_dir = kilocard_run(*TINY, "checkpoint.fallback_to_previous=true")
-    assert code == exitcodes.DONE, out[-3000:]
+def deleted_metadata_falls_back_and_a_torn_metrics_line_does_not_block_the_resume(reference, kilocard_run, run_dir):
+    """On a finished run with checkpoint.fallback_to_previous=true (the run of the test above, which needs
+    one: a run of its own would train the same 24 steps again), the newest step's ``.metadata`` deleted and
+    the last line of metrics.jsonl torn (a rank killed mid-write): the resume loads the previous committed
+    step, drops the torn line and the records past that step, and ends DONE with the uninterrupted loss curve."""
+    assert ck.latest_committed(run_dir / "checkpoints") == ITERS and losses(run_dir) == reference[1]
     ckpts = run_dir / "checkpoints"
     (ck.step_dir(ckpts, ITERS) / ".metadata").unlink()
     metrics = run_dir / "metrics.jsonl"
@@ -198,11 +203,14 @@ def test_deleted_metadata_falls_back_and_a_torn_metrics_line_does_not_block_the_
     assert losses(run_dir) == reference[1]
 
 
-def test_hung_rank_is_detected_within_hang_timeout(kilocard_run):
-    """SIGSTOP of rank 1 (a hung rank): the other rank's watchdog sees no progress for
-    trainer.hang_timeout_s and the run ends FAULT with a message saying so, well before the
-    launcher's own grace period."""
-    hang_s = 20
+HANG_S = 20
+"""trainer.hang_timeout_s of the hung-rank run."""
+
+
+def _hung_rank_run(runner: KilocardRun) -> tuple[int, str, Path, float]:
+    """The run of ``test_hung_rank_is_detected_within_hang_timeout``: SIGSTOP of rank 1 after the first
+    committed step; (code, output, run dir, seconds from the SIGSTOP to the end). The stopped rank is
+    killed whatever happens."""
     stopped = []
 
     def freeze(proc, run_dir, step):
@@ -214,14 +222,30 @@ def test_hung_rank_is_detected_within_hang_timeout(kilocard_run):
         return True
 
     try:
-        code, out, run_dir, took = run_until(kilocard_run, [*TINY, f"trainer.hang_timeout_s={hang_s}"], freeze)
+        return run_until(runner, [*TINY, f"trainer.hang_timeout_s={HANG_S}"], freeze)
     finally:
         for p in stopped:
             if p.is_running():
                 p.kill()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hung_rank_run(tmp_path_factory) -> Iterator[Future]:
+    """The hung-rank run, started in a thread as this module starts (future of ``_hung_rank_run``): it
+    mostly waits (``HANG_S`` for the watchdog, then the launcher's stop wait for a rank that cannot stop),
+    and that wait overlaps the other tests' runs instead of adding to them."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(_hung_rank_run, KilocardRun(tmp_path_factory.mktemp("hung")))
+
+
+def test_hung_rank_is_detected_within_hang_timeout(hung_rank_run):
+    """SIGSTOP of rank 1 (a hung rank): the other rank's watchdog sees no progress for
+    trainer.hang_timeout_s and the run ends FAULT with a message saying so, well before the
+    launcher's own grace period."""
+    code, out, run_dir, took = hung_rank_run.result()
     assert code == exitcodes.FAULT, out[-3000:]
-    assert took < hang_s + FAIL_FAST_S, f"a hung rank went undetected for {took:.0f}s"
-    assert f"(trainer.hang_timeout_s={hang_s:g}); a rank hung or died; exiting FAULT" in out + train_log(run_dir)
+    assert took < HANG_S + FAIL_FAST_S, f"a hung rank went undetected for {took:.0f}s"
+    assert f"(trainer.hang_timeout_s={HANG_S:g}); a rank hung or died; exiting FAULT" in out + train_log(run_dir)
     ck.verify_step(ck.step_dir(run_dir / "checkpoints", tracker(run_dir)))
 
 
