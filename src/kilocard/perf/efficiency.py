@@ -90,7 +90,8 @@ class PerfModelParams:
 #: Fitted by scripts/fit_perf_model.py (best of 6 starts) on baselines/published.yaml (114 scored rows:
 #: mean |error| 4.3%, max 19.8%), before the two sequence-parallel / selective-recompute terms of
 #: steptime.layer_forward (docs/perf_model.md, Parameters): refitted with them the search lands on range
-#: bounds (every GEMM knee 0, Ampere's GEMM efficiency 0.95) for 0.1 point of mean error, so these stay. Not fitted (stated values): the MXFP8 ratio of Ampere and Hopper and
+#: bounds (every GEMM knee 0, Ampere's GEMM efficiency 0.95) for 0.1 point of mean error, so these stay.
+#: Not fitted (stated values): the MXFP8 ratio of Ampere and Hopper and
 #: Ampere's FP8 ratio (no such GEMMs), ampere flash_attention_efficiency (the A100 rows ran unfused
 #: attention), tp_bwd_overlap, dp_overlap, p2p_overlap, fa2_attention_ratio. Families without a row use
 #: Hopper's values.
