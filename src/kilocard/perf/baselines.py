@@ -266,9 +266,9 @@ def row_run_config(row: Row) -> RunConfig:
     software = dict(raw.get("software") or {})
     for key in list(software):
         if hasattr(model, key):
-            model = ModelConfig(**{**model.__dict__, key: software.pop(key)})
+            model = replace(model, **{key: software.pop(key)})
         elif hasattr(precision, key):
-            precision = PrecisionConfig(**{**precision.__dict__, key: software.pop(key)})
+            precision = replace(precision, **{key: software.pop(key)})
     par.update(software)
     return RunConfig(
         model=model,

@@ -301,10 +301,12 @@ def ring_bandwidth(stride: int, size: int, hw: Hardware, params: PerfModelParams
     return min(nvlink, nics, pod_bandwidth(stride, size, hw, params))
 
 
-def crosses_pods(stride: int, size: int, hw: Hardware) -> bool:
-    """Whether some group of ``size`` ranks ``stride`` apart spans two network pods (groups tile the
-    ranks in aligned blocks of ``stride * size``; ``kilocard.topology.groups_cross``)."""
-    return hw.pod_gpus > 0 and size > 1 and hw.pod_gpus % (stride * size) != 0
+def pod_limited(stride: int, size: int, hw: Hardware) -> bool:
+    """Whether the groups of ``size`` ranks ``stride`` apart go through an oversubscribed layer: the
+    network has one and some group spans two pods (groups tile the ranks in aligned blocks of ``stride *
+    size``, ``kilocard.topology.groups_cross``; ``hardware_for`` keeps ``pod_gpus`` only for runs larger
+    than one pod)."""
+    return hw.pod_oversubscription > 1.0 and hw.pod_gpus > 0 and size > 1 and hw.pod_gpus % (stride * size) != 0
 
 
 def pod_bandwidth(stride: int, size: int, hw: Hardware, params: PerfModelParams) -> float:
@@ -316,7 +318,7 @@ def pod_bandwidth(stride: int, size: int, hw: Hardware, params: PerfModelParams)
     NICs over ``pod_oversubscription``, divided over ``pod_gpus / m`` groups, is ``m /
     pod_oversubscription`` NICs per group (Llama 3, arXiv 2407.21783, Section 3.3.1: 3,072-GPU pods
     at full bisection, 1:7 above them)."""
-    if hw.pod_oversubscription <= 1.0 or not crosses_pods(stride, size, hw):
+    if not pod_limited(stride, size, hw):
         return float("inf")
     members = max(1, min(size, hw.pod_gpus // stride))
     return members * hw.network_bandwidth * params.network.network_efficiency / hw.pod_oversubscription
@@ -342,7 +344,7 @@ def all_to_all_time(
     inside = volume * (k - 1) / size / (hw.nvlink_bandwidth * net.nvlink_efficiency)
     leaving = volume * (size - k) / size if off_domain is None else off_domain
     outside = leaving / nic
-    if hw.pod_oversubscription <= 1.0 or not crosses_pods(stride, size, hw):
+    if not pod_limited(stride, size, hw):
         return max(inside, outside)
     # Every GPU of a pod sends the share of its bytes bound for other pods through uplinks worth
     # 1 / pod_oversubscription of its NIC.

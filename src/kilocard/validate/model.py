@@ -6,10 +6,12 @@ from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
+from kilocard.perf.steptime import CROSS_ENTROPY_BYTES
 from kilocard.validate.issues import Issue, error
 
-#: Megatron-Core's fused cross-entropy implementations (``ModelParallelConfig.cross_entropy_fusion_impl``).
-CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
+#: Megatron-Core's fused cross-entropy implementations (``ModelParallelConfig.cross_entropy_fusion_impl``):
+#: the step-time model's paths other than the eager one.
+CROSS_ENTROPY_FUSION_IMPLS = tuple(path for path in CROSS_ENTROPY_BYTES if path != "unfused")
 
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "make_vocab_size_divisible_by")
 
