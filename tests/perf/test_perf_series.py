@@ -55,4 +55,6 @@ def test_command_reports_series_in_text_and_json(tagged, capsys):
     assert main(["baselines", "--file", str(tagged)]) == 0
     out = capsys.readouterr().out
     assert "series sc21-weak (32 -> 3072 GPUs): MFU change published +8.0 points" in out
+    assert "scaling series (ok: predicted MFU change within 3 points of the published one): " in out
+    assert out.count("within 3 points") == 1, "the tolerance is stated once, not after every series"
     assert "lonely" not in out

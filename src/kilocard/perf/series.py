@@ -90,8 +90,18 @@ def series_checks(rows: Sequence[Row], comps: Sequence[Comparison]) -> list[Seri
 
 
 def render_series_text(checks: Sequence[SeriesCheck]) -> str:
-    """The lines ``kilocard baselines`` prints for the scaling series (empty when there are none)."""
-    lines = []
+    """The lines ``kilocard baselines`` prints for the scaling series (empty when there are none).
+
+    One header line states the tolerance and how many series meet it; each series line then says
+    ``ok`` or ``off`` for the in-sample and the held-out prediction.
+    """
+    if not checks:
+        return ""
+    held = [s.cv_ok for s in checks if s.cv_ok is not None]
+    lines = [
+        f"scaling series (ok: predicted MFU change within {100 * TOLERANCE:.0f} points of the published one): "
+        f"{sum(s.ok for s in checks)} of {len(checks)} ok in sample, {sum(held)} of {len(held)} held out"
+    ]
     for s in checks:
         cv = (
             ""
@@ -101,7 +111,7 @@ def render_series_text(checks: Sequence[SeriesCheck]) -> str:
         lines.append(
             f"series {s.name} ({s.gpus[0]} -> {s.gpus[1]} GPUs): MFU change published "
             f"{100 * s.published_mfu_change:+.1f} points, predicted {100 * s.predicted_mfu_change:+.1f} "
-            f"({'ok' if s.ok else 'off'}){cv} (ok: within {100 * TOLERANCE:.0f} points)"
+            f"({'ok' if s.ok else 'off'}){cv}"
         )
     return "\n".join(lines)
 
