@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import pytest
 import yaml
@@ -81,13 +80,11 @@ def test_fit_lowers_the_loss_from_a_perturbed_start(scored):
     assert loss(fitted, rows) < loss(start, rows) / 2
 
 
-def test_baselines_command_reports_cross_validation_within_a_minute(capsys):
-    """The real command end to end: the JSON contract, and the whole run under 60 s."""
-    t0 = time.perf_counter()
+def test_baselines_command_reports_cross_validation(capsys):
+    """The real command end to end: the JSON contract. (Its time, under 60 s, is measured by
+    scripts/bench_baselines.py, not here: a timed test fails on a loaded machine.)"""
     assert main(["baselines", "--format", "json"]) == 0
-    elapsed = time.perf_counter() - t0
     doc = json.loads(capsys.readouterr().out)
-    assert elapsed < 60, f"kilocard baselines took {elapsed:.0f} s"
     rows = {r["id"]: r for r in doc["rows"]}
     scored = [r for r in rows.values() if r["cv_rel_error"] is not None]
     assert doc["n_scored"] == len(scored) == doc["rows_included"] >= 13
@@ -97,9 +94,9 @@ def test_baselines_command_reports_cross_validation_within_a_minute(capsys):
     assert doc["cv_max_abs_rel_error"] == pytest.approx(max(held))
     assert all(math.isfinite(v) for v in held)
     assert any(r["cv_rel_error"] != pytest.approx(r["rel_error"], abs=1e-4) for r in scored)
-    # Honest bounds on the shipped rows (now 9.6% / 26.6%; 8.7% / 28.4% while the Llama 3 rows ran the
-    # non-interleaved default; the folds' searches move the mean by ~0.5 point).
-    assert doc["cv_mean_abs_rel_error"] <= 0.10 and doc["cv_max_abs_rel_error"] <= 0.32
+    # Honest bounds on the shipped rows (see docs/perf_model.md, Accuracy, for the figures; the folds'
+    # searches move the mean by ~0.5 point): a change that loses accuracy shows here.
+    assert doc["cv_mean_abs_rel_error"] <= 0.07 and doc["cv_max_abs_rel_error"] <= 0.30
 
 
 def test_text_gives_both_errors(scored, tmp_path, capsys):
