@@ -7,7 +7,7 @@ import pytest
 from kilocard.cli import main
 from kilocard.perf.baselines import compare_all, error_stats, flops_per_token, load_rows, published, row_run_config
 from kilocard.perf.flops import flops_per_iteration
-from kilocard.perf.unstated import DEFAULTS
+from kilocard.perf.unstated import DEFAULTS, recompute_of_modules
 
 TINY = (
     "{id: %s, gpu: h100-sxm5-80gb, gpus: 8, precision: bf16,"
@@ -91,6 +91,48 @@ def test_unknown_unstated_field_is_rejected(tmp_path):
     f = rows_file(tmp_path, tiny("typo", ", unstated: [batch.msb], recompute: none, result: {mfu: 0.4}, source: s"))
     with pytest.raises(ValueError, match=r"typo.*unstated: \['batch.msb'\] must be a list of field names"):
         load_rows(f)
+
+
+def test_recompute_modules_map_as_megatron_core_runs_them():
+    # Megatron-Core reruns `mlp` only in layers that are not MoE layers (TransformerLayer: recompute_mlp
+    # only when not is_moe_layer), so on an MoE model it leaves the attention core and the experts alone.
+    assert recompute_of_modules(["mla_up_proj", "mlp"], moe=True) == "none"
+    assert recompute_of_modules(["mlp"], moe=True) == "none"
+    assert recompute_of_modules(["mlp"], moe=False) == "selective"
+    assert recompute_of_modules(["core_attn"], moe=True) == "selective"
+    assert recompute_of_modules(["moe"], moe=True) == "selective"
+    assert recompute_of_modules(["layernorm", "moe_act"], moe=True) == "none"
+    with pytest.raises(ValueError, match=r"\['attn'\] are not Megatron-Core module names"):
+        recompute_of_modules(["attn"], moe=False)
+
+
+def test_recompute_contradicting_its_recompute_modules_is_rejected_in_one_line(tmp_path, capsys):
+    moe = TINY.replace("seq: 1024}", "seq: 1024, experts: 8, topk: 2, moe_ffn: 512, dense_layers: 1}")
+    f = rows_file(
+        tmp_path,
+        moe
+        % (
+            "mlpmoe",
+            ", recompute: selective, recompute_modules: [mla_up_proj, mlp], batch: {gbs: 64, mbs: 1},"
+            " result: {mfu: 0.4}, source: s",
+        ),
+    )
+    with pytest.raises(ValueError, match=r"row mlpmoe of rows.yaml: recompute: 'selective' .* write recompute: none"):
+        load_rows(f)
+    assert main(["baselines", "--file", f]) == 2
+    err = capsys.readouterr().err
+    assert "mlpmoe" in err and "recompute_modules" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_shipped_recompute_matches_the_recipes_recompute_modules(shipped):
+    # Every shipped row with a recipe's recompute_modules runs the recompute Megatron-Core gives it (the
+    # 26.04.01 DeepSeek-V3 rows' [mlp] / [mla_up_proj, mlp] reach only the 3 dense layers: none).
+    with_modules = [r for r in shipped if r.raw.get("recompute_modules") is not None]
+    assert len(with_modules) >= 8
+    for r in with_modules:
+        moe = bool(r.raw["model"].get("experts"))
+        assert r.raw["recompute"] == recompute_of_modules(r.raw["recompute_modules"], moe), r.id
 
 
 def test_excluded_rows_are_listed_with_their_reason_and_kept_out_of_scoring(tmp_path):

@@ -23,6 +23,9 @@ default, and its depth is filled, in this order, by
 2. else the layers per virtual stage of that framework's recipe for the model, cited by file and commit;
 3. else nothing: the row writes ``vp: interleaved`` (``INTERLEAVED``) and is listed but not scored, with
    ``parallel.vp`` named.
+
+A recipe's module-level recompute (``recompute_modules``, kept in the row) fixes the row's ``recompute``:
+``recompute_of_modules`` maps it to the step-time model's setting, and a row that says otherwise is refused.
 """
 
 from __future__ import annotations
@@ -69,6 +72,53 @@ KNOWN = frozenset(DEFAULTS) | frozenset(
 """Field names an ``unstated:`` list may use."""
 
 
+SELECTIVE_MODULES = frozenset({"core_attn", "moe", "shared_experts"})
+"""Megatron-Core ``recompute_modules`` entries that rerun a GEMM-bearing part of every layer they apply to
+(``TransformerConfig.recompute_modules``, megatron-core 0.16.1: ``core_attn``, ``moe``, ``shared_experts``
+use normal checkpointing): the step-time model's ``selective``."""
+
+CHEAP_MODULES = frozenset({"moe_act", "layernorm", "mla_up_proj"})
+"""Entries Megatron-Core reruns with output-discarding checkpointing (activation, norms, MLA up-projection
+and RoPE): cheap elementwise work the step-time model does not charge, so ``none``."""
+
+
+def recompute_of_modules(modules: list[str], moe: bool) -> str:
+    """The step-time model's recompute setting (``selective`` or ``none``) for a recipe's
+    ``recompute_modules`` on a model with (``moe``) or without routed experts.
+
+    ``mlp`` is Megatron-Core's dense MLP submodule: ``TransformerLayer`` sets ``recompute_mlp`` only when
+    ``not self.is_moe_layer`` (``megatron/core/transformer/transformer_layer.py``, megatron-core 0.16.1), so
+    on a dense model it reruns part of every layer (``selective``, a partial recompute), while on an MoE
+    model it reaches only the leading dense layers (DeepSeek-V3: 3 of 61), which are not charged apart.
+    Raises ValueError for an entry Megatron-Core does not know."""
+    unknown = sorted(set(modules) - SELECTIVE_MODULES - CHEAP_MODULES - {"mlp"})
+    if unknown:
+        known = ", ".join(sorted(SELECTIVE_MODULES | CHEAP_MODULES | {"mlp"}))
+        raise ValueError(f"recompute_modules: {unknown} are not Megatron-Core module names ({known})")
+    every_layer = SELECTIVE_MODULES | (set() if moe else {"mlp"})
+    return "selective" if set(modules) & every_layer else "none"
+
+
+def check_recompute_modules(raw: dict[str, Any], where: str) -> None:
+    """Raises ValueError (one line) when a row's ``recompute`` is not what its ``recompute_modules`` run."""
+    modules = raw.get("recompute_modules")
+    if modules is None:
+        return
+    if not isinstance(modules, list):
+        raise ValueError(f"--file: {where}: recompute_modules: {modules!r} must be a list, e.g. [mla_up_proj, mlp]")
+    model = raw.get("model")
+    moe = isinstance(model, dict) and bool(model.get("experts"))
+    try:
+        want = recompute_of_modules([str(m) for m in modules], moe)
+    except ValueError as e:
+        raise ValueError(f"--file: {where}: {e}") from None
+    if raw.get("recompute") != want:
+        raise ValueError(
+            f"--file: {where}: recompute: {raw.get('recompute')!r} is not what recompute_modules {list(modules)} "
+            f"run in Megatron-Core: write recompute: {want}"
+        )
+
+
 def _get(raw: dict[str, Any], field: str) -> Any:
     node: Any = raw
     for part in field.split("."):
@@ -91,12 +141,14 @@ def apply_policy(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[
 
     ``where`` names the row in errors (``row llama3-8b of published.yaml``). Raises ValueError when
     ``unstated`` is not a list of known field names, or names a field the row gives a value for
-    without ``filled_from`` saying where that value comes from."""
+    without ``filled_from`` saying where that value comes from, or a ``recompute`` its
+    ``recompute_modules`` contradict (``check_recompute_modules``)."""
     unstated = raw.get("unstated") or []
     if not isinstance(unstated, list) or any(f not in KNOWN for f in unstated):
         raise ValueError(
             f"--file: {where}: unstated: {unstated!r} must be a list of field names from: {', '.join(sorted(KNOWN))}"
         )
+    check_recompute_modules(raw, where)
     out = copy.deepcopy(raw)
     filled: dict[str, Any] = {}
     for field in unstated:
