@@ -14,7 +14,6 @@ from kilocard.perf.predict import hardware_for, predict, predict_prepared, prepa
 from kilocard.perf.steptime import (
     Features,
     all_to_all_time,
-    amax_reduction_time,
     dp_bucket_params,
     dp_comm,
     expected_slowest,
@@ -250,27 +249,6 @@ def test_output_layer_stays_in_bf16_in_fp8_runs():
     fp8 = predict(replace(_cfg(), precision=PrecisionConfig(bf16=True, fp8="hybrid")))
     assert fp8.breakdown["gemm"] < 0.8 * bf16.breakdown["gemm"]
     assert fp8.breakdown["logits"] == pytest.approx(bf16.breakdown["logits"], rel=1e-12)
-
-
-def test_delayed_fp8_scaling_all_reduces_amaxes_twice_per_micro_batch_and_chunk():
-    """Transformer Engine's delayed scaling all-reduces each model chunk's amaxes over TP x DP x CP when
-    its autocast exits and in its backward, blocking: NCCL 2.23's Tree/LL latency, 6.8 us + 2 x (7 NVLink
-    hops of 0.6 us + log2(nodes) network hops of 5 us). Tensorwise (current) scaling and BF16 have none."""
-    delayed = PrecisionConfig(bf16=True, fp8="hybrid")
-    tensorwise = replace(delayed, fp8_recipe="tensorwise")
-    for nodes, micro, latency in ((8, 16, 25.2e-6), (64, 2, 55.2e-6)):  # 16 ranks on 2 nodes; 128 on 16
-        base = replace(_cfg(virtual_pipeline_model_parallel_size=2), cluster=replace(H100, nodes=nodes))
-        cfg = replace(base, precision=delayed)
-        lay = compute_layout(cfg)
-        assert lay.tp * lay.dp_cp == 16 * nodes // 8
-        p = predict(cfg)
-        assert p.breakdown["fp8_amax"] == pytest.approx(2 * latency * micro * 2, rel=1e-9)
-        assert p.step_time_s - predict(replace(base, precision=tensorwise)).step_time_s == pytest.approx(
-            p.breakdown["fp8_amax"], rel=1e-9
-        )
-        assert predict(base).breakdown["fp8_amax"] == 0.0
-    one = compute_layout(replace(_cfg(tensor_model_parallel_size=1), cluster=replace(H100, nodes=1, gpus_per_node=4)))
-    assert one.tp * one.dp_cp == 1 and amax_reduction_time(one, Features(precision="fp8"), hardware_for(H100)) == 0.0
 
 
 def test_flex_dispatcher_sends_one_copy_per_remote_domain():

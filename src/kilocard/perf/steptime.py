@@ -19,8 +19,7 @@ Per micro-batch and layer the model charges:
 * full recompute adds a forward, selective recompute the attention core's forward, torchtitan's
   op-level checkpointing (``op``) every other projection GEMM and the elementwise work.
 
-Then the pipeline bubble ``(P - 1) / V`` stage passes, point-to-point sends, delayed FP8 scaling's
-blocking amax all-reduces (two per micro-batch and model chunk), the gradient
+Then the pipeline bubble ``(P - 1) / V`` stage passes, point-to-point sends, the gradient
 reduce-scatter / all-reduce and parameter all-gather over DP x CP, the optimizer step, and the wait for
 the slowest of the run's GPUs (per-GPU speed spread times the expected largest of N normal draws).
 """
@@ -28,7 +27,6 @@ the slowest of the run's GPUs (per-GPU speed spread times the expected largest o
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from math import ceil, log2
 from statistics import NormalDist
 
 from kilocard.layout import Layout
@@ -591,11 +589,9 @@ def predict_step_time(
     parts["logits"] = logits * m if last_bound else 0.0
     bubble = (lay.pp - 1) / lay.virtual_stages * max(stages) * t_layer
     p2p = pipeline_p2p(shape, lay, ft, hw, params) * (m * lay.virtual_stages + lay.pp - 1)
-    amax = amax_reduction_time(lay, ft, hw) * m * lay.virtual_stages
     parts["bubble"] = bubble
     parts["pp_p2p"] = p2p
-    parts["fp8_amax"] = amax
-    compute = m * t_slow + bubble + p2p + amax
+    compute = m * t_slow + bubble + p2p
     n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay, ft, max(stages))
     if ft.fsdp_reshard_after_forward:
         parts["dp_comm"] = dp_comm_fsdp(shape, n_params, lay, ft, hw, params, t_slow, m)
@@ -611,43 +607,6 @@ def expected_slowest(n: int) -> float:
     """Expected largest of ``n`` standard normal draws (Blom's approximation), 0 for one GPU: a step
     waits for its slowest GPU, ``gpu_speed_spread`` times this much slower than the mean one."""
     return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
-
-
-#: NCCL's latency model for the Tree algorithm's LL protocol, which its tuner picks for an all-reduce of
-#: a few hundred bytes (``src/graph/tuning.cc`` at NVIDIA/nccl v2.23.4-1, 68b5423, the release of the
-#: NeMo 24.12 container): ``baseLat`` + 2 x ((ranks per node - 1) x NVLink hop + floor(log2(nodes)) x
-#: network hop), in seconds.
-NCCL_TREE_BASE_LATENCY_S = 6.8e-6
-NCCL_TREE_NVLINK_HOP_S = 0.6e-6
-NCCL_TREE_NET_HOP_S = 5.0e-6
-
-
-def small_allreduce_latency(size: int, hw: Hardware) -> float:
-    """Seconds of an all-reduce of a few bytes over ``size`` consecutive ranks (NCCL's Tree/LL latency,
-    an NVLink domain counting as one node)."""
-    per_domain = _per_domain(1, size, hw)
-    domains = ceil(size / per_domain)
-    hops = (per_domain - 1) * NCCL_TREE_NVLINK_HOP_S + int(log2(domains)) * NCCL_TREE_NET_HOP_S
-    return NCCL_TREE_BASE_LATENCY_S + 2 * hops
-
-
-def amax_reduction_time(lay: Layout, ft: Features, hw: Hardware) -> float:
-    """Seconds of delayed FP8 scaling's amax all-reduces for one micro-batch through one model chunk.
-
-    Megatron-Core wraps each ``TransformerBlock`` (one model chunk) in Transformer Engine's
-    ``fp8_autocast`` with ``fp8_group = get_amax_reduction_group(with_context_parallel=True)``, the TP x
-    DP x CP ranks (``transformer_block.py`` and ``parallel_state.py`` at core_r0.10.0, 7ee599a; the same
-    outer context for the delayed recipe in later releases). Transformer Engine all-reduces (MAX) the
-    concatenated amaxes of the chunk's FP8 tensors over that group when the outermost autocast exits
-    (forward) and in the backward of the chunk's first FP8 module (``reduce_and_update_fp8_tensors`` in
-    ``pytorch/fp8.py``, ``torch.distributed.all_reduce(..., async_op=False)`` on the compute stream,
-    TE v1.13, e5edd6c): two latency-bound collectives, a few hundred bytes each, that nothing overlaps.
-    0 without delayed-scaling FP8 (current/tensorwise, MXFP8, torchao's dynamic scaling) or when the
-    group is one rank."""
-    if ft.precision != "fp8" or ft.fp8_recipe != "delayed" or ft.float8_converter:
-        return 0.0
-    group = lay.tp * lay.dp_cp
-    return 2 * small_allreduce_latency(group, hw) if group > 1 else 0.0
 
 
 def pipeline_p2p(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
