@@ -98,7 +98,8 @@ class Features:
     """Routed experts (0: dense)."""
     moe_dispatcher: str = "alltoall"
     """Megatron-Core's ``moe_token_dispatcher_type``: ``alltoall`` sends every routed copy, ``flex``
-    (DeepEP / HybridEP) one copy per destination NVLink domain."""
+    (DeepEP / HybridEP) one copy per destination rank inside an NVLink domain and one per destination
+    domain across domains, at DeepEP's stated bandwidth (``flex_all_to_all_time``)."""
     dropout: bool = False
     """Hidden/attention dropout on (extra mask traffic)."""
     attention_backend: str = "auto"
