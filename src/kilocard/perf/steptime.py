@@ -131,6 +131,12 @@ class Features:
     """Megatron-Core's ``cuda_graph_scope``: empty = the whole layer (``full_iteration``: the whole step);
     with ``transformer_engine`` the captured modules (``attn``, ``mlp``, ``moe``, ``moe_router``,
     ``moe_preprocess``)."""
+    pipeline_flushes: int = 1
+    """Times the pipeline schedule fills and drains per optimizer step: 1 for Megatron-Core, whose
+    schedule runs all of a step's micro-batches; NeMo AutoModel runs one schedule per local batch (LBS
+    sequences per GPU) and accumulates GA of them into a step (``recipes/llm/train_ft.py`` at
+    NVIDIA-NeMo/Automodel 79d0ccfd: ``_run_train_optim_step`` calls ``_forward_backward_step`` per local
+    batch, which runs ``schedule.step``; gradients sync on the last, ``get_sync_ctx``)."""
 
 
 def microbatches(lay: Layout, ft: Features) -> int:
@@ -623,8 +629,9 @@ def predict_step_time(
     m = microbatches(lay, ft)
     parts = {k: v * slow_layers * m for k, v in per_layer.items()}
     parts["logits"] = logits * m if last_bound else 0.0
-    bubble = (lay.pp - 1) / lay.virtual_stages * max(stages) * t_layer
-    p2p = pipeline_p2p(shape, lay, ft, hw, params) * (m * lay.virtual_stages + lay.pp - 1)
+    # Each run of the schedule fills and drains the pipeline once.
+    bubble = (lay.pp - 1) / lay.virtual_stages * max(stages) * t_layer * ft.pipeline_flushes
+    p2p = pipeline_p2p(shape, lay, ft, hw, params) * (m * lay.virtual_stages + (lay.pp - 1) * ft.pipeline_flushes)
     parts["bubble"] = bubble
     parts["pp_p2p"] = p2p
     compute = m * t_slow + bubble + p2p
