@@ -173,3 +173,28 @@ def test_llama3_rows_run_the_papers_balanced_interleaved_pipeline():
     m = 2048 // 128
     assert b["logits"] == 0.0
     assert b["bubble"] == pytest.approx((16 - 1) / (8 * m) * passes, rel=1e-9)
+
+
+def test_local_batch_runs_one_pipeline_schedule_per_local_batch(tmp_path):
+    """A row stating NeMo AutoModel's local batch (``batch.lbs``) fills and drains its pipeline once per
+    local batch, ``gbs / (dp x lbs)`` times a step (its GA): the bubble grows by that factor; a local
+    batch that does not divide the global one is a one-line error naming the field."""
+    row = (
+        "{id: r, gpu: h100-sxm5-80gb, gpus: 64, precision: bf16, recompute: none, model: {layers: 32,"
+        " hidden: 4096, heads: 32, kv_heads: 8, ffn: 14336, gated_mlp: true, vocab: 128256, seq: 8192},"
+        " parallel: {tp: 1, pp: 4, vp: null, cp: 1, ep: 1, dp: 16}, batch: {gbs: 512, mbs: 1%s},"
+        " result: {tflops_per_gpu: 400}, flops_convention: megatron_current, source: test}"
+    )
+    bubble = {}
+    for name, lbs in (("one", ""), ("ga4", ", lbs: 8"), ("bad", ", lbs: 3")):
+        f = tmp_path / f"{name}.yaml"
+        f.write_text("rows:\n  - " + row % lbs + "\n")
+        (r,) = load_rows(str(f))
+        if name == "bad":
+            with pytest.raises(ValueError, match=r"^--file: row r: batch\.lbs: 3 .*$"):
+                row_inputs(r, "megatron_current")
+            continue
+        inputs = row_inputs(r, "megatron_current")
+        bubble[name] = (inputs.features.pipeline_flushes, predict_prepared(inputs).breakdown["bubble"])
+    assert bubble["one"][0] == 1 and bubble["ga4"][0] == 512 // (16 * 8)
+    assert bubble["ga4"][1] == pytest.approx(4 * bubble["one"][1], rel=1e-12)

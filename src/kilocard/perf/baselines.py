@@ -324,8 +324,26 @@ def row_inputs(row: Row, convention: str) -> PredictionInputs:
         recompute="op" if row.raw.get("recompute") == "op" else inputs.features.recompute,
         fsdp_reshard_after_forward=torchtitan_reshards(row.raw),
         float8_converter="float8" in (tt.get("converters") or []),
+        pipeline_flushes=pipeline_flushes(row, inputs.layout.dp or 1),
     )
     return replace(inputs, features=features)
+
+
+def pipeline_flushes(row: Row, dp: int) -> int:
+    """Pipeline schedules per step of a row whose source states a local batch (``batch.lbs``: NeMo
+    AutoModel's sequences per GPU per schedule run): ``gbs / (dp x lbs)``, the source's GA; 1 without
+    one (Megatron-Core runs a step's micro-batches in one schedule)."""
+    b = row.raw["batch"]
+    lbs = b.get("lbs")
+    if lbs is None:
+        return 1
+    gbs = int(b["gbs"])
+    if not isinstance(lbs, int) or lbs < int(b["mbs"]) or gbs % (dp * lbs):
+        raise ValueError(
+            f"--file: row {row.id}: batch.lbs: {lbs!r} must be an integer >= mbs whose multiple by "
+            f"DP ({dp}) divides gbs ({gbs}); set it to the source's local batch size"
+        )
+    return gbs // (dp * lbs)
 
 
 @dataclass(frozen=True)

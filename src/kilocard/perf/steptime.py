@@ -98,7 +98,8 @@ class Features:
     """Routed experts (0: dense)."""
     moe_dispatcher: str = "alltoall"
     """Megatron-Core's ``moe_token_dispatcher_type``: ``alltoall`` sends every routed copy, ``flex``
-    (DeepEP / HybridEP) one copy per destination NVLink domain."""
+    (DeepEP / HybridEP) one copy per destination rank inside an NVLink domain and one per destination
+    domain across domains, at DeepEP's stated bandwidth (``flex_all_to_all_time``)."""
     dropout: bool = False
     """Hidden/attention dropout on (extra mask traffic)."""
     attention_backend: str = "auto"
@@ -130,6 +131,12 @@ class Features:
     """Megatron-Core's ``cuda_graph_scope``: empty = the whole layer (``full_iteration``: the whole step);
     with ``transformer_engine`` the captured modules (``attn``, ``mlp``, ``moe``, ``moe_router``,
     ``moe_preprocess``)."""
+    pipeline_flushes: int = 1
+    """Times the pipeline schedule fills and drains per optimizer step: 1 for Megatron-Core, whose
+    schedule runs all of a step's micro-batches; NeMo AutoModel runs one schedule per local batch (LBS
+    sequences per GPU) and accumulates GA of them into a step (``recipes/llm/train_ft.py`` at
+    NVIDIA-NeMo/Automodel 79d0ccfd: ``_run_train_optim_step`` calls ``_forward_backward_step`` per local
+    batch, which runs ``schedule.step``; gradients sync on the last, ``get_sync_ctx``)."""
 
 
 def microbatches(lay: Layout, ft: Features) -> int:
@@ -354,9 +361,42 @@ def all_to_all_time(
 
 
 def remote_domains_per_token(topk: int, domains: int) -> float:
-    """Expected number of other NVLink domains holding at least one of a token's ``topk`` experts, the
-    experts spread evenly over ``domains`` domains: what a deduplicating dispatcher sends per token."""
+    """Expected number of other NVLink domains (or ranks) holding at least one of a token's ``topk``
+    experts, the experts spread evenly over ``domains`` of them: what a deduplicating dispatcher sends
+    per token."""
     return (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** topk) if domains > 1 else 0.0
+
+
+#: DeepEP's normal (training) kernels across NVLink domains, as its README states them (deepseek-ai/DeepEP
+#: ``README.md`` at e02e4d2e, "Normal kernels with NVLink and RDMA forwarding"; ``docs/legacy.md`` since
+#: V2): H800s, each with one CX7 400 Gb/s NIC (~50 GB/s), top-8 experts, 4096 tokens of hidden 7168. A token
+#: goes over RDMA once to the same-rank GPU of each node holding one of its experts and is forwarded
+#: there over NVLink. The stated "bottleneck bandwidth" is logical: ``tests/test_internode.py`` divides
+#: the bytes of one copy per node holding an expert of the token, its own node included
+#: (``num_rdma_token_sent``), by the kernel's time. Per node count, dispatch and combine averaged, over
+#: the NIC's 50 GB/s: EP16 (2 nodes) 43 and 43 GB/s, EP32 (4) 58 and 57, EP64 (8) 51 and 50.
+DEEPEP_LOGICAL_RDMA: dict[int, float] = {2: 43.0 / 50.0, 4: 57.5 / 50.0, 8: 50.5 / 50.0}
+
+
+def deepep_logical_ratio(domains: int) -> float:
+    """DeepEP's stated logical RDMA bandwidth over the NIC's for a group over ``domains`` NVLink domains:
+    the figure of the largest stated node count not above it (``DEEPEP_LOGICAL_RDMA``)."""
+    return DEEPEP_LOGICAL_RDMA[max((d for d in DEEPEP_LOGICAL_RDMA if d <= domains), default=2)]
+
+
+def flex_all_to_all_time(
+    token: float, topk: int, stride: int, size: int, hw: Hardware, params: PerfModelParams
+) -> float:
+    """Seconds of one dispatch (or combine) of the ``flex`` dispatcher (DeepEP / HybridEP) over ``size``
+    ranks ``stride`` apart spanning NVLink domains, ``token`` bytes per routed token: one copy per domain
+    holding one of its ``topk`` experts (its own included) at DeepEP's stated logical RDMA bandwidth
+    (``deepep_logical_ratio``: RDMA to the same-rank GPU, NVLink forwarding behind it), never faster than
+    the NIC carries the copies for other domains (``all_to_all_time``, pods included)."""
+    domains = max(2, -(-size // _per_domain(stride, size, hw)))  # the group spans at least two
+    remote = remote_domains_per_token(topk, domains)
+    logical = token * remote * domains / (domains - 1)
+    kernel = logical / (deepep_logical_ratio(domains) * hw.network_bandwidth)
+    return max(kernel, all_to_all_time(token * topk, stride, size, hw, params, token * remote))
 
 
 def tp_comm_forward(tok: float, h: int, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
@@ -388,12 +428,14 @@ def ep_comm_forward(
     if not lay.ep_enabled:
         return etp
     token = tok / lay.tp * h * ACT_BYTES
-    off_domain = None
-    if ft.moe_dispatcher == "flex" and lay.etp * lay.ep > hw.nvlink_domain:
-        # DeepEP / HybridEP: one copy per destination domain, fanned out to its experts over NVLink.
-        domains = lay.ep // _per_domain(lay.etp, lay.ep, hw)
-        off_domain = token * remote_domains_per_token(shape.topk, domains)
-    return 2 * all_to_all_time(token * shape.topk, lay.etp, lay.ep, hw, params, off_domain) + etp
+    if ft.moe_dispatcher != "flex":
+        return 2 * all_to_all_time(token * shape.topk, lay.etp, lay.ep, hw, params) + etp
+    if lay.etp * lay.ep > hw.nvlink_domain:
+        return 2 * flex_all_to_all_time(token, shape.topk, lay.etp, lay.ep, hw, params) + etp
+    # Inside one domain DeepEP sends a token once to each rank holding one of its experts (the
+    # ``is_token_in_rank`` layout of ``Buffer.get_dispatch_layout``), not once per expert.
+    others = remote_domains_per_token(shape.topk, lay.ep)
+    return 2 * all_to_all_time(token * others * lay.ep / (lay.ep - 1), lay.etp, lay.ep, hw, params) + etp
 
 
 def etp_comm_forward(
@@ -587,8 +629,9 @@ def predict_step_time(
     m = microbatches(lay, ft)
     parts = {k: v * slow_layers * m for k, v in per_layer.items()}
     parts["logits"] = logits * m if last_bound else 0.0
-    bubble = (lay.pp - 1) / lay.virtual_stages * max(stages) * t_layer
-    p2p = pipeline_p2p(shape, lay, ft, hw, params) * (m * lay.virtual_stages + lay.pp - 1)
+    # Each run of the schedule fills and drains the pipeline once.
+    bubble = (lay.pp - 1) / lay.virtual_stages * max(stages) * t_layer * ft.pipeline_flushes
+    p2p = pipeline_p2p(shape, lay, ft, hw, params) * (m * lay.virtual_stages + (lay.pp - 1) * ft.pipeline_flushes)
     parts["bubble"] = bubble
     parts["pp_p2p"] = p2p
     compute = m * t_slow + bubble + p2p
