@@ -145,19 +145,6 @@ def test_torchtitan_op_recompute_row_is_predicted_with_its_own_policy(tmp_path):
     assert tf["full"] < tf["op"] < tf["none"]
 
 
-@pytest.mark.parametrize("row_id", ["llama3-405b-8192", "llama3-405b-16384"])
-def test_llama3_rows_run_the_papers_fsdp_and_no_tp_overlap(row_id):
-    """Section 3.3.2 of arXiv 2407.21783: FSDP without resharding after the forward, weights prefetched and
-    gradients reduced asynchronously, once per step like the distributed optimizer; gradients accumulated and
-    reduce-scattered in FP32 (4 bytes, twice bf16's); asynchronous P2P. The paper never mentions overlapping
-    TP communication with GEMMs, and its trainer has no published recipe: the policy's default, off."""
-    (row,) = [r for r in load_rows() if r.id == row_id]
-    assert row.filled.get("software.tp_comm_overlap") is False
-    f = row_inputs(row, "six_n").features
-    assert f.distributed_optimizer and f.overlap_param_gather and f.overlap_grad_reduce and f.overlap_p2p_comm
-    assert f.grad_bytes == 4 and not f.fsdp_reshard_after_forward and not f.tp_comm_overlap
-
-
 def test_llama3_rows_run_the_papers_balanced_interleaved_pipeline():
     """Llama 3 Table 4 rows (arXiv 2407.21783, Section 3.3.2): one layer per model chunk, the embedding and
     the output/loss each in a chunk of their own (Megatron-Core's account_for_embedding/loss_in_pipeline_split),

@@ -87,27 +87,6 @@ def test_interleaving_stated_without_depth_is_not_filled_as_not_interleaved(tmp_
     assert row.complete and row.raw["parallel"]["vp"] == 2
 
 
-def test_unstated_tp_comm_overlap_is_filled_off(tmp_path):
-    """A trainer whose source does not mention overlapping TP communication (and publishes no recipe) runs
-    the framework default: Megatron-Core's and PyTorch-native TP's, off. A row that does not list the fact
-    keeps the software-generation rule's overlap (the Megatron recipes')."""
-    layout = ", parallel: {tp: 2, pp: 2, vp: null, cp: 1, ep: 1, dp: 2}"
-    f = rows_file(
-        tmp_path,
-        tiny("rule", layout + ", recompute: none, batch: {gbs: 64, mbs: 1}, result: {mfu: 0.4}, source: s1"),
-        tiny(
-            "unsaid",
-            layout + ", recompute: none, batch: {gbs: 64, mbs: 1}, unstated: [software.tp_comm_overlap],"
-            " result: {mfu: 0.4}, source: s2",
-        ),
-    )
-    rule, unsaid = load_rows(f)
-    assert unsaid.complete and unsaid.filled == {"software.tp_comm_overlap": False}
-    assert row_run_config(rule).parallel.tp_comm_overlap and not row_run_config(unsaid).parallel.tp_comm_overlap
-    a, b = compare_all(f, recipes={})
-    assert b.predicted_tflops_per_gpu < a.predicted_tflops_per_gpu
-
-
 def test_unknown_unstated_field_is_rejected(tmp_path):
     f = rows_file(tmp_path, tiny("typo", ", unstated: [batch.msb], recompute: none, result: {mfu: 0.4}, source: s"))
     with pytest.raises(ValueError, match=r"typo.*unstated: \['batch.msb'\] must be a list of field names"):

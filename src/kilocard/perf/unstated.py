@@ -41,7 +41,6 @@ DEFAULTS: dict[str, Any] = {
     "parallel.ep": 1,
     "parallel.etp": 1,
     "fp8_recipe": "delayed",
-    "software.tp_comm_overlap": False,
 }
 """Default per unstated field. ``batch.mbs``: 1, what the Megatron-Bridge and NeMo pre-training
 recipes set (Megatron-Bridge ``src/megatron/bridge/recipes/llama/h100/llama3.py``:
@@ -51,12 +50,7 @@ not interleaved (``virtual_pipeline_model_parallel_size=None``), only where the 
 interleaved schedule (module docstring). ``parallel.cp``/``ep``: 1.
 ``parallel.etp``: 1, what the Megatron-Bridge and NeMo MoE recipes set
 (``expert_tensor_parallel_size=1``). ``fp8_recipe``: ``delayed``, Transformer Engine's default
-scaling recipe (NeMo before 25.04); rows of later releases state ``tensorwise``/``mxfp8``.
-``software.tp_comm_overlap``: off, for a row whose trainer's recipe is not published (the Llama 3 paper's
-own trainer): the framework default both of Megatron-Core (``ModelParallelConfig.tp_comm_overlap = False``,
-``megatron/core/model_parallel_config.py``) and of PyTorch-native tensor parallelism (torchtitan's
-``Parallelism.enable_async_tensor_parallel = False``, ``torchtitan/config/job_config.py`` at 6404b93); the
-software-generation rule's overlap (``kilocard.perf.baselines``) stands for the Megatron recipes that set it."""
+scaling recipe (NeMo before 25.04); rows of later releases state ``tensorwise``/``mxfp8``."""
 
 INTERLEAVED = "interleaved"
 """``parallel.vp`` of a row whose source states an interleaved schedule without its depth: a stated fact
