@@ -458,8 +458,11 @@ def tp_gather_bytes_ratio(lay: Layout, ft: Features) -> float:
     ``ln_out`` (``transformer_engine/pytorch/module/layernorm_linear.py`` at 0004dbd0, Megatron-Core
     0.8 / NeMo 24.07 era) and passes the input quantizer to ``gather_along_first_dim`` (same file at
     d0067d0d, Transformer Engine 2.x: FP8 per-tensor, blockwise and MXFP8 all-gathers,
-    ``transformer_engine/pytorch/distributed.py``). The reduce-scatters of GEMM outputs, and here the
-    backward's gradient all-gathers, stay bf16. torchao's ``Float8Linear`` gathers bf16."""
+    ``transformer_engine/pytorch/distributed.py``). The reduce-scatters of GEMM outputs stay bf16.
+    Transformer Engine also gathers the row-parallel layers' output gradients in FP8 in the backward
+    (``grad_output_preprocess`` in ``module/base.py``, both commits); the model charges those in bf16:
+    charging them in FP8 made the held-out error worse (``docs/perf_model.md``, TP collectives).
+    torchao's ``Float8Linear`` gathers bf16."""
     fp8_gather = ft.precision == "fp8" and not ft.float8_converter and ft.sequence_parallel and lay.tp_enabled
     return 0.5 if fp8_gather else 1.0
 
