@@ -15,6 +15,7 @@ from kilocard.perf.steptime import (
     Features,
     all_to_all_time,
     deepep_logical_ratio,
+    dense_params_per_gpu,
     dp_bucket_params,
     dp_comm,
     expected_slowest,
@@ -82,7 +83,7 @@ def test_pipeline_bubble_is_p_minus_1_over_v_m_stage_passes():
     assert inter.breakdown["bubble"] == pytest.approx(plain.breakdown["bubble"] / 2, rel=1e-6)
     m = 128 // (1 * 8)  # micro-batches per DP rank (DP = 64 / (2 * 4))
     b = plain.breakdown
-    rest = b["bubble"] + b["pp_p2p"] + b["dp_comm"] + b["optimizer"] + b["logits"] + b["straggler"]
+    rest = b["bubble"] + b["pp_p2p"] + b["dp_comm"] + b["optimizer"] + b["param_passes"] + b["logits"] + b["straggler"]
     middle_stage = (plain.step_time_s - rest) / m
     assert b["bubble"] == pytest.approx(3 * middle_stage, rel=1e-6)  # (P - 1) / V stage passes, P = 4
 
@@ -180,7 +181,7 @@ def test_prediction_json_names_convention_and_peak():
 def _paced(p) -> float:
     """The pipeline's own time (micro-batches and bubble): what the straggler term scales."""
     b = p.breakdown
-    return p.step_time_s - b["straggler"] - b["dp_comm"] - b["optimizer"] - b["pp_p2p"]
+    return p.step_time_s - b["straggler"] - b["dp_comm"] - b["optimizer"] - b["param_passes"] - b["pp_p2p"]
 
 
 def test_a_step_waits_for_the_slowest_gpu():
@@ -359,3 +360,35 @@ def test_cuda_graphs_remove_the_launch_overhead_of_what_they_capture():
     assert graphed("transformer_engine", ["attn"]) == pytest.approx(plain * (1 - net.attn_overhead_share), rel=1e-9)
     assert graphed("transformer_engine", ["attn", "mlp"]) == pytest.approx(0.0, abs=1e-12)
     assert graphed("transformer_engine", ["moe_router", "moe_preprocess"]) == pytest.approx(plain, rel=1e-9)
+
+
+def test_each_step_zeroes_the_gradient_buffer_and_casts_fp8_weights_once():
+    """Per step, not per micro-batch: Megatron-Core zeroes the gradient buffer of every local parameter
+    (``grad_bytes`` each), and an FP8 run refreshes Transformer Engine's FP8 weight cache (cast + transpose, 4 bytes
+    per GEMM weight) on the first micro-batch only; the bf16 embedding and output layer are not cast."""
+    fp8 = replace(_cfg(), precision=PrecisionConfig(bf16=True, fp8="hybrid"))
+    inputs = prepare(fp8)
+    lay, shape, hw = inputs.layout, inputs.shape, inputs.hardware
+    n = dense_params_per_gpu(shape, lay, inputs.features)
+    hbm = hw.hbm_bandwidth * FITTED.for_family(hw.family).hbm_efficiency
+    weights = n - shape.vocab * shape.hidden / lay.tp
+    zero = n * inputs.features.grad_bytes
+    assert predict(_cfg()).breakdown["param_passes"] == pytest.approx(zero / hbm, rel=1e-9)
+    assert predict(fp8).breakdown["param_passes"] == pytest.approx((zero + weights * 4) / hbm, rel=1e-9)
+    twice = replace(fp8, trainer=replace(fp8.trainer, global_batch_size=256))
+    assert predict(twice).breakdown["param_passes"] == predict(fp8).breakdown["param_passes"]
+    current = replace(fp8, precision=replace(fp8.precision, fp8_recipe="tensorwise"))
+    assert predict(current).breakdown["param_passes"] == pytest.approx((zero + weights * 6) / hbm, rel=1e-9)
+
+
+def test_fp8_runs_gather_sequence_parallel_inputs_in_fp8():
+    """Transformer Engine all-gathers the FP8 GEMM inputs over TP (forward, and the backward's re-gather
+    for the weight gradient): those all-gathers carry half the bytes; the reduce-scatters and the
+    backward's gradient all-gathers stay bf16. Without sequence parallelism (all-reduces) nothing changes."""
+    bwd = 1.0 - FITTED.network.tp_bwd_overlap
+    ratio = (0.75 + bwd * (1 + 0.5 * 0.5)) / (1 + bwd * (1 + 0.5))
+    fp8 = PrecisionConfig(bf16=True, fp8="hybrid")
+    for sp, expected in ((True, ratio), (False, 1.0)):
+        bf16 = predict(_cfg(sequence_parallel=sp))
+        quantized = predict(replace(_cfg(sequence_parallel=sp), precision=fp8))
+        assert quantized.breakdown["tp_comm"] == pytest.approx(expected * bf16.breakdown["tp_comm"], rel=1e-9)

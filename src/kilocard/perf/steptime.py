@@ -152,7 +152,7 @@ class StepTime:
     """Predicted step time."""
     breakdown: dict[str, float] = field(default_factory=dict)
     """Seconds per component: gemm, attention, elementwise, tp_comm, cp_comm, ep_comm, bubble,
-    pp_p2p, dp_comm, optimizer, overhead, straggler."""
+    pp_p2p, dp_comm, optimizer, param_passes, overhead, straggler."""
 
 
 ACT_BYTES = 2
@@ -490,6 +490,25 @@ def sp_regather_share(lay: Layout, ft: Features) -> float:
     return 0.5 if ft.sequence_parallel and lay.tp_enabled else 0.0
 
 
+def tp_gather_bytes_ratio(lay: Layout, ft: Features) -> float:
+    """Bytes per element of the sequence-parallel all-gathers of GEMM inputs over bf16's: 0.5 in FP8 runs
+    under Transformer Engine, 1 otherwise.
+
+    With FP8 and sequence parallelism Transformer Engine quantizes the norm's output (and a linear's
+    input) before gathering it over the TP group and gathers the FP8 bytes, in the forward and again in
+    the backward's re-gather for the weight gradient: ``_LayerNormLinear`` gathers its ``uint8``
+    ``ln_out`` (``transformer_engine/pytorch/module/layernorm_linear.py`` at 0004dbd0, Megatron-Core
+    0.8 / NeMo 24.07 era) and passes the input quantizer to ``gather_along_first_dim`` (same file at
+    d0067d0d, Transformer Engine 2.x: FP8 per-tensor, blockwise and MXFP8 all-gathers,
+    ``transformer_engine/pytorch/distributed.py``). The reduce-scatters of GEMM outputs stay bf16.
+    Transformer Engine also gathers the row-parallel layers' output gradients in FP8 in the backward
+    (``grad_output_preprocess`` in ``module/base.py``, both commits); the model charges those in bf16:
+    charging them in FP8 made the held-out error worse (``docs/perf_model.md``, TP collectives).
+    torchao's ``Float8Linear`` gathers bf16."""
+    fp8_gather = ft.precision == "fp8" and not ft.float8_converter and ft.sequence_parallel and lay.tp_enabled
+    return 0.5 if fp8_gather else 1.0
+
+
 def graphed_overhead_share(ft: Features, params: PerfModelParams, moe: bool) -> float:
     """Share of a layer pass's fixed overhead (``layer_overhead_s``) that CUDA graphs remove: a captured
     module launches as one graph instead of its kernels one by one (Megatron-Core ``TransformerConfig``
@@ -534,13 +553,16 @@ def stage_microbatch_time(
         # tp_comm_overlap hides a share of the collectives, at most behind the GEMMs they pipeline with.
         exposed_tp = f.tp_comm - (min(net.tp_overlap * f.tp_comm, f.gemm) if ft.tp_comm_overlap else 0.0)
         full = 1.0 if ft.recompute == "full" else 0.0
+        gather = tp_gather_bytes_ratio(lay, ft)
+        forward_tp = (1.0 + gather) / 2  # two all-gathers at ``gather``, two reduce-scatters in bf16
         gemm_re, attn_re, elem_re = recompute_shares(shape, ft)
         # Forward, backward (2x the forward's GEMM and elementwise work), and what the backward recomputes.
         per_layer = {
             "gemm": f.gemm * (3 + gemm_re),
             "attention": f.attn * (3 + attn_re),
             "elementwise": f.elem * (1 + elem_re) + f.elem_bwd,
-            "tp_comm": exposed_tp * (1 + (1.0 - net.tp_bwd_overlap) * (1 + sp_regather_share(lay, ft)) + full),
+            "tp_comm": exposed_tp
+            * (forward_tp * (1 + full) + (1.0 - net.tp_bwd_overlap) * (1 + sp_regather_share(lay, ft) * gather)),
             "cp_comm": f.cp_comm * (3 + full),
             "ep_comm": f.ep_comm * (1.0 - net.ep_overlap) * (2 + full),
             "overhead": (
@@ -641,8 +663,9 @@ def predict_step_time(
     else:
         parts["dp_comm"] = dp_comm(n_params, lay, ft, hw, params, t_slow)
     parts["optimizer"] = optimizer_time(n_params, lay, ft, hw, params)
+    parts["param_passes"] = param_passes_time(n_params, shape.vocab * shape.hidden / lay.tp, ft, hw, params)
     parts["straggler"] = (m * t_slow + bubble) * params.network.gpu_speed_spread * expected_slowest(lay.world_size)
-    total = compute + parts["dp_comm"] + parts["optimizer"] + parts["straggler"]
+    total = compute + parts["dp_comm"] + parts["optimizer"] + parts["param_passes"] + parts["straggler"]
     return StepTime(total_s=total, breakdown=parts)
 
 
@@ -756,3 +779,39 @@ def optimizer_time(n_params: float, lay: Layout, ft: Features, hw: Hardware, par
     """Adam step: ~32 bytes of HBM traffic per parameter (fp32 param, grad, two moments; bf16 copy)."""
     shard = n_params / lay.dp_cp if ft.distributed_optimizer else n_params
     return shard * 32 / (hw.hbm_bandwidth * params.for_family(hw.family).hbm_efficiency)
+
+
+#: HBM bytes per GEMM weight element of Transformer Engine's FP8 weight cache refresh: the fused
+#: cast-transpose reads the bf16 weight (2) and writes the FP8 weight and its transpose (1 + 1; MXFP8's
+#: rowwise and columnwise copies alike, their block scales 1/32 of that).
+FP8_WEIGHT_CAST_BYTES = 4.0
+
+#: Extra HBM bytes per weight element with current (``tensorwise``) scaling: the weight's amax is read
+#: in a pass of its own before the cast (2).
+FP8_CURRENT_AMAX_BYTES = 2.0
+
+
+def param_passes_time(n_params: float, embedding: float, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
+    """Once-per-step HBM passes over the GPU's ``n_params`` parameters besides the optimizer's, seconds.
+
+    * Megatron-Core zeroes the gradient buffer (``grad_bytes`` per parameter, the whole local buffer, not
+      the optimizer's shard) before each step: ``DistributedDataParallel.zero_grad_buffer`` ->
+      ``_ParamAndGradBuffer.reset`` -> ``grad_data.zero_()`` (``megatron/core/distributed/``
+      ``distributed_data_parallel.py`` and ``param_and_grad_buffer.py``, megatron-core 0.16.1). PyTorch
+      FSDP2 (``fsdp_reshard_after_forward``) frees its sharded gradients instead (``set_to_none``).
+    * FP8/FP4 runs cast every GEMM weight (all but the ``embedding`` parameters: the output layer stays
+      bf16, ``logits_time``) to FP8 once per step and reuse the cached copy and its transpose for the
+      step's later micro-batches: Megatron-Core's schedules call ``set_is_first_microbatch`` on the first
+      micro-batch of each model chunk (``pipeline_parallel/schedules.py``, ``transformer/module.py``,
+      0.16.1) and ``TELinear.forward`` passes ``is_first_microbatch`` to Transformer Engine
+      (``extensions/transformer_engine.py``), whose ``Linear.forward`` then "allows caching of the FP8
+      versions of the weights" (``transformer_engine/pytorch/module/linear.py`` at 0004dbd0). torchao's
+      ``Float8Linear`` (``float8_converter``) keeps no cache: its per-micro-batch weight casts are not
+      counted (``fp8_cast_bytes``)."""
+    hbm = hw.hbm_bandwidth * params.for_family(hw.family).hbm_efficiency
+    zero = 0.0 if ft.fsdp_reshard_after_forward else n_params * ft.grad_bytes
+    cast = 0.0
+    if ft.precision in ("fp8", "fp4") and not ft.float8_converter:
+        per_weight = FP8_WEIGHT_CAST_BYTES + (FP8_CURRENT_AMAX_BYTES if ft.fp8_recipe == "tensorwise" else 0.0)
+        cast = max(0.0, n_params - embedding) * per_weight
+    return (zero + cast) / hbm
