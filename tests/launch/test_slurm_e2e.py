@@ -23,6 +23,7 @@ import io
 import json
 import math
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -132,13 +133,13 @@ def runs(local_slurm, tmp_path_factory):
     }
 
 
-def seconds_per_step(rows: list[dict]) -> float:
-    """Wall-clock seconds per step of a run's metrics rows after the first 3 (warm-up), committed saves
-    included (what a run's length depends on; ``step_time_s`` leaves the saves out)."""
-    rows = rows[3:]
-    if len(rows) < 2:
-        return 0.5
-    return max((rows[-1]["time"] - rows[0]["time"]) / (len(rows) - 1), 1e-3)
+def seconds_per_step(rows: list[dict], save_interval: int = 5) -> float:
+    """Wall-clock seconds per step, committed saves included (what a run's length depends on;
+    ``step_time_s`` leaves the saves out): the median over windows of ``save_interval`` steps (one save
+    each) after the first 3 steps, so a burst of another job's start-up does not inflate it."""
+    at = {m["step"]: m["time"] for m in rows}
+    windows = [at[s + save_interval] - at[s] for s in range(3, max(at, default=0)) if s + save_interval in at]
+    return max(statistics.median(windows) / save_interval, 1e-3) if windows else 0.5
 
 
 def cancel_after_first_commit(job_id: int, run_dir: Path) -> None:
