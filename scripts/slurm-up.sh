@@ -96,7 +96,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# a requeued job waits cred_expire+1 s before it restarts (default 120; Slurm refuses < 5); 10 s
+# a requeued job waits cred_expire+1 s before it restarts (default 120); 10 s
 # still covers a step launch on 2 loaded cores (the credential is checked when slurmd starts the step)
 AuthInfo=cred_expire=10
 StateSaveLocation=$BASE/ctld
