@@ -96,8 +96,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# a requeued job waits cred_expire+1 s before it restarts (default 120)
-AuthInfo=cred_expire=15
+# a requeued job waits cred_expire+1 s before it restarts (default 120); 10 s
+# still covers a step launch on 2 loaded cores (the credential is checked when slurmd starts the step)
+AuthInfo=cred_expire=10
 StateSaveLocation=$BASE/ctld
 SlurmdSpoolDir=$BASE/spool/%n
 SlurmctldPidFile=$RUN/slurmctld.pid

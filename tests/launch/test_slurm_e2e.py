@@ -9,9 +9,11 @@ script -> srun -> `python -m kilocard.train` on CPU ranks (gloo) on several slur
   from the committed step and finishes; the third exits at once (DONE marker).
 
 Steps must outlast the USR1 lead: Slurm sends USR1 45 to 75 s after the start of a 2-minute job
-(its time-limit check runs every 30 s), so a calibration run (2 nodes x 1 rank, beside the basic
-run) measures this machine's step time and the later runs get ~90 s of steps. Those three start
-together (6 nodes); the module takes about 3-4 minutes on 2 cores.
+(its time-limit check runs every 30 s). The basic run, the chain and the chain's uninterrupted twin
+(2 nodes x 1 rank, which also measures this machine's wall-clock seconds per step, committed saves
+included) start together (6 nodes); once the twin ends, the time-limit and reference runs get ~90 s
+of steps at that rate. The chain's 100 steps (800 when it shared the reference) are done soon after,
+so the time-limit run shares the cores with one other run, not two.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ import pytest
 from kilocard.cli import main
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-#: Seconds of steps (at the calibrated step time) of the time-limit, reference and chain runs.
+#: Seconds of steps (at the calibrated wall-clock time per step) of the time-limit and reference runs.
 TRAIN_S = 90
+#: Steps of the chain and its uninterrupted twin: the cancel after step 7 lands well before the end.
+CHAIN_ITERS = 100
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -99,24 +103,23 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def runs(local_slurm, tmp_path_factory):
-    """Submit the basic run with a 2-node x 1-rank calibration run, then (sized from the calibration's
-    step time) the time-limit, reference and chain runs, all at once."""
+    """Submit the basic run, the chain and its uninterrupted twin (the calibration run); once the twin
+    ends, submit the time-limit and reference runs, sized from the twin's seconds per step."""
     root = tmp_path_factory.mktemp("slurm-runs")
     pwned = root / "pwned"
     basic = submit(root, "trainer.train_iters=10", f"+launcher.env.INJECTED='$(touch {pwned}); `touch {pwned}`'")
-    calib = submit(root, "trainer.train_iters=20", "launcher.job_name=calibrate", nodes=2, ranks=1)
+    short = [f"trainer.train_iters={CHAIN_ITERS}", "checkpoint.save_interval=5"]
+    calib = submit(root, *short, "launcher.job_name=calibrate", nodes=2, ranks=1)
+    chain = submit(root, *short, "launcher.job_name=chain", chain=3, nodes=2, ranks=1)
+    cancel_after_first_commit(chain["ids"][0], chain["run_dir"])
     info = wait_state(basic["ids"][0], 300)
     wait_state(calib["ids"][0], 300)
-    times = [m["step_time_s"] for m in metrics(calib["run_dir"])[3:]]
-    step_s = statistics.median(times) if times else 0.5
     # one uninterrupted attempt would need ~90 s of steps: USR1 (45-75 s after the start) interrupts it,
     # and the second attempt (USR1 again after >= 45 s) usually finishes the rest
-    iters = min(800, max(60, math.ceil(TRAIN_S / max(step_s, 1e-3))))
+    iters = min(800, max(60, math.ceil(TRAIN_S / seconds_per_step(metrics(calib["run_dir"])))))
     common = [f"trainer.train_iters={iters}", "checkpoint.save_interval=5"]
     ref = submit(root, *common, "launcher.job_name=reference", nodes=2, ranks=1)
     limited = submit(root, *common, "launcher.job_name=timelimit", "launcher.time=00:02:00", nodes=2, ranks=1)
-    chain = submit(root, *common, "launcher.job_name=chain", chain=3, nodes=2, ranks=1)
-    cancel_after_first_commit(chain["ids"][0], chain["run_dir"])
     return {
         "root": root,
         "pwned": pwned,
@@ -125,8 +128,18 @@ def runs(local_slurm, tmp_path_factory):
         "iters": iters,
         "ref": ref,
         "limited": limited,
+        "calib": calib,
         "chain": chain,
     }
+
+
+def seconds_per_step(rows: list[dict], save_interval: int = 5) -> float:
+    """Wall-clock seconds per step, committed saves included (what a run's length depends on;
+    ``step_time_s`` leaves the saves out): the median over windows of ``save_interval`` steps (one save
+    each) after the first 3 steps, so a burst of another job's start-up does not inflate it."""
+    at = {m["step"]: m["time"] for m in rows}
+    windows = [at[s + save_interval] - at[s] for s in range(3, max(at, default=0)) if s + save_interval in at]
+    return max(statistics.median(windows) / save_interval, 1e-3) if windows else 0.5
 
 
 def cancel_after_first_commit(job_id: int, run_dir: Path) -> None:
@@ -166,7 +179,8 @@ def test_time_limit_requeues_and_matches_uninterrupted_run(runs):
 
 
 def test_chain_continues_after_scancel(runs):
-    """Cancel link 1 mid-run: link 2 resumes from the committed step and finishes; link 3 exits at once."""
+    """Cancel link 1 mid-run: link 2 resumes from the committed step and finishes; link 3 exits at once;
+    the loss curve equals the uninterrupted twin's."""
     ids, run_dir = runs["chain"]["ids"], runs["chain"]["run_dir"]
     first = wait_state(ids[0], 120)
     second = wait_state(ids[1], 420)
@@ -177,6 +191,7 @@ def test_chain_continues_after_scancel(runs):
     m = re.search(r"resumed from \S+ \(step (\d+)", text)
     assert m and int(m.group(1)) >= 5, text
     assert "run already complete (DONE marker)" in text
-    ref_info = wait_state(runs["ref"]["ids"][0], 420)
-    assert ref_info["JobState"] == "COMPLETED"
-    assert losses(run_dir) == losses(runs["ref"]["run_dir"])
+    twin_info = wait_state(runs["calib"]["ids"][0], 420)
+    assert twin_info["JobState"] == "COMPLETED"
+    assert sorted(losses(run_dir)) == list(range(1, CHAIN_ITERS + 1))
+    assert losses(run_dir) == losses(runs["calib"]["run_dir"])
