@@ -10,4 +10,6 @@ _early.install()
 
 from kilocard.train import entry  # noqa: E402
 
-sys.exit(entry.main(stop=_early))
+code = entry.main(stop=_early)
+_early.settle()  # the outcome is decided: a USR1 from here on must not kill the rank as Python shuts down
+sys.exit(code)

@@ -49,6 +49,16 @@ class StopFlag:
         if self.signal is None:
             self.signal = signum
 
+    @staticmethod
+    def settle() -> None:
+        """The run's outcome is decided: ignore a later SIGUSR1 from here to the process's end.
+
+        Slurm's USR1 may come after the last step. At exit CPython gives every signal it handled back its
+        default disposition, which for SIGUSR1 is death (exit 138, read as a FAULT that requeues a finished
+        run); an ignored signal stays ignored. SIGTERM keeps its handler: a cancel must still end the rank.
+        """
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
 
 class Watchdog:
     """A daemon thread that exits the process with FAULT when ``beat`` stops for ``timeout_s``."""
