@@ -35,12 +35,14 @@ class Run:
     run_dir: Path
     """Its run directory."""
     job_id: int
-    """Its Slurm job id."""
+    """Its Slurm job id (the first link's, for a chain)."""
+    later_links: tuple[int, ...] = ()
+    """The job ids of a chain's later links (``--chain``), in order."""
 
 
-def submit(root: Path, *overrides: str, env: dict[str, str] | None = None, iters: int = ITERS) -> Run:
-    """``kilocard sbatch --submit`` of tiny_gpt on 2 nodes x 2 CPU ranks, ``iters`` steps; ``env`` is set in
-    the submitting environment (sbatch passes it on to the job)."""
+def submit(root: Path, *overrides: str, env: dict[str, str] | None = None, iters: int = ITERS, chain: int = 1) -> Run:
+    """``kilocard sbatch --submit --chain CHAIN`` of tiny_gpt on 2 nodes x 2 CPU ranks, ``iters`` steps;
+    ``env`` is set in the submitting environment (sbatch passes it on to the job)."""
     args = [
         "sbatch",
         "recipe=tiny_gpt",
@@ -59,6 +61,7 @@ def submit(root: Path, *overrides: str, env: dict[str, str] | None = None, iters
         "trainer.hang_timeout_s=20",
         *overrides,
         "--submit",
+        f"--chain={chain}",
     ]
     out, err = io.StringIO(), io.StringIO()
     saved = {k: os.environ.get(k) for k in env or {}}
@@ -75,7 +78,8 @@ def submit(root: Path, *overrides: str, env: dict[str, str] | None = None, iters
     if rc != 0:
         raise AssertionError(f"kilocard sbatch exit {rc}: {err.getvalue()}")
     lines = dict(line.split(": ", 1) for line in out.getvalue().strip().splitlines() if ": " in line)
-    return Run(Path(lines["run dir"]), int(lines["job id"]))
+    first, *later = (int(i) for i in (lines.get("job id") or lines["job ids"]).split())
+    return Run(Path(lines["run dir"]), first, tuple(later))
 
 
 def scontrol(*args: str) -> str:
@@ -89,8 +93,9 @@ def job(job_id: int) -> dict[str, str]:
 
 
 def cancel(*runs: Run) -> None:
-    """scancel the runs' jobs (a finished job is left as it is)."""
-    subprocess.run(["timeout", "10", "scancel", *(str(r.job_id) for r in runs)], capture_output=True)
+    """scancel the runs' jobs, every link of a chain (a finished job is left as it is)."""
+    ids = [str(i) for r in runs for i in (r.job_id, *r.later_links)]
+    subprocess.run(["timeout", "10", "scancel", *ids], capture_output=True)
 
 
 def wait_until(predicate, timeout_s: float, what: str, every: float = 0.2):

@@ -4,8 +4,9 @@ a) ``launcher.max_restarts=2``: one rank SIGKILLed mid-run; NVRx's ft_launcher r
    inside the same allocation and the job ends COMPLETED without a requeue (Restarts=0), with the loss
    of every step equal to an uninterrupted run's;
 b) a node marked unhealthy by the health check's fault injection (``KILOCARD_FAULT_UNHEALTHY_NODES``)
-   ends the first attempt BAD_NODE; the batch script requeues the job with the node excluded, and the
-   requeued job completes on other nodes; the blocklist file and the log say so;
+   ends the first link of a two-link chain BAD_NODE; the link excludes the node from the queued second
+   link, which completes on other nodes; the blocklist file and the log say so (the requeue's exclusion
+   is d));
 c) Slurm's USR1 under ft_launcher: the ranks save, exit RETRY and the job requeues;
 d) the node that hosted the failed rank of two in-job restarts is excluded from the requeued job;
 e) a hung rank without in-job restarts ends the step and the job requeues.
@@ -34,7 +35,6 @@ from slurm_runs import (
     finished,
     idle_nodes,
     inject,
-    job,
     jsonl,
     logs,
     losses,
@@ -111,8 +111,9 @@ loaded machine."""
 
 
 def _unhealthy_node(run: Run) -> dict:
-    """Nothing to inject (the health check's fault injection fails the node): the job's end."""
-    return {"final": finished(run, 420)}
+    """Nothing to inject (the health check's fault injection fails the node): the end of both links."""
+    first = finished(run, 420)
+    return {"first": first, "final": finished(Run(run.run_dir, run.later_links[-1]), 420)}
 
 
 def _usr1_at_step_10(run: Run) -> dict:
@@ -146,7 +147,7 @@ def side_by_side(local_slurm, tmp_path_factory) -> Iterator[dict[str, tuple[Run,
     bad = nodes[0]  # Slurm gives a job the first idle nodes
     runs = {
         "unhealthy": submit(
-            root, "launcher.job_name=badnode", "launcher.max_restarts=2", env={UNHEALTHY_NODES_ENV: bad}
+            root, "launcher.job_name=badnode", "launcher.max_restarts=2", env={UNHEALTHY_NODES_ENV: bad}, chain=2
         ),
         "usr1": submit(root, "launcher.job_name=injob-usr1", "launcher.max_restarts=2", iters=USR1_ITERS),
         "hang": submit(root, "launcher.job_name=hang-requeue"),
@@ -160,22 +161,25 @@ def side_by_side(local_slurm, tmp_path_factory) -> Iterator[dict[str, tuple[Run,
             cancel(*runs.values())  # a test that stopped early: end every job now, the threads then return
 
 
-def test_unhealthy_node_is_excluded_and_the_requeued_job_completes_elsewhere(side_by_side):
-    """b) the node ``KILOCARD_FAULT_UNHEALTHY_NODES`` names fails the health check: BAD_NODE, blocklisted,
-    excluded from the requeued job, which completes on other nodes."""
+def test_unhealthy_node_is_excluded_from_the_next_chain_link_which_completes_elsewhere(side_by_side):
+    """b) the node ``KILOCARD_FAULT_UNHEALTHY_NODES`` names fails the health check in link 1 of a chain of 2:
+    BAD_NODE, blocklisted, and excluded from link 2 (queued since the submission), which completes on other
+    nodes. Without the exclusion link 2 could start on the bad node and lose its whole allocation."""
     bad, (run, outcome) = side_by_side["bad"], side_by_side["unhealthy"]
-    final = outcome.result()["final"]
+    ends = outcome.result()
+    first, final = ends["first"], ends["final"]
+    (link2,) = run.later_links
     text = logs(run)
     blocklist = (run.run_dir / BLOCKLIST).read_text().splitlines()
     node, reason, job_id, _when = blocklist[0].split("\t")
     assert (node, job_id) == (bad, str(run.job_id)) and "fault injection" in reason, blocklist
     assert f"node(s) {bad} failed the health check" in text and "exiting BAD_NODE (77)" in text, text[-4000:]
-    assert f"excluding node(s) {bad} from the requeued job" in text, text[-4000:]
-    assert final["JobState"] == "COMPLETED" and int(final["Restarts"]) >= 1, text[-4000:]
+    assert f"excluding node(s) {bad} from chain link job {link2}" in text, text[-4000:]
+    assert first["Restarts"] == "0" and "the next chain link continues the run" in text, text[-4000:]
+    assert final["JobState"] == "COMPLETED", text[-4000:]
     assert bad in scontrol("show", "hostnames", final["ExcNodeList"]).split()
     assert bad not in scontrol("show", "hostnames", final["NodeList"]).split()
     assert sorted(losses(run)) == list(range(1, ITERS + 1)) and (run.run_dir / "DONE").exists()
-    assert job(run.job_id)["JobState"] == "COMPLETED"
 
 
 def test_usr1_before_the_time_limit_saves_and_requeues_under_ft_launcher(side_by_side):

@@ -116,3 +116,57 @@ def test_exclusion_keeps_the_jobs_own_exclusions(tmp_path):
         "update JobId=9 ExcNodeList=n1,n3",
         "update JobId=9 ExcNodeList=n1,n3,n5,n6",
     ]
+
+
+def test_blocklisted_nodes_are_kept_out_of_the_later_links_of_a_chain(tmp_path):
+    """A chain's later links are queued before link 1 runs: after a bad node, ``exclude_from_later_links``
+    follows the ``afterany`` dependencies from this job and excludes the blocklist from every pending link.
+    Stand-in ``squeue``/``scontrol`` (a real controller would need a node to fail inside a chain; the real
+    chain run is in tests/launch/test_injob_slurm.py)."""
+    text = render("launcher.max_restarts=2")
+    functions = re.search(
+        r"^exclude_blocklisted\(\) \{\n.*?^exclude_from_later_links\(\) \{\n.*?^\}\n", text, re.M | re.S
+    )
+    assert functions is not None
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "blocklist.tsv").write_text("n2\tbad\t9\tt\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # job 12 waits on 11 (this job's next link), 13 on 12; 99 on 911 (another chain), 14 on 112
+    (bin_dir / "squeue").write_text(
+        "#!/bin/bash\n"
+        'echo "$*" >> "$RUN_DIR/squeue_args"\n'
+        "printf '%s\\n' '99 afterany:911(unfulfilled)' '14 afterany:112(unfulfilled)' "
+        "'13 afterok:5(unfulfilled),afterany:12(unfulfilled)' '12 afterany:11(unfulfilled)'\n"
+    )
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/bash\n"
+        'case "$1 $2" in\n'
+        '  "show job") echo "   ReqNodeList=(null) ExcNodeList=(null)";;\n'
+        '  *) echo "$*" >> "$RUN_DIR/updates";;\n'
+        "esac\n"
+    )
+    for tool in ("squeue", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    script = 'log() { echo "$*"; }\n' + functions.group(0) + "exclude_from_later_links\n"
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "RUN_DIR": str(tmp_path),
+        "SLURM_JOB_ID": "11",
+        "SLURM_JOB_NAME": "tiny",
+        "CHAIN_LENGTH": "4",
+    }
+    out = subprocess.run(["bash", "-c", script], env=env, check=True, capture_output=True, text=True).stdout
+    assert (tmp_path / "updates").read_text().splitlines() == [
+        "update JobId=12 ExcNodeList=n2",
+        "update JobId=13 ExcNodeList=n2",
+    ]
+    assert "excluding node(s) n2 from chain link job 13" in out
+    assert "-t PD -n tiny" in (tmp_path / "squeue_args").read_text()
+
+
+def test_a_chain_link_excludes_the_blocklist_from_the_next_links_before_it_ends():
+    """The chain branch of ``continue_run`` calls ``exclude_from_later_links`` (in-job restarts on)."""
+    text = render("launcher.max_restarts=2")
+    assert 'exclude_from_later_links; log "the next chain link continues the run"' in text
+    assert "exclude_from_later_links" not in render("launcher.max_restarts=0")

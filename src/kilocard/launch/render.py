@@ -228,14 +228,14 @@ def injob_notes(cfg: RunConfig) -> str:
     n = cfg.launcher.max_restarts
     return (
         f"#   {exitcodes.BAD_NODE} BAD_NODE    a node failed its health check (kilocard/train/health.py)      "
-        f"-> exclude the blocklist's nodes, requeue\n"
+        f"-> exclude the blocklist's nodes, requeue / next link\n"
         f"# In-job restarts (launcher.max_restarts={n}): one NVRx ft_launcher per node starts the node's ranks\n"
         f"# and, when a rank dies or hangs, restarts every rank inside this allocation, at most {n} times\n"
         "# (each start runs the node health check first). Each rank records its code in $KILOCARD_EXIT_DIR\n"
         "# and exits non-zero only on FAULT; the run's code is `python -m kilocard.exitcodes EXIT_DIR RC`.\n"
         "# When the restarts are spent (FAULT) or the allocation is lost, the requeue below is the fallback;\n"
-        f"# a requeued job keeps the nodes of {BLOCKLIST} out (ExcNodeList). Output lines are labelled by\n"
-        "# node (the launcher's srun task), not by rank.\n"
+        f"# a requeued job, and the later links of a chain, keep the nodes of {BLOCKLIST} out (ExcNodeList).\n"
+        "# Output lines are labelled by node (the launcher's srun task), not by rank.\n"
     )
 
 
@@ -268,27 +268,44 @@ def injob_code(cfg: RunConfig, run_dir: Path, python: str) -> str:
 
 
 def injob_functions(cfg: RunConfig) -> str:
-    """``exclude_blocklisted``: after a requeue (the job is pending again) keep the blocklist's nodes out."""
+    """``exclude_blocklisted`` keeps the blocklist's nodes out of a job that is pending again (this one after
+    its requeue, or a later link of the chain); ``exclude_from_later_links`` applies it down the chain."""
     if not ftlaunch.in_job(cfg):
         return ""
-    return f"""# Keep the nodes of the run's blocklist (kilocard/train/health.py) out of the requeued job; the job's
-# own exclusions stay. The requeue's TERM may cut an scontrol call short: it is retried.
+    return f"""# Keep the nodes of the run's blocklist (kilocard/train/health.py) out of job $1 (default: this job,
+# requeued); the job's own exclusions stay. The requeue's TERM may cut an scontrol call short: it is retried.
 exclude_blocklisted() {{
+  local KILOCARD_JOB=${{1:-$SLURM_JOB_ID}} KILOCARD_WHAT=${{2:-the requeued job}}
   [ -s "$RUN_DIR/{BLOCKLIST}" ] || return 0
-  KILOCARD_EXCLUDE=$(timeout 10 scontrol show job "$SLURM_JOB_ID" | sed -n 's/.*ExcNodeList=\\([^ ]*\\).*/\\1/p')
+  KILOCARD_EXCLUDE=$(timeout 10 scontrol show job "$KILOCARD_JOB" | sed -n 's/.*ExcNodeList=\\([^ ]*\\).*/\\1/p')
   KILOCARD_EXCLUDE=$( {{ cut -f1 "$RUN_DIR/{BLOCKLIST}"
     [ -z "$KILOCARD_EXCLUDE" ] || [ "$KILOCARD_EXCLUDE" = "(null)" ] || scontrol show hostnames "$KILOCARD_EXCLUDE"
   }} 2>/dev/null |
     grep -E '^[A-Za-z0-9._-]+$' | sort -u | paste -sd, -)
   for _ in 1 2 3; do
-    if timeout 10 scontrol update "JobId=$SLURM_JOB_ID" "ExcNodeList=$KILOCARD_EXCLUDE"; then
-      log "excluding node(s) $KILOCARD_EXCLUDE from the requeued job (blocklist $RUN_DIR/{BLOCKLIST})"
+    if timeout 10 scontrol update "JobId=$KILOCARD_JOB" "ExcNodeList=$KILOCARD_EXCLUDE"; then
+      log "excluding node(s) $KILOCARD_EXCLUDE from $KILOCARD_WHAT (blocklist $RUN_DIR/{BLOCKLIST})"
       return 0
     fi
     sleep 1
   done
-  log "could not exclude node(s) $KILOCARD_EXCLUDE (scontrol update failed); the requeued job may run on them"
+  log "could not exclude node(s) $KILOCARD_EXCLUDE from $KILOCARD_WHAT (scontrol update failed); it may run on them"
   return 0
+}}
+
+# The later links of a chain are queued already, each pending on the one before (afterany): walk the
+# chain from this job and keep the blocklist's nodes out of every link still to run.
+exclude_from_later_links() {{
+  local KILOCARD_PREV=$SLURM_JOB_ID KILOCARD_NEXT _
+  [ -s "$RUN_DIR/{BLOCKLIST}" ] || return 0
+  for _ in $(seq "$CHAIN_LENGTH"); do
+    KILOCARD_NEXT=$(timeout 10 squeue -h -t PD -n "$SLURM_JOB_NAME" -o '%i %E' |
+      awk -v KILOCARD_DEP="afterany:$KILOCARD_PREV" '{{ n = split($2, deps, ","); for (i = 1; i <= n; i++) {{
+        sub(/\\(.*/, "", deps[i]); if (deps[i] == KILOCARD_DEP) {{ print $1; exit }} }} }}')
+    [ -n "$KILOCARD_NEXT" ] || return 0
+    exclude_blocklisted "$KILOCARD_NEXT" "chain link job $KILOCARD_NEXT"
+    KILOCARD_PREV=$KILOCARD_NEXT
+  done
 }}
 
 """
@@ -375,6 +392,7 @@ def render_script(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, chain_length:
         "injob_code": injob_code(cfg, run_dir, python),
         "injob_functions": injob_functions(cfg),
         "after_requeue": "exclude_blocklisted && " if ftlaunch.in_job(cfg) else "",
+        "before_next_link": "exclude_from_later_links; " if ftlaunch.in_job(cfg) else "",
         "injob_case": injob_case(cfg),
     }
     return fill((data_dir("slurm") / TEMPLATE).read_text(), values)
