@@ -26,6 +26,9 @@ def test_gpu_table_has_the_datasheet_dense_peaks():
         10e15,
         72,
     )
+    # GB200 NVL72 specification table, per GPU: 576 TB/s of HBM3e and 130 TB/s of NVLink over 72 GPUs
+    # (1.8 TB/s both directions), TF32 2.5 PF sparse.
+    assert (gb200.hbm_bandwidth, gb200.nvlink_bandwidth, gb200.peak("tf32")) == (8.0e12, 0.9e12, 1.25e15)
     assert gpu_spec("mi300x").peak("bf16") == 1307e12 and gpu_spec("mi300x").peak("fp8") == 2615e12
     assert gpu_spec("h100-pcie-80gb").peak("bf16") == 756e12
     assert gpu_spec("cpu").hbm_bytes == 8 << 30 and "nominal" in gpu_spec("cpu").note
