@@ -162,7 +162,8 @@ def srun_args(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> str:
     In-job restarts: one ``ft_launcher`` task per node with every CPU (and GPU) the node's ranks
     have in the allocation; a launcher that ends non-zero (its restarts spent) or dies with its node
     ends the step at once (``--kill-on-bad-exit=1``): the other nodes' ranks do not wait for a
-    collective timeout, and the script requeues. Output is labelled by node, not by rank."""
+    collective timeout, and the script requeues. Output is labelled by node; the launcher adds the
+    rank (``train_command``)."""
     if ftlaunch.in_job(cfg):
         args = [
             f"--nodes={plan.nodes}",
