@@ -73,6 +73,12 @@ def test_killed_rank_restarts_in_the_same_job_with_the_uninterrupted_loss(local_
     got = losses(run)
     assert sorted(got) == list(range(1, ITERS + 1))
     assert got == losses(ref)
+    # with one launcher per node the srun label is the node's; --rank 3 picks the launcher's rank prefix
+    cli = [sys.executable, "-m", "kilocard.cli", "logs", str(run.run_dir), "--rank", "3"]
+    shown = subprocess.run(cli, capture_output=True, text=True, check=True).stdout.splitlines()
+    rank3 = [x for x in shown if not x.startswith("[kilocard ")]
+    assert rank3 and all(x.split(": ", 2)[1] == "[rank3]" for x in rank3), shown
+    assert "[rank0]: " in text and not any("[rank0]: " in x for x in shown), shown
 
 
 def test_node_that_hosted_the_failed_rank_twice_is_excluded(local_slurm, tmp_path):

@@ -1,4 +1,5 @@
-"""``kilocard logs``: a run's Slurm output, all of it or one rank's (``srun --label`` prefixes)."""
+"""``kilocard logs``: a run's Slurm output, all of it or one rank's (``srun --label`` prefixes, or with
+in-job restarts the node's label and ft_launcher's rank prefix)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,35 @@ import threading
 import time
 
 from kilocard.cli import main
+from kilocard.config.compose import compose
+from kilocard.config.freeze import write_frozen
 
 JOB_1 = "[kilocard 2026-01-01T00:00:00Z job 7] start\n 0: step 1 loss 9.1\n12: rank twelve\n 3: step 1\n"
 JOB_2 = "[kilocard 2026-01-01T01:00:00Z job 9] start\n 3: resumed\n 0: step 2\n"
+# In-job restarts (one ft_launcher per node under srun --label, launcher.max_restarts=2), lines as a real
+# 2 nodes x 2 ranks job wrote them: the rendezvous put ranks 0-1 on node 1 and ranks 2-3 on node 0, so
+# node 3 does not exist and node 1's lines are ranks 0 and 1's or its launcher's.
+INJOB = """\
+[kilocard 2026-12-01T11:38:35Z job 204] start: restart 0, chain link 1/1, master n3:21428
+0: [2026-12-01 11:38:48,882] [INFO] [ft_launcher28095@vm] Using nproc_per_node=2.
+1: [2026-12-01 11:38:49,410] [INFO] [ft_launcher28093@vm] The node 'localhost_28093_0' has joined round 0 as rank 0.
+1: [rank1]: /venv/megatron/core/optimizer/__init__.py:24: UserWarning: Apex is not installed.
+0: [rank3]: /venv/megatron/core/optimizer/__init__.py:24: UserWarning: Apex is not installed.
+0: [rank3]:   warnings.warn(
+1: [rank0]: [rank 0] kilocard.train: node health: n4 ok (4 ranks in the job, 2 here; a 3.5 MB checkpoint fits)
+0: [rank2]: [rank 2] kilocard.train: node health: n3 ok (4 ranks in the job, 2 here; a 3.5 MB checkpoint fits)
+1: [rank0]: [    7.0s] kilocard.train: built model (1 micro-batches per step, world 4, backend cpu)
+0: [2026-12-01 11:39:05,030] [ERROR] [ft_launcher28095@vm] failed (exitcode: -9) local_rank: 1 (pid: 28138)
+[kilocard 2026-12-01T11:39:42Z job 204] ft_launcher exit code 0
+"""
 
 
-def run_dir(tmp_path):
+def run_dir(tmp_path, *overrides: str, logs: dict[str, str] | None = None):
+    """A run directory with a real frozen config (tiny_gpt on Slurm, ``overrides``) and job logs."""
+    write_frozen(compose(["recipe=tiny_gpt", "launcher=slurm", *overrides]), tmp_path)
     (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "slurm-9.out").write_text(JOB_2)
-    (tmp_path / "logs" / "slurm-7.out").write_text(JOB_1)
+    for name, text in (logs or {"slurm-9.out": JOB_2, "slurm-7.out": JOB_1}).items():
+        (tmp_path / "logs" / name).write_text(text)
     return tmp_path
 
 
@@ -51,3 +72,25 @@ def test_not_a_run_directory_is_one_line(tmp_path, capsys):
     assert main(["logs", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "RUN_DIR" in err and "has no logs/" in err
+
+
+def test_in_job_rank_is_the_launchers_rank_prefix_not_the_node_label(tmp_path, capsys):
+    d = run_dir(tmp_path, "launcher.max_restarts=2", logs={"slurm-204.out": INJOB})
+    assert main(["logs", str(d), "--rank", "3"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "[kilocard 2026-12-01T11:38:35Z job 204] start: restart 0, chain link 1/1, master n3:21428",
+        "0: [rank3]: /venv/megatron/core/optimizer/__init__.py:24: UserWarning: Apex is not installed.",
+        "0: [rank3]:   warnings.warn(",
+        "[kilocard 2026-12-01T11:39:42Z job 204] ft_launcher exit code 0",
+    ]
+    assert main(["logs", str(d), "--rank", "1"]) == 0  # node 1's launcher and rank 0 ran there: neither is shown
+    assert [line.split(": ", 2)[1] for line in capsys.readouterr().out.splitlines()[1:-1]] == ["[rank1]"]
+    assert main(["logs", str(d)]) == 0
+    assert capsys.readouterr().out == INJOB
+
+
+def test_rank_without_a_readable_frozen_config_is_one_line(tmp_path, capsys):
+    (tmp_path / "logs").mkdir()
+    assert main(["logs", str(tmp_path), "--rank", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config.yaml" in err and "--rank needs the run's frozen config" in err

@@ -44,7 +44,9 @@ def test_one_ft_launcher_per_node_with_the_nodes_cpus_and_the_shared_argument_li
     launcher = argv.index(ftlaunch.MODULE)
     endpoint = "$MASTER_ADDR:$MASTER_PORT"
     expected = ftlaunch.ft_launcher_args(cfg, nnodes="$SLURM_NNODES", nproc=2, rdzv_endpoint=endpoint)
-    assert argv[launcher + 1 : -3] == expected and argv[-3:] == ["-m", "kilocard.train", "$RUN_DIR"]
+    assert argv[launcher + 1 : -3] == [*expected, ftlaunch.TEE] and argv[-3:] == ["-m", "kilocard.train", "$RUN_DIR"]
+    assert argv[launcher - 2 : launcher] == ["-u", "-m"]  # teed rank lines reach the log as they are written
+    assert f"export {ftlaunch.LINE_PREFIX_ENV}='{ftlaunch.LINE_PREFIX}'" in text
     assert argv[argv.index("bash") : argv.index("bash") + 3] == ["bash", "-c", 'trap "" USR1; exec "$@"']
 
 
@@ -74,6 +76,7 @@ def test_every_variable_of_the_in_job_script_is_reserved():
     """Nothing the in-job script assigns or reads can be set from launcher.env / cluster.env."""
     text = render("launcher.max_restarts=2")
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    code = code.replace(f"'{ftlaunch.LINE_PREFIX}'", "''")  # single-quoted: ${rank} is the launcher's, not bash's
     assigned = re.findall(r"(?:^|[\s;{(])(?:export\s+)?([A-Za-z_]\w*)=", code, flags=re.M)
     read = re.findall(r"\$\{?([A-Za-z_]\w*)", code)
     names = (set(assigned) | set(read)) - {"OMP_NUM_THREADS"}

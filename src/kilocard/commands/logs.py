@@ -1,8 +1,10 @@
 """``kilocard logs RUN_DIR [--rank N] [--follow]``: a Slurm run's output, optionally one rank's.
 
 The batch script writes every job of a run (requeues and chain links too) to
-``<run_dir>/logs/slurm-<jobid>.out``; ranks are labelled by ``srun --label``. ``--rank N`` keeps
-rank N's lines and the batch script's own; ``--follow`` reads until ``DONE`` or ``FAILED`` appears.
+``<run_dir>/logs/slurm-<jobid>.out``; ranks are labelled by ``srun --label``, or with in-job restarts
+by the ``ft_launcher`` of their node (``kilocard.launch.logs``; the frozen config says which).
+``--rank N`` keeps rank N's lines and the batch script's own; ``--follow`` reads until ``DONE`` or
+``FAILED`` appears.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 
 from kilocard.commands import exits
 from kilocard.commands.report import fail
-from kilocard.launch.logs import FINISHED, Reader, select
+from kilocard.config import ComposeError
+from kilocard.launch.logs import FINISHED, Reader, in_job, select
 from kilocard.launch.render import LOG_DIR
 
 HELP = "print (or follow) a Slurm run's output, optionally one rank's"
@@ -33,10 +36,14 @@ def show(run_dir: Path, rank: int | None = None, follow: bool = False, poll_s: f
     if not (run_dir / LOG_DIR).is_dir():
         why = f"{run_dir} has no {LOG_DIR}/ (expected a run directory written by kilocard sbatch)"
         return fail("logs", f"RUN_DIR: {why}", exits.USAGE)
+    try:
+        injob = rank is not None and in_job(run_dir)
+    except ComposeError as e:
+        return fail("logs", f"RUN_DIR: {e} (--rank needs the run's frozen config)", exits.USAGE)
     reader = Reader(run_dir)
     while True:
         finished = any((run_dir / m).exists() for m in FINISHED)  # checked before reading: no line is lost
-        sys.stdout.writelines(select(reader.new_lines(), rank))
+        sys.stdout.writelines(select(reader.new_lines(), rank, injob))
         sys.stdout.flush()
         if not follow or finished:
             return exits.OK

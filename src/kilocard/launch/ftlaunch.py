@@ -24,6 +24,14 @@ CHECK_INTERVAL_S = 1.0
 """How often the launcher's rank monitors check the heartbeats (NVRx default 5 s): detection in seconds."""
 WORKERS_STOP_TIMEOUT_S = 15.0
 """Seconds the launcher gives the surviving ranks to exit after a fault before it SIGKILLs them."""
+TEE = "--tee=3"
+"""``ft_launcher`` option (batch script): each rank's stdout and stderr go to a file that the launcher copies to
+its own output, every line prefixed with ``LINE_PREFIX``. Under one launcher per node, ``srun --label`` names
+the node only (and the rendezvous, not Slurm, decides which ranks a node runs)."""
+LINE_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+"""Environment variable the launcher reads its per-rank line prefix from (torchrun's)."""
+LINE_PREFIX = "[rank${rank}]: "
+"""The prefix of each teed line (``${rank}``: the rank's global rank); ``kilocard logs --rank`` matches it."""
 
 
 def available() -> bool:

@@ -2,9 +2,12 @@
 
 The batch script writes every job of a run (requeues and chain links too) to
 ``<run_dir>/logs/slurm-<jobid>.out``; the training step runs under ``srun --label``, so each rank's
-line starts with ``<rank>: ``. ``--rank N`` keeps rank N's lines and the batch script's own
-``[kilocard ...]`` lines (start, exit codes, requeues); ``--follow`` keeps reading until the run has
-a ``DONE`` or ``FAILED`` marker.
+line starts with ``<rank>: ``. With in-job restarts (``launcher.max_restarts`` > 0) srun runs one
+``ft_launcher`` per node, so the label is the node's; the launcher prefixes each line of its ranks with
+the global rank (``ftlaunch.LINE_PREFIX``): ``<node>: [rank<rank>]: ``, and its own lines carry the node
+label only. ``--rank N`` keeps rank N's lines and the batch script's own ``[kilocard ...]`` lines
+(start, exit codes, requeues); ``--follow`` keeps reading until the run has a ``DONE`` or ``FAILED``
+marker.
 """
 
 from __future__ import annotations
@@ -13,10 +16,15 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from kilocard.config import load_run_config
+from kilocard.config.freeze import CONFIG_FILE
+from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
 
 #: ``srun --label`` prefix: the task rank, right-aligned to the width of the largest one.
 LABEL = re.compile(r"^\s*(\d+): ")
+#: In-job restarts: the node's ``srun --label``, then the launcher's prefix naming the rank.
+RANK_TAG = re.compile(r"^\s*\d+: " + re.escape(ftlaunch.LINE_PREFIX).replace(re.escape("${rank}"), r"(\d+)"))
 SCRIPT_LINE = "[kilocard "
 FINISHED = ("DONE", "FAILED")
 
@@ -27,13 +35,21 @@ def log_files(run_dir: Path) -> list[Path]:
     return sorted(files, key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
 
 
-def select(lines: Iterable[str], rank: int | None) -> Iterator[str]:
-    """All lines, or rank ``rank``'s lines plus the batch script's own."""
+def in_job(run_dir: Path) -> bool:
+    """Whether the run's frozen config restarts ranks in the job (its lines name ranks by ``RANK_TAG``);
+    ``kilocard.config.ComposeError`` naming the file when it is missing or unreadable."""
+    return ftlaunch.in_job(load_run_config(run_dir / CONFIG_FILE))
+
+
+def select(lines: Iterable[str], rank: int | None, injob: bool = False) -> Iterator[str]:
+    """All lines, or rank ``rank``'s lines plus the batch script's own; ``injob``: the lines come from
+    one ``ft_launcher`` per node (``RANK_TAG``), not from one srun task per rank (``LABEL``)."""
+    pattern = RANK_TAG if injob else LABEL
     for line in lines:
         if rank is None or line.startswith(SCRIPT_LINE):
             yield line
             continue
-        m = LABEL.match(line)
+        m = pattern.match(line)
         if m and int(m.group(1)) == rank:
             yield line
 

@@ -162,7 +162,8 @@ def srun_args(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> str:
     In-job restarts: one ``ft_launcher`` task per node with every CPU (and GPU) the node's ranks
     have in the allocation; a launcher that ends non-zero (its restarts spent) or dies with its node
     ends the step at once (``--kill-on-bad-exit=1``): the other nodes' ranks do not wait for a
-    collective timeout, and the script requeues. Output is labelled by node, not by rank."""
+    collective timeout, and the script requeues. Output is labelled by node; the launcher adds the
+    rank (``train_command``)."""
     if ftlaunch.in_job(cfg):
         args = [
             f"--nodes={plan.nodes}",
@@ -189,7 +190,8 @@ def train_command(cfg: RunConfig, plan: LaunchPlan, python: str) -> str:
     """What each srun task runs, up to the run directory: the trainer, or (in-job restarts) one NVRx
     ``ft_launcher`` per node starting the node's ranks. The launcher starts with USR1 ignored (Slurm's
     ``--signal=USR1`` reaches every process of the step and would kill it); its ranks install their own
-    handler (save, then RETRY)."""
+    handler (save, then RETRY). It tees the ranks' output with each line prefixed by the rank
+    (``ftlaunch.TEE``), unbuffered (``-u``) so the lines reach the log as they are written."""
     nsys = nsys_prefix(cfg, plan)
     if not ftlaunch.in_job(cfg):
         return f"{nsys}{python} -m kilocard.train"
@@ -197,7 +199,7 @@ def train_command(cfg: RunConfig, plan: LaunchPlan, python: str) -> str:
         cfg, nnodes='"$SLURM_NNODES"', nproc=plan.tasks_per_node, rdzv_endpoint='"$MASTER_ADDR:$MASTER_PORT"'
     )
     ignore_usr1 = 'bash -c \'trap "" USR1; exec "$@"\' ft_launcher'
-    return f"{ignore_usr1} {nsys}{python} -m {ftlaunch.MODULE} {' '.join(args)} -m kilocard.train"
+    return f"{ignore_usr1} {nsys}{python} -u -m {ftlaunch.MODULE} {' '.join(args)} {ftlaunch.TEE} -m kilocard.train"
 
 
 NSYS = (
@@ -221,6 +223,17 @@ def host_python(cfg: RunConfig, run_dir: Path, python: str) -> str:
     return " ".join(["srun --nodes=1 --ntasks=1 --kill-on-bad-exit=0", *container_args(cfg, run_dir), "python"])
 
 
+def label_note(cfg: RunConfig) -> str:
+    """The batch script's comment on how the training step's output lines name their rank."""
+    if not ftlaunch.in_job(cfg):
+        return "# Each output line starts with its rank (srun --label): `kilocard logs RUN_DIR --rank N` picks one."
+    return (
+        "# Each output line starts with its node (srun --label), a rank's line then with its rank\n"
+        f"# ({ftlaunch.LINE_PREFIX.replace('${rank}', 'N').strip()}, ft_launcher {ftlaunch.TEE}): "
+        "`kilocard logs RUN_DIR --rank N` picks one."
+    )
+
+
 def injob_notes(cfg: RunConfig) -> str:
     """The in-job part of the exit-code comment block (empty without in-job restarts)."""
     if not ftlaunch.in_job(cfg):
@@ -235,7 +248,8 @@ def injob_notes(cfg: RunConfig) -> str:
         "# and exits non-zero only on FAULT; the run's code is `python -m kilocard.exitcodes EXIT_DIR RC`.\n"
         "# When the restarts are spent (FAULT) or the allocation is lost, the requeue below is the fallback;\n"
         f"# a requeued job, and the later links of a chain, keep the nodes of {BLOCKLIST} out (ExcNodeList).\n"
-        "# Output lines are labelled by node (the launcher's srun task), not by rank.\n"
+        "# Output lines are labelled by node (the launcher's srun task), a rank's lines also by rank (see the\n"
+        "# training step below).\n"
     )
 
 
@@ -250,6 +264,7 @@ def injob_setup(cfg: RunConfig) -> str:
             f'export {EXIT_DIR_ENV}="$RUN_DIR/logs/exit/$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"',
             f'mkdir -p "${EXIT_DIR_ENV}" || exit 1',
             *env,
+            f"export {ftlaunch.LINE_PREFIX_ENV}={shell.quote(ftlaunch.LINE_PREFIX_ENV, ftlaunch.LINE_PREFIX)}",
             "",
         ]
     )
@@ -387,6 +402,7 @@ def render_script(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, chain_length:
         "preflight": preflight_command(cfg, plan, run_dir, python),
         "srun_args": srun_args(cfg, plan, run_dir),
         "train_command": train_command(cfg, plan, python),
+        "label_note": label_note(cfg),
         "injob_notes": injob_notes(cfg),
         "injob_setup": injob_setup(cfg),
         "injob_code": injob_code(cfg, run_dir, python),
