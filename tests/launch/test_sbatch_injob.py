@@ -91,6 +91,19 @@ def test_bad_node_wins_over_the_codes_it_causes():
     assert exitcodes.BAD_NODE in exitcodes.RETRYABLE and exitcodes.BAD_NODE not in exitcodes.RESTART_IN_JOB
 
 
+def stand_ins(run_dir: Path, blocklist: str, **tools: str) -> Path:
+    """``run_dir/nodes/blocklist.tsv`` with ``blocklist`` and a ``bin`` folder of executable stand-in
+    Slurm clients (name -> bash body); returns the folder for PATH."""
+    (run_dir / "nodes").mkdir()
+    (run_dir / "nodes" / "blocklist.tsv").write_text(blocklist)
+    bin_dir = run_dir / "bin"
+    bin_dir.mkdir()
+    for name, body in tools.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
 def test_exclusion_keeps_the_jobs_own_exclusions(tmp_path):
     """``exclude_blocklisted`` sets ExcNodeList to the blocklist plus the job's own (expanded) exclusions.
     A stand-in ``scontrol`` answers ``show job`` and records ``update``: a real controller would need a job
@@ -98,19 +111,15 @@ def test_exclusion_keeps_the_jobs_own_exclusions(tmp_path):
     text = render("launcher.max_restarts=2")
     function = re.search(r"^exclude_blocklisted\(\) \{\n.*?^\}\n", text, flags=re.M | re.S)
     assert function is not None
-    (tmp_path / "nodes").mkdir()
-    (tmp_path / "nodes" / "blocklist.tsv").write_text("n3\tbad\t1\tt\nn1\tbad\t2\tt\nn3\tagain\t3\tt\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(
-        "#!/bin/bash\n"
-        'case "$1 $2" in\n'
+    bin_dir = stand_ins(
+        tmp_path,
+        "n3\tbad\t1\tt\nn1\tbad\t2\tt\nn3\tagain\t3\tt\n",
+        scontrol='case "$1 $2" in\n'
         '  "show job") echo "   ReqNodeList=(null) ExcNodeList=$OWN";;\n'
         '  "show hostnames") echo "$3" | sed "s/n\\[5-6\\]/n5 n6/" | tr " " "\\n";;\n'
         '  *) echo "$*" >> "$RUN_DIR/updates";;\n'
-        "esac\n"
+        "esac\n",
     )
-    (bin_dir / "scontrol").chmod(0o755)
     calls = 'OWN="(null)" exclude_blocklisted\nOWN="n[5-6]" exclude_blocklisted\n'
     script = "log() { :; }\n" + function.group(0) + calls
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RUN_DIR": str(tmp_path), "SLURM_JOB_ID": "9"}
@@ -131,26 +140,18 @@ def test_blocklisted_nodes_are_kept_out_of_the_later_links_of_a_chain(tmp_path):
         r"^exclude_blocklisted\(\) \{\n.*?^exclude_from_later_links\(\) \{\n.*?^\}\n", text, re.M | re.S
     )
     assert functions is not None
-    (tmp_path / "nodes").mkdir()
-    (tmp_path / "nodes" / "blocklist.tsv").write_text("n2\tbad\t9\tt\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     # job 12 waits on 11 (this job's next link), 13 on 12; 99 on 911 (another chain), 14 on 112
-    (bin_dir / "squeue").write_text(
-        "#!/bin/bash\n"
-        'echo "$*" >> "$RUN_DIR/squeue_args"\n'
+    bin_dir = stand_ins(
+        tmp_path,
+        "n2\tbad\t9\tt\n",
+        squeue='echo "$*" >> "$RUN_DIR/squeue_args"\n'
         "printf '%s\\n' '99 afterany:911(unfulfilled)' '14 afterany:112(unfulfilled)' "
-        "'13 afterok:5(unfulfilled),afterany:12(unfulfilled)' '12 afterany:11(unfulfilled)'\n"
-    )
-    (bin_dir / "scontrol").write_text(
-        "#!/bin/bash\n"
-        'case "$1 $2" in\n'
+        "'13 afterok:5(unfulfilled),afterany:12(unfulfilled)' '12 afterany:11(unfulfilled)'\n",
+        scontrol='case "$1 $2" in\n'
         '  "show job") echo "   ReqNodeList=(null) ExcNodeList=(null)";;\n'
         '  *) echo "$*" >> "$RUN_DIR/updates";;\n'
-        "esac\n"
+        "esac\n",
     )
-    for tool in ("squeue", "scontrol"):
-        (bin_dir / tool).chmod(0o755)
     script = 'log() { echo "$*"; }\n' + functions.group(0) + "exclude_from_later_links\n"
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",

@@ -367,6 +367,12 @@ def remote_domains_per_token(topk: int, domains: int) -> float:
     return (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** topk) if domains > 1 else 0.0
 
 
+def holders_per_token(topk: int, units: int) -> float:
+    """Expected number of the ``units`` NVLink domains (or ranks) holding at least one of a token's
+    ``topk`` experts, its own included: the copies DeepEP sends per token, one per holder."""
+    return units * (1.0 - (1.0 - 1.0 / units) ** topk)
+
+
 #: DeepEP's normal (training) kernels across NVLink domains, as its README states them (deepseek-ai/DeepEP
 #: ``README.md`` at e02e4d2e, "Normal kernels with NVLink and RDMA forwarding"; ``docs/legacy.md`` since
 #: V2): H800s, each with one CX7 400 Gb/s NIC (~50 GB/s), top-8 experts, 4096 tokens of hidden 7168. A token
@@ -393,10 +399,10 @@ def flex_all_to_all_time(
     (``deepep_logical_ratio``: RDMA to the same-rank GPU, NVLink forwarding behind it), never faster than
     the NIC carries the copies for other domains (``all_to_all_time``, pods included)."""
     domains = max(2, -(-size // _per_domain(stride, size, hw)))  # the group spans at least two
-    remote = remote_domains_per_token(topk, domains)
-    logical = token * remote * domains / (domains - 1)
+    logical = token * holders_per_token(topk, domains)
     kernel = logical / (deepep_logical_ratio(domains) * hw.network_bandwidth)
-    return max(kernel, all_to_all_time(token * topk, stride, size, hw, params, token * remote))
+    remote = token * remote_domains_per_token(topk, domains)
+    return max(kernel, all_to_all_time(token * topk, stride, size, hw, params, remote))
 
 
 def tp_comm_forward(tok: float, h: int, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
@@ -434,8 +440,8 @@ def ep_comm_forward(
         return 2 * flex_all_to_all_time(token, shape.topk, lay.etp, lay.ep, hw, params) + etp
     # Inside one domain DeepEP sends a token once to each rank holding one of its experts (the
     # ``is_token_in_rank`` layout of ``Buffer.get_dispatch_layout``), not once per expert.
-    others = remote_domains_per_token(shape.topk, lay.ep)
-    return 2 * all_to_all_time(token * others * lay.ep / (lay.ep - 1), lay.etp, lay.ep, hw, params) + etp
+    copies = token * holders_per_token(shape.topk, lay.ep)
+    return 2 * all_to_all_time(copies, lay.etp, lay.ep, hw, params) + etp
 
 
 def etp_comm_forward(
