@@ -4,6 +4,9 @@
 ``KILOCARD_RUN_LOCK``; rank 0 of a Slurm job (no token) takes the lock itself. A second writer is
 refused at once with the holder named. The kernel drops the lock when its holder dies, so a stale
 lock never blocks; the holder info in the file (host, pid, Slurm job id) is only informational.
+A requeued Slurm job that finds its own earlier start still holding the lock (a process of that start
+not yet gone: Slurm's teardown, an unkillable task) waits for it up to ``EARLIER_START_WAIT_S``
+before it gives up as busy (``claim``).
 On a shared filesystem the lock needs flock support across nodes (NFSv4, Lustre ``-o flock``);
 where the filesystem refuses flock, ``LockUnsupported`` says so and the callers run unlocked
 with a warning, as before the lock existed.
@@ -16,7 +19,10 @@ import fcntl
 import json
 import os
 import platform
+import sys
+import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +30,9 @@ LOCK_FILE = ".lock"
 """The lock file inside a run directory."""
 TOKEN_ENV = "KILOCARD_RUN_LOCK"
 """Token of the launcher that holds the lock for the ranks it started."""
+EARLIER_START_WAIT_S = 180.0
+"""Seconds a requeued Slurm job waits for an earlier start of the same job to release the lock (Slurm's
+KillWait, 30 s by default, plus its UnkillableStepTimeout, 60 s, with room to spare)."""
 
 
 class RunDirBusy(Exception):
@@ -61,6 +70,7 @@ def holder_info(token: str) -> dict[str, str | int | None]:
         "host": platform.node(),
         "pid": os.getpid(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT", "0") if "SLURM_JOB_ID" in os.environ else None,
         "since": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "token": token,
     }
@@ -71,6 +81,8 @@ def describe(info: dict) -> str:
     if not info:
         return "a process that has not written its name yet"
     job = f", Slurm job {info['slurm_job_id']}" if info.get("slurm_job_id") else ""
+    if job and info.get("slurm_restart_count") is not None:
+        job += f" (restart {info['slurm_restart_count']})"
     return f"pid {info.get('pid')} on host {info.get('host')}{job}, since {info.get('since')}"
 
 
@@ -112,14 +124,44 @@ def busy_message(run_dir: Path, info: dict) -> str:
     )
 
 
-def claim(run_dir: Path, token: str | None) -> RunLock | None:
+def claim(run_dir: Path, token: str | None, wait_s: float = EARLIER_START_WAIT_S) -> RunLock | None:
     """Rank 0's check: ``None`` when the launcher with ``token`` holds the lock, else the lock taken here.
 
-    Raises ``RunDirBusy`` when another writer holds it; ``LockUnsupported`` passes through.
+    When the holder is an earlier start of this same Slurm job (requeued), wait up to ``wait_s`` for it
+    to go. Raises ``RunDirBusy`` when another writer holds it; ``LockUnsupported`` passes through.
     """
     try:
         return acquire(run_dir)
     except RunDirBusy:
-        if token and read_holder(run_dir).get("token") == token:
+        holder = read_holder(run_dir)
+        if token and holder.get("token") == token:
             return None
-        raise
+        if not earlier_start_of_this_job(holder, os.environ):
+            raise
+    print(
+        f"kilocard: run directory {run_dir} is still held by an earlier start of this job ({describe(holder)}); "
+        f"waiting up to {wait_s:.0f}s for it to exit",
+        file=sys.stderr,
+        flush=True,
+    )
+    return acquire_within(run_dir, wait_s)
+
+
+def earlier_start_of_this_job(holder: Mapping, env: Mapping[str, str]) -> bool:
+    """Whether ``holder`` is this Slurm job before its last requeue (same job id, other restart count)."""
+    job = env.get("SLURM_JOB_ID")
+    if not job or str(holder.get("slurm_job_id")) != job:
+        return False
+    return str(holder.get("slurm_restart_count")) != env.get("SLURM_RESTART_COUNT", "0")
+
+
+def acquire_within(run_dir: Path, wait_s: float, poll_s: float = 1.0) -> RunLock:
+    """``acquire``, retried every ``poll_s`` until ``wait_s`` has passed; then its ``RunDirBusy``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return acquire(run_dir)
+        except RunDirBusy:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(poll_s)

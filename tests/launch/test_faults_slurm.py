@@ -68,14 +68,22 @@ def job(job_id: int) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", scontrol("show", "job", str(job_id))))
 
 
-def wait_until(predicate, timeout_s: float, what: str):
+def wait_until(predicate, timeout_s: float, what: str, state=lambda: ""):
+    """``predicate``'s first true value within ``timeout_s``; on timeout fail with ``state()`` (what went on)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(1)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{state()}")
+
+
+def job_and_log(run: dict) -> str:
+    """The job's Slurm state and the end of the run's log: why a wait timed out."""
+    info = job(run["id"])
+    keys = ("JobState", "Reason", "Restarts", "NodeList", "ExcNodeList")
+    return " ".join(f"{k}={info.get(k)}" for k in keys) + "\n" + logs(run["run_dir"])[-6000:]
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -111,7 +119,8 @@ def crash_node(node: str) -> list[int]:
 def test_node_crash_mid_run_requeues_and_completes(local_slurm, tmp_path):
     ref = submit(tmp_path, "launcher.job_name=nodefail-ref", "launcher.requeue=false")
     run = submit(tmp_path, "launcher.job_name=nodefail")
-    wait_until(lambda: len(metrics(run["run_dir"])) >= 5, 240, "the run to pass its first committed step")
+    started = "the run to pass its first committed step"
+    wait_until(lambda: len(metrics(run["run_dir"])) >= 5, 240, started, lambda: job_and_log(run))
     info = job(run["id"])
     nodes = scontrol("show", "hostnames", info["NodeList"]).split()
     victim = next(n for n in nodes if n != info["BatchHost"])
@@ -127,6 +136,7 @@ def test_node_crash_mid_run_requeues_and_completes(local_slurm, tmp_path):
             ),
             420,
             "the requeued job to complete",
+            lambda: job_and_log(run),
         )
     finally:
         subprocess.run(["slurmd", "-N", victim], capture_output=True, timeout=30)

@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -21,7 +23,7 @@ from kilocard.config.compose import compose, to_run_config
 from kilocard.launch.render import render_script
 from kilocard.launch.rundir import create_run_dir
 from kilocard.plan import build_plan
-from kilocard.runlock import LOCK_FILE, LockUnsupported, RunDirBusy, acquire, read_holder
+from kilocard.runlock import LOCK_FILE, LockUnsupported, RunDirBusy, acquire, claim, read_holder
 
 TINY = ["recipe=tiny_gpt", "trainer.train_iters=2", "trainer.tensorboard=false"]
 
@@ -62,6 +64,29 @@ def test_lock_names_its_holder_and_a_dead_holder_does_not_block(run_dir, holder)
     assert read_holder(run_dir)["pid"] == os.getpid()
     lock.release()
     assert (run_dir / LOCK_FILE).read_text() == ""
+
+
+def test_a_requeued_job_waits_for_its_own_earlier_start_to_let_go(run_dir, holder, monkeypatch, capsys):
+    """The holder is job 4242 before its requeue (restart 0): restart 1 waits for it and takes the lock
+    once it exits; a different job, or the same start, is refused at once."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    t0 = time.monotonic()
+    with pytest.raises(RunDirBusy, match=r"Slurm job 4242 \(restart 0\)"):
+        claim(run_dir, None, wait_s=30)  # the same start: another writer, no wait
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with pytest.raises(RunDirBusy):
+        claim(run_dir, None, wait_s=30)  # another job
+    assert time.monotonic() - t0 < 10, "neither waited"
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    with pytest.raises(RunDirBusy):
+        claim(run_dir, None, wait_s=2)  # the earlier start outlives the wait
+    assert "still held by an earlier start of this job" in capsys.readouterr().err
+    threading.Timer(2.0, holder.kill).start()
+    lock = claim(run_dir, None, wait_s=60)
+    assert lock is not None and read_holder(run_dir)["slurm_restart_count"] == "1"
+    lock.release()
 
 
 def test_a_filesystem_without_flock_is_named_not_a_crash(run_dir, monkeypatch):

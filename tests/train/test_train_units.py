@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -83,11 +84,13 @@ def test_torchrun_command_runs_the_train_module(tmp_path):
 def test_watchdog_exits_fault_with_a_clear_message():
     code = (
         "from kilocard.train.signals import Watchdog; import time; w = Watchdog(0.3, 3).start(); "
-        "w.beat('step 7'); time.sleep(5)"
+        "w.beat('step 7')\ndef stuck_in_a_collective():\n    time.sleep(5)\nstuck_in_a_collective()"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == exitcodes.FAULT
     assert "[rank 3] kilocard.train: no progress for" in p.stderr and "in step 7" in p.stderr
+    # every thread's stack follows, so the log names the call the rank hung in
+    assert re.search(r"line \d+ in stuck_in_a_collective", p.stderr), p.stderr
 
 
 def test_throughput_names_its_peak_and_uses_megatron_flops():

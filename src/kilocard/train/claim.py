@@ -17,8 +17,11 @@ import torch.distributed as dist
 from kilocard.runlock import TOKEN_ENV, LockUnsupported, RunDirBusy, RunLock, claim
 
 
-def claim_run_dir(run_dir: Path) -> RunLock | None:
+def claim_run_dir(run_dir: Path, wait_s: float) -> RunLock | None:
     """Rank 0 claims ``run_dir`` (process group up); raise ``RunDirBusy`` on every rank when another writer has it.
+
+    An earlier start of this same Slurm job gets up to ``wait_s`` to let go (``runlock.claim``); the other
+    ranks wait in the verdict's broadcast, so ``wait_s`` must stay inside the collective timeout.
 
     Returns the lock when rank 0 took it itself, else ``None``. The lock's descriptor is never closed
     by the garbage collector, so the lock lasts until ``release`` or the end of the process.
@@ -27,7 +30,7 @@ def claim_run_dir(run_dir: Path) -> RunLock | None:
     lock = None
     if dist.get_rank() == 0:
         try:
-            lock = claim(run_dir, os.environ.get(TOKEN_ENV))
+            lock = claim(run_dir, os.environ.get(TOKEN_ENV), wait_s)
         except RunDirBusy as e:
             verdict = [str(e)]
         except LockUnsupported as e:

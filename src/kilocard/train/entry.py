@@ -72,7 +72,7 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
     from torch.distributed.checkpoint.api import CheckpointException
 
     from kilocard.backends import select
-    from kilocard.runlock import RunDirBusy
+    from kilocard.runlock import EARLIER_START_WAIT_S, RunDirBusy
     from kilocard.train import checkpoint as ck
     from kilocard.train import health, heartbeat
     from kilocard.train.claim import claim_run_dir
@@ -89,7 +89,8 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
         _deterministic(run_cfg.trainer.deterministic)
         timeout = datetime.timedelta(seconds=max(run_cfg.trainer.hang_timeout_s, 1.0) + 60)
         init_process_group(backend.dist_backend, os.environ, timeout)  # per-attempt store under a restarting launcher
-        claim_run_dir(run_dir)  # one writer per run directory; a lock taken here lasts until this rank exits
+        # one writer per run directory; a lock taken here lasts until this rank exits
+        claim_run_dir(run_dir, wait_s=min(EARLIER_START_WAIT_S, timeout.total_seconds() - 30))
         _record_start(run_dir, env, started, attempt)
         unhealthy = health.check(run_cfg, run_dir, os.environ, backend.is_cuda)  # every node, every attempt
         if unhealthy is not None:

@@ -3,7 +3,8 @@
 SIGUSR1 (Slurm's ``--signal=USR1@lead``) and SIGTERM only set a flag; the loop all-reduces the
 flag at every step boundary, so every rank stops after the SAME step even when the signal reached
 only some of them. The watchdog thread ends a rank that makes no progress for
-``trainer.hang_timeout_s`` with exit code FAULT and a message saying where it stalled.
+``trainer.hang_timeout_s`` with exit code FAULT, a message saying where it stalled and every
+thread's Python stack (``faulthandler``), so the log shows the call each rank hung in.
 ``die_with_parent_in_forks`` makes every process a rank forks (Megatron-Core's checkpoint writer
 processes) die when the rank dies, so a killed rank's sockets close and its peers fail fast.
 ``record_exit`` leaves the rank's exit code where ``kilocard run`` reads it (the watchdog's too).
@@ -12,6 +13,7 @@ processes) die when the rank dies, so a killed rank's sockets close and its peer
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -99,6 +101,7 @@ class Watchdog:
                     file=sys.stderr,
                     flush=True,
                 )
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 record_exit(FAULT)  # os._exit skips the entry's own record
                 os._exit(FAULT)
 
