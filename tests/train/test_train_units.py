@@ -93,6 +93,42 @@ def test_watchdog_exits_fault_with_a_clear_message():
     assert re.search(r"line \d+ in stuck_in_a_collective", p.stderr), p.stderr
 
 
+_HUNG_WITH_A_MANAGER = """
+import multiprocessing as mp, os, sys, time
+from kilocard.train.signals import Watchdog
+queue = mp.get_context("spawn").Manager().Queue()  # as Megatron-Core's checkpoint writer starts one
+print(*[p.pid for p in mp.active_children()], flush=True)
+w = Watchdog(0.3, 0).start()
+w.beat("step 3")
+w.beat("saving step 3")
+time.sleep(30)
+"""
+
+
+def test_watchdog_exit_leaves_no_spawned_process_behind(tmp_path):
+    """The processes a hung rank started by spawn (the checkpoint writer's Manager) die with it: an orphan
+    would hold the rank's output open (Slurm waits 60 s for it) and stay on the node."""
+    import time
+
+    import psutil
+
+    out = tmp_path / "children"
+    with open(out, "w") as f:  # a file, not a pipe: an orphan would hold a pipe open
+        cmd = [sys.executable, "-c", _HUNG_WITH_A_MANAGER]
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert p.returncode == exitcodes.FAULT, p.stderr
+    children = [int(pid) for pid in out.read_text().split()]
+    assert children, "the Manager was started"
+    deadline = time.monotonic() + 10
+    alive = children
+    while alive and time.monotonic() < deadline:
+        alive = [c for c in alive if psutil.pid_exists(c) and psutil.Process(c).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.05)
+    for c in alive:
+        psutil.Process(c).kill()
+    assert not alive, f"spawned process(es) {alive} outlived the rank"
+
+
 def test_throughput_names_its_peak_and_uses_megatron_flops():
     from kilocard.perf.flops import flops_per_iteration
 

@@ -7,6 +7,7 @@ only some of them. The watchdog thread ends a rank that makes no progress for
 thread's Python stack (``faulthandler``), so the log shows the call each rank hung in.
 ``die_with_parent_in_forks`` makes every process a rank forks (Megatron-Core's checkpoint writer
 processes) die when the rank dies, so a killed rank's sockets close and its peers fail fast.
+The watchdog also kills the processes the rank started by spawn (``kill_started_children``).
 ``record_exit`` leaves the rank's exit code where ``kilocard run`` reads it (the watchdog's too).
 """
 
@@ -102,8 +103,22 @@ class Watchdog:
                     flush=True,
                 )
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                kill_started_children()
                 record_exit(FAULT)  # os._exit skips the entry's own record
                 os._exit(FAULT)
+
+
+def kill_started_children() -> None:
+    """SIGKILL the processes this rank started with ``multiprocessing`` (before an ``os._exit``).
+
+    Megatron-Core's checkpoint writer starts a ``multiprocessing`` Manager by *spawn* (a fresh interpreter:
+    ``die_with_parent_in_forks`` does not reach it). A normal exit shuts it down; after ``os._exit`` it would
+    live on, holding the rank's stdout, so Slurm waits 60 s for the step's output to end and the node keeps
+    the orphan."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
 
 
 def record_exit(code: int) -> None:
