@@ -97,6 +97,8 @@ _HUNG_WITH_A_MANAGER = """
 import multiprocessing as mp, os, sys, time
 from kilocard.train.signals import Watchdog
 queue = mp.get_context("spawn").Manager().Queue()  # as Megatron-Core's checkpoint writer starts one
+writer = mp.get_context("fork").Process(target=time.sleep, args=(120,))  # a writer stuck in the save
+writer.start()
 print(*[p.pid for p in mp.active_children()], flush=True)
 w = Watchdog(0.3, 0).start()
 w.beat("step 3")
@@ -106,8 +108,8 @@ time.sleep(30)
 
 
 def test_watchdog_exit_leaves_no_spawned_process_behind(tmp_path):
-    """The processes a hung rank started by spawn (the checkpoint writer's Manager) die with it: an orphan
-    would hold the rank's output open (Slurm waits 60 s for it) and stay on the node."""
+    """The processes a hung rank started (the checkpoint writer's spawned Manager, a forked writer) die with
+    it: an orphan would hold the rank's output open (Slurm waits 60 s for it) and stay on the node."""
     import time
 
     import psutil
@@ -118,7 +120,7 @@ def test_watchdog_exit_leaves_no_spawned_process_behind(tmp_path):
         p = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, timeout=60)
     assert p.returncode == exitcodes.FAULT, p.stderr
     children = [int(pid) for pid in out.read_text().split()]
-    assert children, "the Manager was started"
+    assert len(children) == 2, "the Manager and the writer were started"
     deadline = time.monotonic() + 10
     alive = children
     while alive and time.monotonic() < deadline:

@@ -7,7 +7,7 @@ only some of them. The watchdog thread ends a rank that makes no progress for
 thread's Python stack (``faulthandler``), so the log shows the call each rank hung in.
 ``die_with_parent_in_forks`` makes every process a rank forks (Megatron-Core's checkpoint writer
 processes) die when the rank dies, so a killed rank's sockets close and its peers fail fast.
-The watchdog also kills the processes the rank started by spawn (``kill_started_children``).
+The watchdog also kills every process the rank started (``kill_started_children``).
 ``record_exit`` leaves the rank's exit code where ``kilocard run`` reads it (the watchdog's too).
 """
 
@@ -109,16 +109,24 @@ class Watchdog:
 
 
 def kill_started_children() -> None:
-    """SIGKILL the processes this rank started with ``multiprocessing`` (before an ``os._exit``).
+    """SIGKILL every process this rank started, and theirs (before an ``os._exit``).
 
     Megatron-Core's checkpoint writer starts a ``multiprocessing`` Manager by *spawn* (a fresh interpreter:
-    ``die_with_parent_in_forks`` does not reach it). A normal exit shuts it down; after ``os._exit`` it would
-    live on, holding the rank's stdout, so Slurm waits 60 s for the step's output to end and the node keeps
-    the orphan."""
-    import multiprocessing
+    ``die_with_parent_in_forks`` does not reach it), and forks writer processes; one stuck in the save the
+    watchdog ends could outlive the rank. A normal exit shuts the Manager down; after ``os._exit`` it would
+    live on, holding the rank's stdout (Slurm waits 60 s for the step's output to end), and a stuck writer
+    would also keep the rank's run-directory lock (``kilocard.runlock``), which the requeued job needs."""
+    import psutil
 
-    for child in multiprocessing.active_children():
-        child.kill()
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            continue
 
 
 def record_exit(code: int) -> None:
