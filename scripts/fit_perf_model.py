@@ -5,24 +5,68 @@ The search is ``kilocard.perf.fit.fit`` (coordinate search from several seeded s
 parameter in its physical range). Prints the fitted values to paste into
 src/kilocard/perf/efficiency.py (FITTED) and the errors per row.
 
+With ``--folds`` it writes the cross-validation's fold fits instead (``baselines/published.folds.json``,
+read by ``kilocard baselines``): for each source, ``fit.cold_fit`` of every other source's rows, from the
+middle of the ranges (never from FITTED), with the ids of the rows each was fitted on.
+
     .venv/bin/python scripts/fit_perf_model.py [--file baselines/published.yaml] [--starts 6]
+    .venv/bin/python scripts/fit_perf_model.py --folds [--jobs 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+from multiprocessing import get_context
 
-from kilocard.perf.baselines import compare_row, error_stats, load_rows
+from kilocard.perf.baselines import baselines_file, compare_row, error_stats, load_rows
+from kilocard.perf.crossval import folds_file, source_group
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import fit, targets
+from kilocard.perf.fit import HOPS, cold_fit, fit, loss, targets
+
+
+def fold_fit(args: tuple[str | None, str]) -> tuple[str, dict]:
+    """The stored fit of the fold that holds out ``group`` of baselines file ``file``."""
+    file, group = args
+    t0 = time.monotonic()
+    train = [t for t in targets([r for r in load_rows(file) if r.complete]) if source_group(t.row) != group]
+    values = cold_fit(train)
+    print(f"{group}: {len(train)} rows, loss {loss(values, train):.4f}, {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    return group, {
+        "trained_on": sorted(t.row.id for t in train),
+        "train_loss": round(loss(values, train), 6),
+        "values": {k: float(f"{v:.6g}") for k, v in sorted(values.items())},
+    }
+
+
+def write_folds(file: str | None, jobs: int) -> int:
+    """Compute every fold's cold fit (``jobs`` in parallel) and write them next to the baselines file."""
+    groups = list(dict.fromkeys(source_group(t.row) for t in targets([r for r in load_rows(file) if r.complete])))
+    with get_context("spawn").Pool(jobs) as pool:
+        folds = dict(pool.map(fold_fit, [(file, g) for g in groups]))
+    doc = {
+        "about": "Cross-validation fold fits of the rows beside this file: for each source group, "
+        f"kilocard.perf.fit.cold_fit (hops={HOPS}, seed 0) of the other groups' rows, from the middle of "
+        "every parameter's range. Written by scripts/fit_perf_model.py --folds.",
+        "folds": folds,
+    }
+    out = folds_file(baselines_file(file))
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out} ({len(folds)} folds)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--file", default=None)
     ap.add_argument("--starts", type=int, default=6, help="coordinate searches from perturbed starts")
+    ap.add_argument("--folds", action="store_true", help="write the cross-validation's fold fits instead")
+    ap.add_argument("--jobs", type=int, default=2, help="folds fitted in parallel (with --folds)")
     args = ap.parse_args(argv)
+    if args.folds:
+        return write_folds(args.file, args.jobs)
     rows = [r for r in load_rows(args.file) if r.complete]
     values = fit(targets(rows), starts=args.starts, log=lambda line: print(line, file=sys.stderr))
     params = with_values(FITTED, values)

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from kilocard.cli import main
-from kilocard.perf.baselines import Row, compare_row, load_rows
-from kilocard.perf.crossval import held_out_errors, source_group
+from kilocard.perf import crossval
+from kilocard.perf.baselines import Row, baselines_file, compare_row, load_rows
+from kilocard.perf.crossval import FoldFit, held_out_errors, load_fold_fits, source_group
 from kilocard.perf.efficiency import FITTED, with_values
 from kilocard.perf.fit import FREE, fit, free_values, loss, setup, targets
 
@@ -71,6 +72,32 @@ def test_held_out_rows_are_not_seen_by_their_fit(scored):
     assert predicted[0] == pytest.approx(predicted[1], rel=1e-9)
     in_sample = compare_row(target, {}).rel_error
     assert before[target.id] != pytest.approx(in_sample, abs=1e-6)
+
+
+def test_a_fold_starts_from_its_stored_fit_only_when_that_fit_never_saw_its_rows(scored, monkeypatch):
+    """A stored fold fit fitted on a row that is now held out would carry it into the fold: such a fold
+    fits cold instead; a clean one is refined, never recomputed."""
+    rows = [r for r in scored if r.id in ("sc21-1.7b", "sc21-18b", "bridge-llama3-8b-fp8", "bridge-llama3-70b-fp8")]
+    cold = []
+    monkeypatch.setattr(crossval, "cold_fit", lambda train: cold.append({t.row.id for t in train}) or free_values())
+    ids = {r.id: source_group(r) for r in rows}
+    groups = list(dict.fromkeys(ids.values()))
+    others = {g: frozenset(i for i, h in ids.items() if h != g) for g in groups}
+    clean = next(g for g in groups if g.startswith("SC21"))
+    folds = {g: FoldFit(others[g] if g == clean else frozenset(ids), free_values()) for g in groups}
+    held_out_errors(rows, folds=folds)
+    assert cold == [others[g] for g in groups if g != clean], "only the folds whose stored fit saw their rows"
+
+
+def test_the_shipped_fold_fits_are_current_and_never_saw_their_rows(scored):
+    """Every source of the shipped file has a stored fold fit, fitted on exactly the other sources' rows
+    (after rows are added or moved: scripts/fit_perf_model.py --folds)."""
+    folds = load_fold_fits(baselines_file())
+    ids = {t.row.id: source_group(t.row) for t in targets(scored)}
+    assert set(folds) == set(ids.values())
+    for group, f in folds.items():
+        assert f.trained_on == {i for i, g in ids.items() if g != group}, group
+        assert set(f.values) == set(free_values())
 
 
 def test_fit_lowers_the_loss_from_a_perturbed_start(scored):

@@ -7,7 +7,7 @@ import json
 
 from kilocard.commands import exits
 from kilocard.commands.report import fail
-from kilocard.perf.baselines import compare_all, load_rows, render_json, render_text
+from kilocard.perf.baselines import baselines_file, compare_all, load_rows, render_json, render_text
 from kilocard.perf.crossval import with_cross_validation
 from kilocard.perf.series import render_series_text, series_checks, series_json
 
@@ -25,7 +25,7 @@ def execute(args: argparse.Namespace) -> int:
     baselines file."""
     try:
         rows = load_rows(args.file)
-        comps = with_cross_validation(compare_all(args.file), rows)
+        comps = with_cross_validation(compare_all(args.file), rows, baselines_file(args.file))
     except (ValueError, KeyError, TypeError) as e:
         return fail("baselines", str(e), exits.USAGE)
     series = series_checks(rows, comps)

@@ -105,9 +105,14 @@ def _missing(raw: dict[str, Any]) -> list[str]:
     return out
 
 
+def baselines_file(path: str | None = None) -> Path:
+    """The baselines file ``path`` names (default: the shipped ``baselines/published.yaml``)."""
+    return Path(path) if path else data_dir("baselines") / "published.yaml"
+
+
 def load_rows(path: str | None = None) -> list[Row]:
     """Rows of a baselines file (default: the shipped ``baselines/published.yaml``)."""
-    file = Path(path) if path else data_dir("baselines") / "published.yaml"
+    file = baselines_file(path)
     try:
         doc = yaml.safe_load(file.read_text())
     except (OSError, yaml.YAMLError) as e:

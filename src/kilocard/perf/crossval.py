@@ -15,22 +15,54 @@ sets it to the middle of its physical range.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from kilocard.perf.baselines import Comparison, Row
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import fit, targets
+from kilocard.perf.fit import cold_fit, fit, middles, targets
 
 STARTS = 1
-"""Coordinate searches per fold: the warm start only (``fit`` uses 6 starts)."""
+"""Coordinate searches per fold from its stored fold fit (``fit`` uses 6 starts)."""
+FOLDS_SUFFIX = ".folds.json"
+"""The stored fold fits of ``baselines/X.yaml`` are ``baselines/X.folds.json``."""
+
+
+@dataclass(frozen=True)
+class FoldFit:
+    """A stored fit of one fold: where its search starts."""
+
+    trained_on: frozenset[str]
+    """Ids of the rows it was fitted on; a fold holding out any of them cannot start from it."""
+    values: dict[str, float]
+    """The free parameters' values (``kilocard.perf.fit.FREE`` names)."""
+
+
+def folds_file(baselines_file: Path) -> Path:
+    """Where the fold fits of ``baselines_file`` are stored."""
+    return baselines_file.with_name(baselines_file.stem + FOLDS_SUFFIX)
+
+
+def load_fold_fits(baselines_file: Path) -> dict[str, FoldFit]:
+    """Source group -> its stored fold fit (empty when the file has none)."""
+    path = folds_file(baselines_file)
+    if not path.exists():
+        return {}
+    doc = json.loads(path.read_text())
+    return {
+        g: FoldFit(frozenset(f["trained_on"]), {k: float(v) for k, v in f["values"].items()})
+        for g, f in doc["folds"].items()
+    }
+
+
 EVALS = 1500
 """Loss evaluations per fold at most (``fit`` allows 4000 per start); a fold converges in under 1000."""
 TOL = 5e-4
 """Smallest step per fold, as a fraction of each parameter's range (``fit`` goes to 1e-4): below it the
-mean held-out error moves by less than 0.1 point. A search cut shorter stays nearer the warm start,
-which saw the held-out rows, and reports a smaller error than the model has."""
+mean held-out error moves by less than 0.1 point."""
 
 
 def source_group(row: Row) -> str:
@@ -44,7 +76,9 @@ def source_group(row: Row) -> str:
     return f"{document}, {table.group(1).strip()}" if table else document
 
 
-def held_out_errors(rows: Sequence[Row], starts: int = STARTS) -> dict[str, float | None]:
+def held_out_errors(
+    rows: Sequence[Row], starts: int = STARTS, folds: Mapping[str, FoldFit] | None = None
+) -> dict[str, float | None]:
     """Row id -> relative error of the row predicted by a fit on every other source (``None``: not scored)."""
     scored = targets(rows)
     out: dict[str, float | None] = {r.id: None for r in rows}
@@ -52,14 +86,21 @@ def held_out_errors(rows: Sequence[Row], starts: int = STARTS) -> dict[str, floa
         train = [t for t in scored if source_group(t.row) != group]
         if not train:
             continue
-        params = with_values(FITTED, fit(train, starts=starts, evals=EVALS, tol=TOL))
-        for t in scored:
-            if source_group(t.row) == group:
-                out[t.row.id] = t.rel_error(params)
+        held = [t for t in scored if source_group(t.row) == group]
+        stored = (folds or {}).get(group)
+        if stored is not None and not stored.trained_on & {t.row.id for t in held}:
+            values = fit(train, starts=starts, start={**middles(), **stored.values}, evals=EVALS, tol=TOL)
+        else:
+            values = cold_fit(train)
+        params = with_values(FITTED, values)
+        for t in held:
+            out[t.row.id] = t.rel_error(params)
     return out
 
 
-def with_cross_validation(comps: list[Comparison], rows: Sequence[Row], starts: int = STARTS) -> list[Comparison]:
+def with_cross_validation(
+    comps: list[Comparison], rows: Sequence[Row], baselines_file: Path, starts: int = STARTS
+) -> list[Comparison]:
     """``comps`` (one per row, same order) with their held-out errors filled in."""
-    held = held_out_errors(rows, starts)
+    held = held_out_errors(rows, starts, load_fold_fits(baselines_file))
     return [replace(c, cv_rel_error=held.get(c.id) if c.rel_error is not None else None) for c in comps]
