@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -29,6 +30,8 @@ from kilocard.cli import main
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 ITERS = 30
+DEFAULT_CONF = "/etc/slurm/slurm.conf"
+"""The cluster's configuration when ``SLURM_CONF`` is unset (scripts/slurm-up.sh exports it to its daemons)."""
 
 
 def submit(root: Path, *overrides: str) -> dict[str, object]:
@@ -96,14 +99,20 @@ def logs(run_dir: Path) -> str:
 
 
 def crash_node(node: str) -> list[int]:
-    """SIGKILL the node's slurmd, and every process running for it (slurmstepd, the rank)."""
+    """SIGKILL the node's slurmd, and every process running for it (slurmstepd, the rank), of this test
+    run's cluster only (its ``SLURM_CONF``): another local cluster's node of the same name is left alone."""
     victims = []
     for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            if re.search(rf"\bslurmd\b.*-N {node}\b", cmd):
+            if not re.search(rf"\bslurmd\b.*-N {node}\b", cmd) and "kilocard.train" not in cmd:
+                continue
+            env = p.environ()
+            if env.get("SLURM_CONF", DEFAULT_CONF) != os.environ.get("SLURM_CONF", DEFAULT_CONF):
+                continue
+            if "kilocard.train" not in cmd:
                 victims.append(p)
-            elif "kilocard.train" in cmd and p.environ().get("SLURMD_NODENAME") == node:
+            elif env.get("SLURMD_NODENAME") == node:
                 victims.append(p)
                 parent = p.parent()
                 if parent is not None and "slurmstepd" in " ".join(parent.cmdline()):

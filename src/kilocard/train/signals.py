@@ -118,14 +118,10 @@ def kill_started_children() -> None:
     would also keep the rank's run-directory lock (``kilocard.runlock``), which the requeued job needs."""
     import psutil
 
-    try:
-        children = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return
-    for child in children:
+    for child in psutil.Process().children(recursive=True):
         try:
             child.kill()
-        except psutil.Error:
+        except psutil.NoSuchProcess:  # it ended on its own meanwhile
             continue
 
 
