@@ -526,7 +526,8 @@ def held_out_line(stats: dict[str, float]) -> str:
     return (
         f"held out:  mean |error| {stats['cv_mean_abs_rel_error']:.1%}, max |error| "
         f"{stats['cv_max_abs_rel_error']:.1%} over {stats['n_scored']} rows (CV error: each source document "
-        "left out of the fit in turn, its rows predicted by a fit on the others)"
+        "left out of the fit in turn, its rows predicted by a fit on the others,"
+        " started from values fitted without them)"
     )
 
 
