@@ -86,6 +86,16 @@ def test_unreadable_file_is_one_line_error(tmp_path, capsys):
     assert "rows" in err and "Traceback" not in err
 
 
+def test_broken_yaml_is_one_line_error_naming_where(tmp_path, capsys):
+    """A YAML syntax error is one line with the file, the problem and its line and column."""
+    f = tmp_path / "broken.yaml"
+    f.write_text("rows: [\n")
+    assert main(["baselines", "--file", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"cannot read {f}: expected the node content" in err and "(line 2, column 1)" in err
+
+
 def test_shipped_file_is_the_calibration_set():
     ids = [r.id for r in load_rows()]
     assert "sc21-1.7b" in ids and "bridge-llama31-405b-fp8" in ids

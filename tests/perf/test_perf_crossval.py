@@ -132,9 +132,21 @@ def test_text_gives_both_errors(scored, tmp_path, capsys):
     f = tmp_path / "two.yaml"
     f.write_text(yaml.safe_dump({"rows": picked}))
     assert main(["baselines", "--file", str(f)]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "no stored fold fits" in err and "--folds" in err  # folds fitted cold, and the user told why
     assert "CV error" in out.splitlines()[0]
     assert "in sample: mean |error|" in out and "held out:  mean |error|" in out
+
+
+def test_a_broken_fold_fits_file_is_one_line_error_naming_it(scored, tmp_path, capsys):
+    picked = [r.raw for r in scored if r.id in ("sc21-1.7b", "bridge-llama3-8b-fp8")]
+    f = tmp_path / "two.yaml"
+    f.write_text(yaml.safe_dump({"rows": picked}))
+    (tmp_path / "two.folds.json").write_text('{"folds": {"SC21 Table 1": {"values": {}}}}')
+    assert main(["baselines", "--file", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{tmp_path / 'two.folds.json'}: not a fold-fits file" in err and "--folds" in err
 
 
 def test_prepared_targets_predict_what_compare_row_predicts(scored):

@@ -116,10 +116,19 @@ def load_rows(path: str | None = None) -> list[Row]:
     try:
         doc = yaml.safe_load(file.read_text())
     except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"--file: cannot read {file}: {e}") from None
+        raise ValueError(f"--file: cannot read {file}: {one_line(e)}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
         raise ValueError(f"--file: {file} has no 'rows:' list (see baselines/published.yaml for the format)")
     return [_row(raw, i, file.name) for i, raw in enumerate(doc["rows"])]
+
+
+def one_line(e: BaseException) -> str:
+    """A read error in one line: a YAML error's problem and where (``line 2, column 1``), else its text."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if problem and mark is not None:
+        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(e).split())
 
 
 def _row(raw: Any, i: int, file: str) -> Row:

@@ -51,11 +51,17 @@ def load_fold_fits(baselines_file: Path) -> dict[str, FoldFit]:
     path = folds_file(baselines_file)
     if not path.exists():
         return {}
-    doc = json.loads(path.read_text())
-    return {
-        g: FoldFit(frozenset(f["trained_on"]), {k: float(v) for k, v in f["values"].items()})
-        for g, f in doc["folds"].items()
-    }
+    try:
+        doc = json.loads(path.read_text())
+        return {
+            g: FoldFit(frozenset(f["trained_on"]), {k: float(v) for k, v in f["values"].items()})
+            for g, f in doc["folds"].items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(
+            f"{path}: not a fold-fits file ({type(e).__name__}: {e}); rewrite it with "
+            f"scripts/fit_perf_model.py --file {baselines_file} --folds, or delete it"
+        ) from None
 
 
 EVALS = 1500
