@@ -33,10 +33,11 @@ def fold_fit(args: tuple[str | None, str]) -> tuple[str, dict]:
     t0 = time.monotonic()
     train = [t for t in targets([r for r in load_rows(file) if r.complete]) if source_group(t.row) != group]
     values = cold_fit(train)
-    print(f"{group}: {len(train)} rows, loss {loss(values, train):.4f}, {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    train_loss = loss(values, train)
+    print(f"{group}: {len(train)} rows, loss {train_loss:.4f}, {time.monotonic() - t0:.0f}s", file=sys.stderr)
     return group, {
         "trained_on": sorted(t.row.id for t in train),
-        "train_loss": round(loss(values, train), 6),
+        "train_loss": round(train_loss, 6),
         "values": {k: float(f"{v:.6g}") for k, v in sorted(values.items())},
     }
 

@@ -9,7 +9,7 @@ import sys
 from kilocard.commands import exits
 from kilocard.commands.report import fail
 from kilocard.perf.baselines import baselines_file, compare_all, load_rows, render_json, render_text
-from kilocard.perf.crossval import folds_file, with_cross_validation
+from kilocard.perf.crossval import folds_file, load_fold_fits, with_cross_validation
 from kilocard.perf.series import render_series_text, series_checks, series_json
 
 HELP = "published MFU baselines vs the performance model"
@@ -26,13 +26,14 @@ def execute(args: argparse.Namespace) -> int:
     baselines file."""
     try:
         rows, file = load_rows(args.file), baselines_file(args.file)
-        if not folds_file(file).exists():
+        folds = load_fold_fits(file)
+        if not folds:
             print(
                 f"kilocard baselines: no stored fold fits ({folds_file(file)}): each fold is fitted from the middle "
                 f"of the ranges (up to ~35 s a source; `scripts/fit_perf_model.py --file {file} --folds` stores them)",
                 file=sys.stderr,
             )
-        comps = with_cross_validation(compare_all(args.file), rows, file)
+        comps = with_cross_validation(compare_all(args.file), rows, folds)
     except (ValueError, KeyError, TypeError) as e:
         return fail("baselines", str(e), exits.USAGE)
     series = series_checks(rows, comps)

@@ -105,8 +105,9 @@ def held_out_errors(
 
 
 def with_cross_validation(
-    comps: list[Comparison], rows: Sequence[Row], baselines_file: Path, starts: int = STARTS
+    comps: list[Comparison], rows: Sequence[Row], folds: Mapping[str, FoldFit], starts: int = STARTS
 ) -> list[Comparison]:
-    """``comps`` (one per row, same order) with their held-out errors filled in."""
-    held = held_out_errors(rows, starts, load_fold_fits(baselines_file))
+    """``comps`` (one per row, same order) with their held-out errors filled in (``folds``: the stored fold
+    fits, ``load_fold_fits``)."""
+    held = held_out_errors(rows, starts, folds)
     return [replace(c, cv_rel_error=held.get(c.id) if c.rel_error is not None else None) for c in comps]
