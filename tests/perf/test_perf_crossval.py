@@ -22,8 +22,9 @@ def scored():
 
 
 def test_sources_group_by_document_or_table(scored):
-    """SC21's annotated rows are one table; a note naming a table makes the table the source; other notes
-    do not split a document."""
+    """SC21's annotated rows are one table; a note naming a table makes the table the source, a note
+    opening with a document of a collection makes that document the source; other notes do not split
+    a document."""
     groups = {source_group(r) for r in scored}
     assert "SC21 Table 1" in groups and not any("layers per virtual stage" in g for g in groups)
     assert "Megatron-Bridge performance summary archive 26.04.01" in groups
@@ -37,6 +38,12 @@ def test_sources_group_by_document_or_table(scored):
     assert group("Megatron-Bridge performance summary 25.11 (FP8 current scaling, Megatron-FSDP)") == (
         "Megatron-Bridge performance summary 25.11"
     )
+    # a collection of documents (one README per model, each with its own tables): the README is the source
+    assert group("NVIDIA DGX Cloud Benchmarking recipes v25.01 (grok1/README_314b.md at 143b90d, BF16 table)") == (
+        "NVIDIA DGX Cloud Benchmarking recipes v25.01, grok1/README_314b.md"
+    )
+    dgxc = {g for g in groups if g.startswith("NVIDIA DGX Cloud")}
+    assert len(dgxc) == 7 and "NVIDIA DGX Cloud Benchmarking recipes v25.01, llama3.1/README_8b.md" in dgxc
 
 
 def test_unconstrained_parameters_do_not_keep_their_fitted_value(scored):

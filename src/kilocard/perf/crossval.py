@@ -75,11 +75,17 @@ def source_group(row: Row) -> str:
     """The document or table a row comes from: its ``source`` without a parenthesised note
     (``SC21 Table 1 (5 layers per virtual stage)`` -> ``SC21 Table 1``), keeping a table the note names
     (``Megatron-Bridge performance summary 25.11 (DGX-B200 table, FP8-MX in parentheses)`` ->
-    ``Megatron-Bridge performance summary 25.11, DGX-B200 table``)."""
+    ``Megatron-Bridge performance summary 25.11, DGX-B200 table``) or a document of a collection it
+    opens with (``NVIDIA DGX Cloud Benchmarking recipes v25.01 (grok1/README_314b.md at 143b90d, ...)``
+    -> ``NVIDIA DGX Cloud Benchmarking recipes v25.01, grok1/README_314b.md``: each model's README
+    publishes its own tables, from its own recipe)."""
     source = str(row.raw.get("source") or row.id)
     document = re.sub(r"\s*\(.*\)\s*$", "", source).strip()
     table = re.search(r"\(([^(),]*\btable\b[^(),]*)[^()]*\)\s*$", source, re.IGNORECASE)
-    return f"{document}, {table.group(1).strip()}" if table else document
+    if table:
+        return f"{document}, {table.group(1).strip()}"
+    member = re.search(r"\(\s*([\w./-]+\.md)\b[^()]*\)\s*$", source)
+    return f"{document}, {member.group(1)}" if member else document
 
 
 def held_out_errors(
