@@ -4,9 +4,10 @@
 Coordinate search (no scipy): each free parameter in turn moves up and down by its own step, a
 fraction of its physical range; a move is kept when it lowers the loss, the mean |relative error| of
 TFLOP/s per GPU over the scored rows (robust to a row the model cannot explain); a step grows after a
-kept move and shrinks after a failed one. Tied names move together (one knee, one HBM efficiency for
-every GPU family); every parameter stays in its physical range (``PHYSICAL_RANGES``). The loss has
-several minima, so ``fit`` runs from a few seeded starting points and keeps the best. ``cold_fit`` starts
+kept move and shrinks after a failed one. Tied names move together (one knee for every GPU family, one
+HBM efficiency for Hopper and Blackwell: ``FREE``); every parameter stays in its physical range
+(``PHYSICAL_RANGES``). The loss has several minima, so ``fit`` runs from a few seeded starting points
+and keeps the best. ``cold_fit`` starts
 from the middle of every range instead (nothing it starts from has seen any row) and hops between
 minima (``hop``); cross-validation's fold fits use it (``kilocard.perf.crossval``). Rows are built
 once (``Target``) and predicted under each trial parameter set.
@@ -35,7 +36,8 @@ FREE: Groups = (
     ("blackwell.flash_attention_efficiency",),
     ("ampere.gemm_efficiency",),
     ("ampere.gemm_knee", "hopper.gemm_knee", "blackwell.gemm_knee"),
-    ("ampere.hbm_efficiency", "hopper.hbm_efficiency", "blackwell.hbm_efficiency"),
+    ("ampere.hbm_efficiency",),
+    ("hopper.hbm_efficiency", "blackwell.hbm_efficiency"),
     ("network.nvlink_efficiency",),
     ("network.network_efficiency",),
     ("network.tp_overlap",),
@@ -46,9 +48,10 @@ FREE: Groups = (
     ("network.layer_overhead_s",),
     ("network.attn_overhead_share",),
 )
-"""Free parameters; names in one tuple move together (one GEMM knee, one HBM efficiency for every GPU
-family). Everything else stays at its stated value. Hopper comes first: a GPU family without training
-rows borrows its values (``setup``)."""
+"""Free parameters; names in one tuple move together (one GEMM knee for every GPU family; one HBM
+efficiency for Hopper and Blackwell, whose elementwise kernels are Transformer Engine's, and one for
+Ampere, whose rows ran the Megatron-LM kernels of 2021-2022). Everything else stays at its stated
+value. Hopper comes first: a GPU family without training rows borrows its values (``setup``)."""
 
 
 @dataclass(frozen=True)
