@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     scored = targets(rows)
     warm = fit(scored, starts=args.starts, log=lambda line: print(line, file=sys.stderr))
     cold = cold_fit(scored)
-    print(f"from FITTED: loss {loss(warm, scored):.5f}; cold with hops: {loss(cold, scored):.5f}", file=sys.stderr)
-    values = min((warm, cold), key=lambda v: loss(v, scored))
+    warm_loss, cold_loss = loss(warm, scored), loss(cold, scored)
+    print(f"from FITTED: loss {warm_loss:.5f}; cold with hops: {cold_loss:.5f}", file=sys.stderr)
+    values = warm if warm_loss <= cold_loss else cold
     params = with_values(FITTED, values)
     for name, v in sorted(values.items()):
         print(f"{name} = {v:.4g}")

@@ -7,10 +7,9 @@ TFLOP/s per GPU over the scored rows (robust to a row the model cannot explain);
 kept move and shrinks after a failed one. Tied names move together (one knee for every GPU family, one
 HBM efficiency for Hopper and Blackwell: ``FREE``); every parameter stays in its physical range
 (``PHYSICAL_RANGES``). The loss has several minima, so ``fit`` runs from a few seeded starting points
-and keeps the best. ``cold_fit`` starts
-from the middle of every range instead (nothing it starts from has seen any row) and hops between
-minima (``hop``); cross-validation's fold fits use it (``kilocard.perf.crossval``). Rows are built
-once (``Target``) and predicted under each trial parameter set.
+and keeps the best. ``cold_fit`` starts from the middle of every range instead (nothing it starts from
+has seen any row) and hops between minima (``hop``); cross-validation's fold fits use it
+(``kilocard.perf.crossval``). Rows are built once (``Target``) and predicted under each trial parameter set.
 """
 
 from __future__ import annotations
