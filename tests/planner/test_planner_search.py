@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import re
 
 import pytest
@@ -109,7 +111,10 @@ def test_own_layout_line_names_the_marked_row(llama70b):
     (TP, PP, CP, EP, ETP); the layout exactly as configured is a row too, with no override."""
     cfg, result = llama70b
     text = render_text(result)
-    rank = int(re.search(r"the config's own layout ranks #(\d+) ", text).group(1))
+    own = r"the config's own layout \(TP (\d+), PP (\d+), CP (\d+), EP (\d+), ETP (\d+)\) ranks #(\d+) "
+    named = re.search(own, text)
+    *key, rank = (int(v) for v in named.groups())
+    assert tuple(key) == current_candidate(cfg).layout_key
     assert rank > len(result.top)
     lines = text.splitlines()
     own_row = next(i for i, line in enumerate(lines) if line.split()[:1] == [f"{rank}*"])
@@ -159,7 +164,7 @@ def test_plot_writes_layout_and_schedule_pngs(tmp_path, capsys):
     rc = main(["plan", "recipe=sc21_76b", "--top", "4", "--plot", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "the config's own layout ranks #" in text and "parallel." in text
+    assert "the config's own layout (TP 8, PP 4, CP 1, EP 1, ETP 8) ranks #" in text and "parallel." in text
     _nontrivial_png(out)
     _nontrivial_png(tmp_path / "plan_schedule.png")
 
@@ -176,3 +181,12 @@ def test_too_few_gpus_says_why_and_how_many(capsys):
     assert rc == 1
     assert "no layout the validator accepts" in out and "try more GPUs" in out
     assert "WORLD_NOT_DIVISIBLE" in out
+
+
+def test_plan_without_a_model_error_says_why(llama70b):
+    """No stored fold fits (or a broken file): the table still prints, and the error line says why."""
+    _, result = llama70b
+    assert "rows like this run (hopper, dense" in render_text(result)
+    bare = dataclasses.replace(result, model_error=None, model_error_issue="no stored fold fits")
+    assert "model error unknown: no stored fold fits" in render_text(bare)
+    assert json.loads(render_json(bare))["model_error"] is None

@@ -30,6 +30,7 @@ from kilocard.perf.flops import CURRENT, flops_per_iteration, shape_from_model
 from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import hardware_for, precision_of, step_time
 from kilocard.perf.steptime import Hardware
+from kilocard.perf.trust import ErrorBand, error_band, run_traits
 from kilocard.validate import validate
 from kilocard.validate.memory import hbm_bytes, usable_bytes
 
@@ -286,6 +287,10 @@ class Plan:
     base: dict[str, str] = field(default_factory=dict)
     """The config's own values of the fields a candidate sets (``config_values``): override lines list
     only the fields that differ from them."""
+    model_error: ErrorBand | None = None
+    """The performance model's held-out error on the published rows most like this run."""
+    model_error_issue: str | None = None
+    """Why ``model_error`` is unknown (no stored fold fits, or a broken file)."""
 
 
 def _predictor(cfg: RunConfig, hw: Hardware):
@@ -342,7 +347,19 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
         min_memory_bytes=walk.min_memory,
         recipe_layout_best=walk.accepted.get(own.layout_key),
         base=config_values(cfg),
+        **_model_error(cfg),
     )
+
+
+def _model_error(cfg: RunConfig) -> dict:
+    """``Plan``'s ``model_error`` and ``model_error_issue`` for ``cfg``."""
+    try:
+        band = error_band(run_traits(cfg))
+    except ValueError as e:
+        return {"model_error_issue": str(e)}
+    if band is None:
+        return {"model_error_issue": "the baselines have no stored fold fits (scripts/fit_perf_model.py --folds)"}
+    return {"model_error": band}
 
 
 @dataclass
@@ -487,6 +504,7 @@ def render_text(p: Plan) -> str:
         out.append(no_layout_line(p))
     else:
         out.append("#1's step time: " + breakdown_line(p.top[0]))
+    out.extend(model_error_lines(p))
     out.append("")
     out.append(own_layout_line(p))
     return "\n".join(out)
@@ -512,7 +530,7 @@ def no_layout_line(p: Plan) -> str:
 
 
 def own_layout_line(p: Plan) -> str:
-    """One line on how the config's own layout ranks."""
+    """One line on how the config's own layout (its TP, PP, CP, EP, ETP) ranks, naming its rows."""
     if p.recipe_issue:
         return f"the config's own layout is not accepted: {p.recipe_issue}"
     if p.recipe_layout_rank is None:
@@ -521,11 +539,27 @@ def own_layout_line(p: Plan) -> str:
     best = p.top[0].tflops_per_gpu if p.top else 0.0
     own = p.recipe.tflops_per_gpu if p.recipe else 0.0
     gap = f", {1 - own / best:.1%} below the best" if best and own < best else ""
-    rows = [label for label, r in table_rows(p) if label.endswith(OWN_MARK)]
+    labels = [label for label, _ in table_rows(p) if label.endswith(OWN_MARK)]
+    tp, pp, cp, ep, etp = p.recipe_layout_best.candidate.layout_key if p.recipe_layout_best else (0,) * 5
+    head = f"the config's own layout (TP {tp}, PP {pp}, CP {cp}, EP {ep}, ETP {etp}) ranks #{p.recipe_layout_rank}"
+    if len(labels) == 1:
+        return f"{head} of the accepted layouts (row {labels[0]}: as configured, {_num(own)} TFLOP/s per GPU{gap})"
+    fastest = p.recipe_layout_best.tflops_per_gpu if p.recipe_layout_best else 0.0
     return (
-        f"the config's own layout ranks #{p.recipe_layout_rank} of the accepted layouts (table row "
-        f"{' and row '.join(rows)}; {_num(own)} TFLOP/s per GPU as configured{gap})"
+        f"{head} of the accepted layouts (row {labels[0]}: its fastest VP, micro-batch, recompute and "
+        f"optimizer, {_num(fastest)} TFLOP/s per GPU; row {labels[1]}: as configured, {_num(own)}{gap})"
     )
+
+
+def model_error_lines(p: Plan) -> list[str]:
+    """How far to trust the table's figures: the model's held-out error on published rows."""
+    band = p.model_error
+    if band is None:
+        return [f"model error unknown: {p.model_error_issue}"]
+    return [
+        "model error on published rows, each predicted by a fit that never saw its source (docs/perf_model.md):",
+        f"  {band.summary()}",
+    ]
 
 
 def render_json(p: Plan) -> str:
@@ -554,6 +588,8 @@ def render_json(p: Plan) -> str:
             "recipe_layout_rank": p.recipe_layout_rank,
             "recipe": one(p.recipe) if p.recipe else None,
             "recipe_issue": p.recipe_issue,
+            "model_error": p.model_error.to_json() if p.model_error else None,
+            "model_error_issue": p.model_error_issue,
         },
         indent=1,
     )

@@ -1,0 +1,78 @@
+"""The model error `kilocard plan` states: the held-out error of the published rows most like the run,
+each row predicted by its own source's stored fold fit (a fit that never saw that source)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kilocard.cli import main
+from kilocard.perf.baselines import baselines_file, load_rows
+from kilocard.perf.crossval import FoldFit, folds_file, load_fold_fits, source_group
+from kilocard.perf.fit import targets
+from kilocard.perf.trust import MIN_ROWS, band, error_band, stored_held_out, traits
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    rows = load_rows()
+    return targets(rows), load_fold_fits(baselines_file())
+
+
+def test_every_scored_row_gets_its_own_sources_held_out_error(shipped):
+    """The shipped fold fits cover every scored row, and none was trained on the rows it predicts."""
+    scored, folds = shipped
+    held = stored_held_out(scored, folds)
+    assert {t.row.id for t, _ in held} == {t.row.id for t in scored} and len(scored) >= 40
+    for t, _ in held:
+        assert t.row.id not in folds[source_group(t.row)].trained_on
+
+
+def test_a_fold_trained_on_its_own_rows_is_not_used(shipped):
+    """A stale fold fit (one that saw the rows it would predict) gives no held-out error: those rows drop."""
+    scored, folds = shipped
+    group = source_group(scored[0].row)
+    own = {t.row.id for t in scored if source_group(t.row) == group}
+    stale = {**folds, group: FoldFit(folds[group].trained_on | own, folds[group].values)}
+    ids = {t.row.id for t, _ in stored_held_out(scored, stale)}
+    assert ids == {t.row.id for t in scored} - own
+
+
+def test_band_widens_until_enough_rows_share_the_traits():
+    errors = [(("hopper", "MoE", "8-bit"), 0.10)] * 3 + [(("hopper", "MoE", "16-bit"), -0.02)] * 4
+    errors += [(("ampere", "dense", "16-bit"), 0.01)] * MIN_ROWS
+    exact = band(("ampere", "dense", "16-bit"), errors, "f")
+    assert (exact.kept, exact.rows, exact.mean_abs) == (3, MIN_ROWS, pytest.approx(0.01))
+    wide = band(("hopper", "MoE", "8-bit"), errors, "f")
+    assert (wide.kept, wide.rows, wide.max_abs) == (2, 7, pytest.approx(0.10))
+    assert "fewer than 5 are also 8-bit" in wide.summary()
+    none = band(("cpu", "dense", "16-bit"), errors, "f")
+    assert (none.kept, none.rows, none.all_rows) == (0, len(errors), len(errors))
+    assert none.summary().startswith("fewer than 5 published rows ran on the cpu family")
+    assert band(("hopper", "dense", "16-bit"), [], "f") is None
+
+
+def test_plan_states_the_error_of_rows_like_the_run(shipped, capsys):
+    """Llama 3 70B on H100 in bf16: the band is the held-out error of the Hopper dense 16-bit rows."""
+    scored, folds = shipped
+    errs = [abs(e) for t, e in stored_held_out(scored, folds) if traits(t.inputs) == ("hopper", "dense", "16-bit")]
+    assert len(errs) >= MIN_ROWS
+    assert main(["plan", "recipe=llama3_70b", "--top", "2", "--format", "json"]) == 0
+    got = json.loads(capsys.readouterr().out)["model_error"]
+    assert got["traits"] == ["hopper", "dense", "16-bit"] and got["rows"] == len(errs)
+    assert got["cv_mean_abs_rel_error"] == pytest.approx(sum(errs) / len(errs))
+    assert got["cv_max_abs_rel_error"] == pytest.approx(max(errs)) and got["all_rows"] == len(scored)
+    assert main(["plan", "recipe=llama3_70b", "--top", "2"]) == 0
+    text = capsys.readouterr().out
+    assert f"  {len(errs)} rows like this run (hopper, dense, 16-bit): mean {sum(errs) / len(errs):.1%}" in text
+
+
+def test_without_stored_fold_fits_the_error_is_unknown_and_a_broken_file_is_one_line(tmp_path):
+    copy = tmp_path / "rows.yaml"
+    shutil.copy(baselines_file(), copy)
+    assert error_band(("hopper", "dense", "16-bit"), str(copy)) is None
+    folds_file(copy).write_text("{not json")
+    with pytest.raises(ValueError, match=r"rows\.folds\.json: not a fold-fits file .*fit_perf_model\.py"):
+        error_band(("hopper", "dense", "16-bit"), str(copy))
