@@ -70,9 +70,10 @@ def test_plan_states_the_error_of_rows_like_the_run(shipped, capsys):
 
 
 def test_without_stored_fold_fits_the_error_is_unknown_and_a_broken_file_is_one_line(tmp_path):
-    copy = tmp_path / "rows.yaml"
-    shutil.copy(baselines_file(), copy)
-    assert error_band(("hopper", "dense", "16-bit"), str(copy)) is None
-    folds_file(copy).write_text("{not json")
-    with pytest.raises(ValueError, match=r"rows\.folds\.json: not a fold-fits file .*fit_perf_model\.py"):
-        error_band(("hopper", "dense", "16-bit"), str(copy))
+    bare, broken = tmp_path / "rows.yaml", tmp_path / "broken.yaml"
+    for copy in (bare, broken):
+        shutil.copy(baselines_file(), copy)
+    assert error_band(("hopper", "dense", "16-bit"), str(bare)) is None
+    folds_file(broken).write_text("{not json")
+    with pytest.raises(ValueError, match=r"broken\.folds\.json: not a fold-fits file .*fit_perf_model\.py"):
+        error_band(("hopper", "dense", "16-bit"), str(broken))

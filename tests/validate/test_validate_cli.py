@@ -96,3 +96,14 @@ def test_sweep_validates_every_point(capsys):
 def test_uncomposable_config_exits_2(capsys):
     assert main(["validate", "recipe=tiny_gpt", "parallel.tensor_modl_parallel_size=2"]) == 2
     assert "did you mean" in capsys.readouterr().err
+
+
+def test_validate_states_the_model_error_under_the_prediction(capsys):
+    """The prediction comes with the model's held-out error on published rows like the run (text and JSON)."""
+    assert main(["validate", "recipe=llama3_70b"]) == 0
+    text = capsys.readouterr().out
+    at = text.index("predicted: ")
+    assert "rows like this run (hopper, dense, 16-bit): mean " in text[at:].splitlines()[1]
+    assert main(["validate", "recipe=mixtral_8x7b", "--format", "json"]) == 0
+    band = json.loads(capsys.readouterr().out)["estimates"]["model_error"]
+    assert band["traits"][1] == "MoE" and band["rows"] >= 5 and 0 < band["cv_mean_abs_rel_error"] < 0.5

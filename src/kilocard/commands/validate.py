@@ -13,6 +13,8 @@ from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
 from kilocard.commands.report import count_line, issue_line
 from kilocard.config.compose import compose_many
+from kilocard.config.schema import RunConfig
+from kilocard.perf.trust import model_error
 from kilocard.topology import GiB
 from kilocard.validate.issues import Report
 
@@ -79,8 +81,8 @@ def memory_lines(report: Report) -> list[str]:
     pred = est.prediction
     if pred is not None:
         out.append(
-            f"predicted: {pred.step_time_s:.3g} s/step, {pred.tflops_per_gpu:.1f} TFLOP/s per GPU, "
-            f"MFU {pred.mfu:.1%} ({pred.convention}, peak {pred.peak_flops / 1e12:.0f} "
+            f"predicted: {pred.step_time_s:.3g} s/step, {pred.tflops_per_gpu:.4g} TFLOP/s per GPU, "
+            f"MFU {pred.mfu:.1%} ({pred.convention}, peak {pred.peak_flops / 1e12:.4g} "
             f"TFLOP/s {pred.peak_dtype})"
         )
     return out
@@ -101,25 +103,44 @@ def issue_lines(report: Report) -> list[str]:
     return [issue_line(i) for i in report.issues] + [count_line(report.issues)]
 
 
-def render_text(report: Report) -> str:
-    """The whole text report."""
-    return "\n".join(layout_lines(report) + memory_lines(report) + issue_lines(report))
+def model_error_line(cfg: RunConfig, report: Report) -> list[str]:
+    """Under a prediction, how far to trust it: the model's held-out error on published rows like ``cfg``."""
+    if report.estimates.prediction is None:
+        return []
+    band, issue = model_error(cfg)
+    if band is None:
+        return [f"  model error unknown: {issue}"]
+    return [f"  model error, each published row predicted by a fit that never saw its source: {band.summary()}"]
+
+
+def render_text(report: Report, cfg: RunConfig | None = None) -> str:
+    """The whole text report (with ``cfg``: the model's error under the prediction)."""
+    band = model_error_line(cfg, report) if cfg is not None else []
+    return "\n".join(layout_lines(report) + memory_lines(report) + band + issue_lines(report))
+
+
+def report_dict(cfg: RunConfig, report: Report) -> dict:
+    """``Report.to_dict`` with the model's error beside the prediction (``estimates.model_error``)."""
+    d = report.to_dict()
+    if report.estimates.prediction is not None:
+        band, issue = model_error(cfg)
+        d["estimates"]["model_error"] = band.to_json() if band else {"unknown": issue}
+    return d
 
 
 def execute(args: argparse.Namespace) -> int:
     """Compose each config, validate it, print; 0 when no errors, 1 when any config has one."""
     reports = [
-        (combo, check_config(cfg, args.skip_path_checks)[1])
-        for combo, cfg in compose_many(args.overrides, args.multirun)
+        (combo, *check_config(cfg, args.skip_path_checks)) for combo, cfg in compose_many(args.overrides, args.multirun)
     ]
     if args.format == "json":
         if args.multirun:
-            print(json.dumps([{"overrides": c, **r.to_dict()} for c, r in reports], indent=2))
+            print(json.dumps([{"overrides": c, **report_dict(cfg, r)} for c, cfg, r in reports], indent=2))
         else:
-            print(reports[0][1].to_json())
+            print(json.dumps(report_dict(reports[0][1], reports[0][2]), indent=2))
     else:
-        for combo, r in reports:
+        for combo, cfg, r in reports:
             if args.multirun:
                 print(f"# overrides: {' '.join(combo)}")
-            print(render_text(r))
-    return exits.OK if all(r.valid for _, r in reports) else exits.INVALID
+            print(render_text(r, cfg))
+    return exits.OK if all(r.valid for _, _, r in reports) else exits.INVALID

@@ -11,10 +11,10 @@ dense/MoE, then the family, and says so.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from kilocard.config.schema import RunConfig
 from kilocard.perf.baselines import baselines_file, load_rows
@@ -136,11 +136,27 @@ def band(run: Traits, errors: Sequence[tuple[Traits, float]], source: str) -> Er
     return None  # pragma: no cover (n == 0 always returns)
 
 
+@functools.cache
+def _held_out(file: str | None) -> tuple[tuple[Traits, float], ...]:
+    """(traits, held-out error) of every scored row of ``file`` with a stored fold fit (cached: a
+    ``--multirun`` reads the file once)."""
+    folds = load_fold_fits(baselines_file(file))
+    return tuple((traits(t.inputs), e) for t, e in stored_held_out(targets(load_rows(file)), folds))
+
+
 def error_band(run: Traits, file: str | None = None) -> ErrorBand | None:
     """The band for a run with traits ``run`` from the baselines file ``file`` (default: the shipped one)
     and its stored fold fits; ``None`` when it has none. A broken file is a one-line ``ValueError``."""
-    path: Path = folds_file(baselines_file(file))
-    folds = load_fold_fits(baselines_file(file))
-    scored = targets(load_rows(file))
-    errors = [(traits(t.inputs), e) for t, e in stored_held_out(scored, folds)]
-    return band(run, errors, path.name)
+    return band(run, _held_out(file), folds_file(baselines_file(file)).name)
+
+
+def model_error(cfg: RunConfig) -> tuple[ErrorBand | None, str | None]:
+    """(the band of ``cfg`` from the shipped baselines, why there is none): what ``plan`` and ``validate``
+    print under their predictions."""
+    try:
+        found = error_band(run_traits(cfg))
+    except ValueError as e:
+        return None, str(e)
+    if found is None:
+        return None, "the baselines have no stored fold fits (scripts/fit_perf_model.py --folds)"
+    return found, None

@@ -30,7 +30,7 @@ from kilocard.perf.flops import CURRENT, flops_per_iteration, shape_from_model
 from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import hardware_for, precision_of, step_time
 from kilocard.perf.steptime import Hardware
-from kilocard.perf.trust import ErrorBand, error_band, run_traits
+from kilocard.perf.trust import ErrorBand, model_error
 from kilocard.validate import validate
 from kilocard.validate.memory import hbm_bytes, usable_bytes
 
@@ -331,6 +331,7 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
     walk = _Walk(cfg, own, own_issue, usable, world, peak, hw, flops)
     exhausted = walk.run(timed, top, max_validations)
     rank = walk.order.index(own.layout_key) + 1 if own.layout_key in walk.accepted else None
+    band, band_issue = model_error(cfg)
     return Plan(
         world=world,
         gpu=hw.gpu,
@@ -347,19 +348,9 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
         min_memory_bytes=walk.min_memory,
         recipe_layout_best=walk.accepted.get(own.layout_key),
         base=config_values(cfg),
-        **_model_error(cfg),
+        model_error=band,
+        model_error_issue=band_issue,
     )
-
-
-def _model_error(cfg: RunConfig) -> dict:
-    """``Plan``'s ``model_error`` and ``model_error_issue`` for ``cfg``."""
-    try:
-        band = error_band(run_traits(cfg))
-    except ValueError as e:
-        return {"model_error_issue": str(e)}
-    if band is None:
-        return {"model_error_issue": "the baselines have no stored fold fits (scripts/fit_perf_model.py --folds)"}
-    return {"model_error": band}
 
 
 @dataclass
