@@ -110,7 +110,7 @@ def model_error_line(cfg: RunConfig, report: Report) -> list[str]:
     band, issue = model_error(cfg)
     if band is None:
         return [f"  model error unknown: {issue}"]
-    return [f"  model error, each published row predicted by a fit that never saw its source: {band.summary()}"]
+    return [f"  held-out model error (docs/perf_model.md): {band.summary()}"]
 
 
 def render_text(report: Report, cfg: RunConfig | None = None) -> str:

@@ -75,12 +75,12 @@ class ErrorBand:
 
     def summary(self) -> str:
         """Which rows, and their error, in words (``kilocard plan``)."""
-        every = f"all {self.all_rows} rows: mean {self.all_mean_abs:.1%}, max {self.all_max_abs:.1%}"
+        every = f"all {self.all_rows}: mean {self.all_mean_abs:.1%}, max {self.all_max_abs:.1%}"
         if self.kept == 0:
             return f"fewer than {MIN_ROWS} published rows ran on the {self.run[0]} family; {every}"
         short = "" if self.kept == 3 else f"; fewer than {MIN_ROWS} are also {', '.join(self.run[self.kept :])}"
         return (
-            f"{self.rows} rows like this run ({self.label}{short}): mean {self.mean_abs:.1%}, "
+            f"{self.rows} published rows like this run ({self.label}{short}): mean {self.mean_abs:.1%}, "
             f"max {self.max_abs:.1%}; {every}"
         )
 
