@@ -131,6 +131,12 @@ def test_baselines_command_reports_cross_validation(capsys):
     # Honest bounds on the shipped rows (see docs/perf_model.md, Accuracy, for the figures; the folds'
     # searches move the mean by ~0.5 point): a change that loses accuracy shows here.
     assert doc["cv_mean_abs_rel_error"] <= 0.07 and doc["cv_max_abs_rel_error"] <= 0.30
+    # by kind: every scored row in exactly one kind, each kind's held-out figures its rows' own
+    kinds = doc["by_kind"]
+    assert sum(k["rows"] for k in kinds) == doc["n_scored"] and len({tuple(k["traits"]) for k in kinds}) == len(kinds)
+    assert max(k["cv_max_abs_rel_error"] for k in kinds) == pytest.approx(doc["cv_max_abs_rel_error"])
+    weighted = sum(k["rows"] * k["cv_mean_abs_rel_error"] for k in kinds) / doc["n_scored"]
+    assert weighted == pytest.approx(doc["cv_mean_abs_rel_error"])
 
 
 def test_text_gives_both_errors(scored, tmp_path, capsys):
@@ -143,6 +149,7 @@ def test_text_gives_both_errors(scored, tmp_path, capsys):
     assert "no stored fold fits" in err and "--folds" in err  # folds fitted cold, and the user told why
     assert "CV error" in out.splitlines()[0]
     assert "in sample: mean |error|" in out and "held out:  mean |error|" in out
+    assert "by kind" in out and "ampere, dense, 16-bit" in out and "hopper, dense, 8-bit" in out
 
 
 def test_a_broken_fold_fits_file_is_one_line_error_naming_it(scored, tmp_path, capsys):

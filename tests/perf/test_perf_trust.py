@@ -12,7 +12,7 @@ from kilocard.cli import main
 from kilocard.perf.baselines import baselines_file, load_rows
 from kilocard.perf.crossval import FoldFit, folds_file, load_fold_fits, source_group
 from kilocard.perf.fit import targets
-from kilocard.perf.trust import MIN_ROWS, band, error_band, stored_held_out, traits
+from kilocard.perf.trust import MIN_ROWS, band, by_kind, by_kind_lines, error_band, stored_held_out, traits
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +78,13 @@ def test_without_stored_fold_fits_the_error_is_unknown_and_a_broken_file_is_one_
     folds_file(broken).write_text("{not json")
     with pytest.raises(ValueError, match=r"broken\.folds\.json: not a fold-fits file .*fit_perf_model\.py"):
         error_band(("hopper", "dense", "16-bit"), str(broken))
+
+
+def test_by_kind_groups_rows_by_their_traits():
+    dense, moe = ("hopper", "dense", "8-bit"), ("hopper", "MoE", "8-bit")
+    kinds = by_kind([(dense, 0.02, -0.04), (dense, -0.01, None), (moe, 0.10, 0.20)])
+    assert [k.traits for k in kinds] == [dense, moe]
+    assert (kinds[0].rows, kinds[0].mean_abs, kinds[0].max_abs) == (2, pytest.approx(0.015), pytest.approx(0.02))
+    assert (kinds[0].cv_mean_abs, kinds[0].cv_max_abs) == (pytest.approx(0.04), pytest.approx(0.04))
+    (line,) = [x for x in by_kind_lines(kinds) if "hopper, MoE, 8-bit" in x]
+    assert line.split()[3:] == ["1", "10.0%", "/", "10.0%", "20.0%", "/", "20.0%"]

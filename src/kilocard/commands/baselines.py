@@ -8,9 +8,19 @@ import sys
 
 from kilocard.commands import exits
 from kilocard.commands.report import fail
-from kilocard.perf.baselines import baselines_file, compare_all, load_rows, render_json, render_text
+from kilocard.perf.baselines import (
+    Comparison,
+    Row,
+    baselines_file,
+    compare_all,
+    load_rows,
+    render_json,
+    render_text,
+)
 from kilocard.perf.crossval import folds_file, load_fold_fits, with_cross_validation
+from kilocard.perf.fit import targets
 from kilocard.perf.series import render_series_text, series_checks, series_json
+from kilocard.perf.trust import Kind, by_kind, by_kind_lines, kind_json, traits
 
 HELP = "published MFU baselines vs the performance model"
 
@@ -37,10 +47,20 @@ def execute(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, TypeError) as e:
         return fail("baselines", str(e), exits.USAGE)
     series = series_checks(rows, comps)
+    kinds = kinds_of(rows, comps)
     if args.format == "json":
         doc = json.loads(render_json(comps))
         doc["series"] = series_json(series)
+        doc["by_kind"] = [kind_json(k) for k in kinds]
         print(json.dumps(doc, indent=1))
     else:
-        print("\n".join(part for part in (render_text(comps), render_series_text(series)) if part))
+        parts = (render_text(comps), "\n".join(by_kind_lines(kinds)), render_series_text(series))
+        print("\n".join(part for part in parts if part))
     return exits.OK
+
+
+def kinds_of(rows: list[Row], comps: list[Comparison]) -> list[Kind]:
+    """The scored rows' errors by kind (GPU family, dense/MoE, GEMM width)."""
+    kind = {t.row.id: traits(t.inputs) for t in targets(rows)}
+    scored = [c for c in comps if c.rel_error is not None and c.id in kind]
+    return by_kind([(kind[c.id], c.rel_error or 0.0, c.cv_rel_error) for c in scored])

@@ -160,3 +160,69 @@ def model_error(cfg: RunConfig) -> tuple[ErrorBand | None, str | None]:
     if found is None:
         return None, "the baselines have no stored fold fits (scripts/fit_perf_model.py --folds)"
     return found, None
+
+
+@dataclass(frozen=True)
+class Kind:
+    """The errors of the scored rows that share one set of traits (``kilocard baselines``' "by kind")."""
+
+    traits: Traits
+    """GPU family, dense/MoE, GEMM width."""
+    rows: int
+    """Rows of this kind."""
+    mean_abs: float
+    """Mean |relative error|, in sample."""
+    max_abs: float
+    """Largest |relative error|, in sample."""
+    cv_mean_abs: float | None
+    """Mean |relative error|, held out (``None`` without cross-validation)."""
+    cv_max_abs: float | None
+    """Largest |relative error|, held out."""
+
+
+def by_kind(errors: Sequence[tuple[Traits, float, float | None]]) -> list[Kind]:
+    """(traits, in-sample error, held-out error) of each row -> one ``Kind`` per traits, most rows first."""
+    kinds: dict[Traits, list[tuple[float, float | None]]] = {}
+    for t, e, cv in errors:
+        kinds.setdefault(t, []).append((abs(e), None if cv is None else abs(cv)))
+    out = []
+    for t, errs in kinds.items():
+        held = [cv for _, cv in errs if cv is not None]
+        out.append(
+            Kind(
+                traits=t,
+                rows=len(errs),
+                mean_abs=statistics.fmean(e for e, _ in errs),
+                max_abs=max(e for e, _ in errs),
+                cv_mean_abs=statistics.fmean(held) if held else None,
+                cv_max_abs=max(held) if held else None,
+            )
+        )
+    return sorted(out, key=lambda k: (-k.rows, k.traits))
+
+
+def by_kind_lines(kinds: Sequence[Kind]) -> list[str]:
+    """The "by kind" table of ``kilocard baselines``."""
+
+    def pair(mean: float | None, top: float | None) -> str:
+        return "-" if mean is None or top is None else f"{mean:.1%} / {top:.1%}"
+
+    rows = [("kind", "rows", "in sample mean / max", "held out mean / max")]
+    for k in kinds:
+        rows.append((", ".join(k.traits), str(k.rows), pair(k.mean_abs, k.max_abs), pair(k.cv_mean_abs, k.cv_max_abs)))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return ["by kind (what `plan` and `validate` quote for a run of that kind):"] + [
+        "  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+
+
+def kind_json(k: Kind) -> dict[str, object]:
+    """One kind in ``kilocard baselines --format json``'s ``by_kind``."""
+    return {
+        "traits": list(k.traits),
+        "rows": k.rows,
+        "mean_abs_rel_error": k.mean_abs,
+        "max_abs_rel_error": k.max_abs,
+        "cv_mean_abs_rel_error": k.cv_mean_abs,
+        "cv_max_abs_rel_error": k.cv_max_abs,
+    }
