@@ -190,3 +190,17 @@ def test_plan_without_a_model_error_says_why(llama70b):
     bare = dataclasses.replace(result, model_error=None, model_error_issue="no stored fold fits")
     assert "model error unknown: no stored fold fits" in render_text(bare)
     assert json.loads(render_json(bare))["model_error"] is None
+
+
+def test_own_layout_line_when_the_config_is_its_layouts_fastest_choice(capsys):
+    """Configured with the VP and micro-batch the planner picks for its layout: one marked row, no cfg*."""
+    cfg = to_run_config(compose(["recipe=llama3_70b"]))
+    result = plan(cfg, top=3)
+    best, rank = result.recipe_layout_best, result.recipe_layout_rank
+    assert best is not None and best.candidate != current_candidate(cfg)
+    assert main(["plan", "recipe=llama3_70b", "--top", "3", *best.candidate.overrides(config_values(cfg))]) == 0
+    text = capsys.readouterr().out
+    tf = f"{best.tflops_per_gpu:.0f}"
+    tail = rf"ranks #{rank} of the accepted layouts \(row {rank}\*: as configured, {tf} TFLOP/s per GPU"
+    assert re.search(tail + r"(, [\d.]+% below the best)?\)$", text.splitlines()[-1]), text.splitlines()[-1]
+    assert "cfg*" not in text

@@ -531,15 +531,16 @@ def own_layout_line(p: Plan) -> str:
     own = p.recipe.tflops_per_gpu if p.recipe else 0.0
     gap = f", {1 - own / best:.1%} below the best" if best and own < best else ""
     labels = [label for label, _ in table_rows(p) if label.endswith(OWN_MARK)]
-    tp, pp, cp, ep, etp = p.recipe_layout_best.candidate.layout_key if p.recipe_layout_best else (0,) * 5
+    fastest = p.recipe_layout_best
+    tp, pp, cp, ep, etp = fastest.candidate.layout_key if fastest else (0,) * 5
     head = f"the config's own layout (TP {tp}, PP {pp}, CP {cp}, EP {ep}, ETP {etp}) ranks #{p.recipe_layout_rank}"
-    if len(labels) == 1:
-        return f"{head} of the accepted layouts (row {labels[0]}: as configured, {_num(own)} TFLOP/s per GPU{gap})"
-    fastest = p.recipe_layout_best.tflops_per_gpu if p.recipe_layout_best else 0.0
-    return (
-        f"{head} of the accepted layouts (row {labels[0]}: its fastest VP, micro-batch, recompute and "
-        f"optimizer, {_num(fastest)} TFLOP/s per GPU; row {labels[1]}: as configured, {_num(own)}{gap})"
-    )
+    unit = " TFLOP/s per GPU"
+    if fastest is None or (p.recipe is not None and p.recipe.candidate == fastest.candidate):
+        return f"{head} of the accepted layouts (row {labels[0]}: as configured, {_num(own)}{unit}{gap})"
+    best_choice = _num(fastest.tflops_per_gpu)
+    rows = f"row {labels[0]}: its fastest VP, micro-batch, recompute and optimizer, {best_choice}{unit}"
+    second = f"row {labels[1]}: as configured, {_num(own)}{gap}" if p.recipe else "as configured: not evaluated"
+    return f"{head} of the accepted layouts ({rows}; {second})"
 
 
 def model_error_lines(p: Plan) -> list[str]:
