@@ -14,6 +14,7 @@ from kilocard.perf.baselines import Row, baselines_file, compare_row, load_rows
 from kilocard.perf.crossval import FoldFit, held_out_errors, load_fold_fits, source_group
 from kilocard.perf.efficiency import FITTED, with_values
 from kilocard.perf.fit import FREE, fit, free_values, loss, setup, targets
+from kilocard.perf.trust import stored_held_out
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,10 @@ def test_baselines_command_reports_cross_validation(capsys):
     assert max(k["cv_max_abs_rel_error"] for k in kinds) == pytest.approx(doc["cv_max_abs_rel_error"])
     weighted = sum(k["rows"] * k["cv_mean_abs_rel_error"] for k in kinds) / doc["n_scored"]
     assert weighted == pytest.approx(doc["cv_mean_abs_rel_error"])
+    # what plan and validate quote (the stored fold fits, not refined) is these held-out errors, row by row
+    quoted = {t.row.id: e for t, e in stored_held_out(targets(load_rows()), load_fold_fits(baselines_file()))}
+    assert quoted.keys() == {r["id"] for r in scored}
+    assert all(abs(quoted[r["id"]] - r["cv_rel_error"]) < 0.005 for r in scored)
 
 
 def test_text_gives_both_errors(scored, tmp_path, capsys):

@@ -4,15 +4,29 @@ each row predicted by its own source's stored fold fit (a fit that never saw tha
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 
 from kilocard.cli import main
+from kilocard.config.compose import compose, to_run_config
 from kilocard.perf.baselines import baselines_file, load_rows
 from kilocard.perf.crossval import FoldFit, folds_file, load_fold_fits, source_group
 from kilocard.perf.fit import targets
-from kilocard.perf.trust import MIN_ROWS, band, by_kind, by_kind_lines, error_band, stored_held_out, traits
+from kilocard.perf.trust import (
+    MIN_ROWS,
+    band,
+    by_kind,
+    by_kind_lines,
+    error_band,
+    model_error,
+    run_traits,
+    stored_held_out,
+    traits,
+)
+
+FIX = "scripts/fit_perf_model.py --folds"
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +55,33 @@ def test_a_fold_trained_on_its_own_rows_is_not_used(shipped):
 
 
 def test_band_widens_until_enough_rows_share_the_traits():
+    """Width goes first, then the GPU family; dense/MoE is kept to the last (MoE rows are the far-off ones)."""
     errors = [(("hopper", "MoE", "8-bit"), 0.10)] * 3 + [(("hopper", "MoE", "16-bit"), -0.02)] * 4
-    errors += [(("ampere", "dense", "16-bit"), 0.01)] * MIN_ROWS
+    errors += [(("ampere", "dense", "16-bit"), 0.01)] * MIN_ROWS + [(("blackwell", "MoE", "8-bit"), 0.3)]
     exact = band(("ampere", "dense", "16-bit"), errors, "f")
-    assert (exact.kept, exact.rows, exact.mean_abs) == (3, MIN_ROWS, pytest.approx(0.01))
+    assert (exact.kept, exact.rows, exact.mean_abs) == ((0, 1, 2), MIN_ROWS, pytest.approx(0.01))
     wide = band(("hopper", "MoE", "8-bit"), errors, "f")
-    assert (wide.kept, wide.rows, wide.max_abs) == (2, 7, pytest.approx(0.10))
-    assert "fewer than 5 are also 8-bit" in wide.summary()
-    none = band(("cpu", "dense", "16-bit"), errors, "f")
-    assert (none.kept, none.rows, none.all_rows) == (0, len(errors), len(errors))
-    assert none.summary().startswith("fewer than 5 published rows ran on the cpu family")
+    assert (wide.kept, wide.rows, wide.max_abs) == ((0, 1), 7, pytest.approx(0.10))
+    assert "(hopper, MoE; fewer than 5 are also 8-bit)" in wide.summary()
+    # an MoE run on Ampere: no Ampere MoE row, so every MoE row, never Ampere's dense ones
+    moe = band(("ampere", "MoE", "16-bit"), errors, "f")
+    assert (moe.kept, moe.rows, moe.max_abs) == ((1,), 8, pytest.approx(0.3))
+    assert "(MoE; fewer than 5 are also ampere, 16-bit)" in moe.summary()
+    none = band(("cpu", "dense", "32-bit"), errors, "f")
+    assert (none.kept, none.rows, none.family_rows, none.all_rows) == ((1,), MIN_ROWS, 0, len(errors))
+    assert none.summary().startswith("no published row ran on cpu; 5 dense rows on other GPUs: mean 1.0%")
+    assert none.to_json()["family_rows"] == 0
     assert band(("hopper", "dense", "16-bit"), [], "f") is None
+
+
+def test_a_runs_traits_follow_its_gpu_experts_and_gemm_dtype():
+    def of(*overrides):
+        return run_traits(to_run_config(compose(list(overrides))))
+
+    assert of("recipe=tiny_gpt") == ("cpu", "dense", "32-bit")
+    assert of("recipe=llama3_70b") == ("hopper", "dense", "16-bit")
+    assert of("recipe=bridge_llama3_8b_fp8", "cluster.gpu=b200-sxm-180gb") == ("blackwell", "dense", "8-bit")
+    assert of("recipe=mixtral_8x7b", "cluster.gpu=a100-sxm4-80gb") == ("ampere", "MoE", "16-bit")
 
 
 def test_plan_states_the_error_of_rows_like_the_run(shipped, capsys):
@@ -78,6 +108,38 @@ def test_without_stored_fold_fits_the_error_is_unknown_and_a_broken_file_is_one_
     folds_file(broken).write_text("{not json")
     with pytest.raises(ValueError, match=r"broken\.folds\.json: not a fold-fits file .*fit_perf_model\.py"):
         error_band(("hopper", "dense", "16-bit"), str(broken))
+    cfg = to_run_config(compose(["recipe=llama3_70b"]))
+    assert model_error(cfg, str(broken))[0] is None and "not a fold-fits file" in model_error(cfg, str(broken))[1]
+    assert model_error(cfg, str(bare)) == (None, f"the baselines have no stored fold fits ({FIX})")
+
+
+def _stale_copy(tmp_path, name, edit):
+    """A copy of the shipped rows with its fold fits edited by ``edit(doc)``."""
+    rows = tmp_path / f"{name}.yaml"
+    shutil.copy(baselines_file(), rows)
+    doc = json.loads(folds_file(baselines_file()).read_text())
+    edit(doc)
+    folds_file(rows).write_text(json.dumps(doc))
+    return str(rows)
+
+
+@pytest.mark.parametrize(
+    "name,edit,message",
+    [
+        ("missing", lambda d: d["folds"].pop("SC21 Table 1"), "no stored fold fit for source 'SC21 Table 1'"),
+        ("renamed", lambda d: d["folds"]["SC21 Table 1"]["values"].update(extra=1.0), "other parameters"),
+        (
+            "changed",
+            lambda d: d["folds"]["SC21 Table 1"]["values"].update({"network.nvlink_efficiency": 0.5}),
+            "the model changed since it was fitted",
+        ),
+    ],
+)
+def test_fold_fits_of_another_model_or_other_rows_are_refused(tmp_path, name, edit, message):
+    """A folds file that does not match the rows or the model is refused by name, never quoted: a source
+    without a fit, other parameter names, or values that no longer give their stored training loss."""
+    with pytest.raises(ValueError, match=rf"{name}\.folds\.json: .*{re.escape(message)}.*--folds"):
+        error_band(("hopper", "dense", "16-bit"), _stale_copy(tmp_path, name, edit))
 
 
 def test_by_kind_groups_rows_by_their_traits():

@@ -102,8 +102,11 @@ def test_validate_states_the_model_error_under_the_prediction(capsys):
     """The prediction comes with the model's held-out error on published rows like the run (text and JSON)."""
     assert main(["validate", "recipe=llama3_70b"]) == 0
     text = capsys.readouterr().out
-    at = text.index("predicted: ")
-    assert "rows like this run (hopper, dense, 16-bit): mean " in text[at:].splitlines()[1]
+    below = text[text.index("predicted: ") :].splitlines()[1:3]
+    assert below[0].strip().startswith("model error on published rows, each predicted by a fit that never saw")
+    assert "rows like this run (hopper, dense, 16-bit): mean " in below[1]
     assert main(["validate", "recipe=mixtral_8x7b", "--format", "json"]) == 0
-    band = json.loads(capsys.readouterr().out)["estimates"]["model_error"]
+    estimates = json.loads(capsys.readouterr().out)["estimates"]
+    band = estimates["model_error"]
     assert band["traits"][1] == "MoE" and band["rows"] >= 5 and 0 < band["cv_mean_abs_rel_error"] < 0.5
+    assert estimates["model_error_issue"] is None

@@ -14,7 +14,7 @@ from kilocard.commands.common import add_config_args, add_path_check_arg, check_
 from kilocard.commands.report import count_line, issue_line
 from kilocard.config.compose import compose_many
 from kilocard.config.schema import RunConfig
-from kilocard.perf.trust import model_error
+from kilocard.perf.trust import model_error, model_error_json, model_error_lines
 from kilocard.topology import GiB
 from kilocard.validate.issues import Report
 
@@ -107,10 +107,7 @@ def model_error_line(cfg: RunConfig, report: Report) -> list[str]:
     """Under a prediction, how far to trust it: the model's held-out error on published rows like ``cfg``."""
     if report.estimates.prediction is None:
         return []
-    band, issue = model_error(cfg)
-    if band is None:
-        return [f"  model error unknown: {issue}"]
-    return [f"  held-out model error (docs/perf_model.md): {band.summary()}"]
+    return model_error_lines(*model_error(cfg), indent="  ")
 
 
 def render_text(report: Report, cfg: RunConfig | None = None) -> str:
@@ -120,11 +117,11 @@ def render_text(report: Report, cfg: RunConfig | None = None) -> str:
 
 
 def report_dict(cfg: RunConfig, report: Report) -> dict:
-    """``Report.to_dict`` with the model's error beside the prediction (``estimates.model_error``)."""
+    """``Report.to_dict`` with the model's error beside the prediction (``estimates.model_error`` and
+    ``estimates.model_error_issue``, as in ``kilocard plan``)."""
     d = report.to_dict()
     if report.estimates.prediction is not None:
-        band, issue = model_error(cfg)
-        d["estimates"]["model_error"] = band.to_json() if band else {"unknown": issue}
+        d["estimates"].update(model_error_json(*model_error(cfg)))
     return d
 
 

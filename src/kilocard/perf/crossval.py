@@ -39,6 +39,9 @@ class FoldFit:
     """Ids of the rows it was fitted on; a fold holding out any of them cannot start from it."""
     values: dict[str, float]
     """The free parameters' values (``kilocard.perf.fit.FREE`` names)."""
+    train_loss: float | None = None
+    """Its loss on the rows it was fitted on, as stored (6 decimals): the same values giving another
+    loss now mean the model changed since the fit (``kilocard.perf.trust`` refuses such a file)."""
 
 
 def folds_file(baselines_file: Path) -> Path:
@@ -54,7 +57,11 @@ def load_fold_fits(baselines_file: Path) -> dict[str, FoldFit]:
     try:
         doc = json.loads(path.read_text())
         return {
-            g: FoldFit(frozenset(f["trained_on"]), {k: float(v) for k, v in f["values"].items()})
+            g: FoldFit(
+                frozenset(f["trained_on"]),
+                {k: float(v) for k, v in f["values"].items()},
+                float(f["train_loss"]) if f.get("train_loss") is not None else None,
+            )
             for g, f in doc["folds"].items()
         }
     except (ValueError, KeyError, TypeError, AttributeError) as e:

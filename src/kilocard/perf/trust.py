@@ -4,9 +4,11 @@
 on the other sources only. The stored fold fits (``baselines/published.folds.json``, written by
 ``scripts/fit_perf_model.py --folds``) make that cheap to recall without fitting: ``error_band``
 predicts every scored row with its own source's stored fold fit (about 0.3 s for the shipped file)
-and summarises the rows that share the run's traits: GPU family, dense or MoE, and GEMM precision
-(16-bit or 8-bit). When fewer than ``MIN_ROWS`` rows share all three it drops precision, then
-dense/MoE, then the family, and says so.
+and summarises the rows that share the run's traits: GPU family, dense or MoE, and GEMM width (32-,
+16-, 8- or 4-bit). When fewer than ``MIN_ROWS`` rows share all three it drops the width, then the
+family (dense/MoE is kept to the last: MoE rows are twice as far off as dense ones), and says so. A
+fold-fits file that does not match the model or the rows (another version of either) is refused
+with a one-line ``ValueError`` rather than quoted.
 """
 
 from __future__ import annotations
@@ -20,18 +22,29 @@ from kilocard.config.schema import RunConfig
 from kilocard.perf.baselines import baselines_file, load_rows
 from kilocard.perf.crossval import FoldFit, folds_file, load_fold_fits, source_group
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import Target, middles, targets
+from kilocard.perf.fit import Target, free_values, loss, middles, targets
 from kilocard.perf.predict import PredictionInputs, gpu_family, precision_of, require_gpu
 
 MIN_ROWS = 5
 """Fewest rows a band summarises before it drops a trait."""
 
 Traits = tuple[str, str, str]
-"""(GPU family, ``dense``/``MoE``, ``16-bit``/``8-bit``)."""
+"""(GPU family, ``dense``/``MoE``, GEMM width: ``16-bit``, ``8-bit`` ...)."""
+
+
+WIDTH = {"fp32": "32-bit", "bf16": "16-bit", "fp16": "16-bit", "fp8": "8-bit", "fp4": "4-bit"}
+"""GEMM dtype -> the width a band matches on (MXFP8 is ``fp8``)."""
+
+WIDENING = ((0, 1, 2), (0, 1), (1,), ())
+"""Which traits a band keeps, in the order tried: all; family and dense/MoE; dense/MoE; none."""
+
+LOSS_TOLERANCE = 1e-5
+"""A stored fold's training loss (6 decimals) and its recomputed one differ by less than this unless the
+model or the rows changed since the fit."""
 
 
 def _traits(family: str, experts: int, precision: str) -> Traits:
-    return (family, "MoE" if experts else "dense", "8-bit" if precision in ("fp8", "fp4") else "16-bit")
+    return (family, "MoE" if experts else "dense", WIDTH.get(precision, precision))
 
 
 def traits(inputs: PredictionInputs) -> Traits:
@@ -51,14 +64,16 @@ class ErrorBand:
 
     run: Traits
     """The run's traits."""
-    kept: int
-    """How many of them (from the first) the summarised rows share: 3 all, 0 none (all rows)."""
+    kept: tuple[int, ...]
+    """Which of them the summarised rows share (indices into ``run``; ``()``: all rows)."""
     rows: int
     """Rows summarised."""
     mean_abs: float
     """Their mean |relative error| of TFLOP/s per GPU, held out."""
     max_abs: float
     """Their largest |relative error|, held out."""
+    family_rows: int
+    """Rows on the run's GPU family (0: the model is not validated on that hardware at all)."""
     all_rows: int
     """Rows with a held-out error in the whole file."""
     all_mean_abs: float
@@ -71,25 +86,25 @@ class ErrorBand:
     @property
     def label(self) -> str:
         """The traits the summarised rows share (``hopper, dense, 16-bit``; ``all published rows``)."""
-        return ", ".join(self.run[: self.kept]) or "all published rows"
+        return ", ".join(self.run[i] for i in self.kept) or "all published rows"
 
     def summary(self) -> str:
-        """Which rows, and their error, in words (``kilocard plan``)."""
+        """Which rows, and their error, in words (what ``plan`` and ``validate`` print)."""
         every = f"all {self.all_rows}: mean {self.all_mean_abs:.1%}, max {self.all_max_abs:.1%}"
-        if self.kept == 0:
-            return f"fewer than {MIN_ROWS} published rows ran on the {self.run[0]} family; {every}"
-        short = "" if self.kept == 3 else f"; fewer than {MIN_ROWS} are also {', '.join(self.run[self.kept :])}"
-        return (
-            f"{self.rows} published rows like this run ({self.label}{short}): mean {self.mean_abs:.1%}, "
-            f"max {self.max_abs:.1%}; {every}"
-        )
+        figures = f"mean {self.mean_abs:.1%}, max {self.max_abs:.1%}; {every}"
+        if not self.family_rows:
+            return f"no published row ran on {self.run[0]}; {self.rows} {self.label} rows on other GPUs: {figures}"
+        dropped = [self.run[i] for i in range(3) if i not in self.kept]
+        short = f"; fewer than {MIN_ROWS} are also {', '.join(dropped)}" if dropped else ""
+        return f"{self.rows} published rows like this run ({self.label}{short}): {figures}"
 
     def to_json(self) -> dict[str, object]:
-        """``kilocard plan --format json``'s ``model_error``."""
+        """``model_error`` in ``kilocard plan`` and ``kilocard validate`` JSON."""
         return {
             "traits": list(self.run),
             "label": self.label,
             "rows": self.rows,
+            "family_rows": self.family_rows,
             "cv_mean_abs_rel_error": self.mean_abs,
             "cv_max_abs_rel_error": self.max_abs,
             "all_rows": self.all_rows,
@@ -114,52 +129,95 @@ def stored_held_out(scored: Sequence[Target], folds: dict[str, FoldFit]) -> list
 
 
 def band(run: Traits, errors: Sequence[tuple[Traits, float]], source: str) -> ErrorBand | None:
-    """The band of the rows sharing the most of ``run``'s traits (at least ``MIN_ROWS`` of them, else
-    fewer traits); ``None`` when there are no errors at all."""
+    """The band of the rows sharing the most of ``run``'s traits (``WIDENING``: at least ``MIN_ROWS`` of
+    them); ``None`` when there are no errors at all."""
     if not errors:
         return None
     every = [abs(e) for _, e in errors]
-    for n in (3, 2, 1, 0):
-        match = [abs(e) for t, e in errors if t[:n] == run[:n]]
-        if len(match) >= MIN_ROWS or n == 0:
+    for keep in WIDENING:
+        match = [abs(e) for t, e in errors if all(t[i] == run[i] for i in keep)]
+        if len(match) >= MIN_ROWS or not keep:
             return ErrorBand(
                 run=run,
-                kept=n,
+                kept=keep,
                 rows=len(match),
                 mean_abs=statistics.fmean(match),
                 max_abs=max(match),
+                family_rows=sum(t[0] == run[0] for t, _ in errors),
                 all_rows=len(every),
                 all_mean_abs=statistics.fmean(every),
                 all_max_abs=max(every),
                 source=source,
             )
-    return None  # pragma: no cover (n == 0 always returns)
+    return None  # pragma: no cover (the last WIDENING step always returns)
+
+
+def check_current(scored: Sequence[Target], folds: dict[str, FoldFit], where: str) -> None:
+    """A ``ValueError`` naming the fix when the stored fold fits are not of this model and these rows: a
+    scored source without a fit, a fit whose parameter names are not the free ones, or one whose values
+    no longer give its stored training loss (the model's formulas changed since)."""
+    fix = f"rerun scripts/fit_perf_model.py --folds for {where}"
+    names = set(free_values())
+    for group in dict.fromkeys(source_group(t.row) for t in scored):
+        fold = folds.get(group)
+        if fold is None:
+            raise ValueError(f"{where}: no stored fold fit for source {group!r}; {fix}")
+        if set(fold.values) != names:
+            raise ValueError(f"{where}: the fold fit of {group!r} has other parameters than the model; {fix}")
+        if fold.train_loss is not None:
+            train = [t for t in scored if source_group(t.row) != group and t.row.id in fold.trained_on]
+            now = loss(fold.values, train)
+            if abs(now - fold.train_loss) > LOSS_TOLERANCE:
+                raise ValueError(
+                    f"{where}: the fold fit of {group!r} gives training loss {now:.6f}, stored {fold.train_loss:.6f}: "
+                    f"the model changed since it was fitted; {fix}"
+                )
 
 
 @functools.cache
 def _held_out(file: str | None) -> tuple[tuple[Traits, float], ...]:
-    """(traits, held-out error) of every scored row of ``file`` with a stored fold fit (cached: a
-    ``--multirun`` reads the file once)."""
+    """(traits, held-out error) of every scored row of ``file`` (cached: a ``--multirun`` reads the file
+    once); empty when it has no stored fold fits, a ``ValueError`` when they are not current."""
     folds = load_fold_fits(baselines_file(file))
-    return tuple((traits(t.inputs), e) for t, e in stored_held_out(targets(load_rows(file)), folds))
+    if not folds:
+        return ()
+    scored = targets(load_rows(file))
+    check_current(scored, folds, folds_file(baselines_file(file)).name)
+    return tuple((traits(t.inputs), e) for t, e in stored_held_out(scored, folds))
 
 
 def error_band(run: Traits, file: str | None = None) -> ErrorBand | None:
     """The band for a run with traits ``run`` from the baselines file ``file`` (default: the shipped one)
-    and its stored fold fits; ``None`` when it has none. A broken file is a one-line ``ValueError``."""
+    and its stored fold fits; ``None`` when it has none. A broken or stale file is a one-line ``ValueError``."""
     return band(run, _held_out(file), folds_file(baselines_file(file)).name)
 
 
-def model_error(cfg: RunConfig) -> tuple[ErrorBand | None, str | None]:
-    """(the band of ``cfg`` from the shipped baselines, why there is none): what ``plan`` and ``validate``
-    print under their predictions."""
+def model_error(cfg: RunConfig, file: str | None = None) -> tuple[ErrorBand | None, str | None]:
+    """(the band of ``cfg``, why there is none): what ``plan`` and ``validate`` print under their
+    predictions (``file``: the baselines file, default the shipped one)."""
     try:
-        found = error_band(run_traits(cfg))
+        found = error_band(run_traits(cfg), file)
     except ValueError as e:
         return None, str(e)
     if found is None:
         return None, "the baselines have no stored fold fits (scripts/fit_perf_model.py --folds)"
     return found, None
+
+
+HEADER = "model error on published rows, each predicted by a fit that never saw its source (docs/perf_model.md):"
+"""The line above the band in ``plan`` and ``validate``."""
+
+
+def model_error_lines(found: ErrorBand | None, issue: str | None, indent: str = "") -> list[str]:
+    """The band in words, as ``plan`` and ``validate`` print it."""
+    if found is None:
+        return [f"{indent}model error unknown: {issue}"]
+    return [indent + HEADER, f"{indent}  {found.summary()}"]
+
+
+def model_error_json(found: ErrorBand | None, issue: str | None) -> dict[str, object]:
+    """``model_error`` and ``model_error_issue``, as ``plan`` and ``validate`` JSON carry them."""
+    return {"model_error": found.to_json() if found else None, "model_error_issue": issue}
 
 
 @dataclass(frozen=True)
@@ -211,7 +269,7 @@ def by_kind_lines(kinds: Sequence[Kind]) -> list[str]:
     for k in kinds:
         rows.append((", ".join(k.traits), str(k.rows), pair(k.mean_abs, k.max_abs), pair(k.cv_mean_abs, k.cv_max_abs)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return ["by kind (what `plan` and `validate` quote for a run of that kind):"] + [
+    return ["by kind (plan and validate quote the shipped rows' held-out column, from the stored fold fits):"] + [
         "  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
     ]
 

@@ -30,7 +30,7 @@ from kilocard.perf.flops import CURRENT, flops_per_iteration, shape_from_model
 from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import hardware_for, precision_of, step_time
 from kilocard.perf.steptime import Hardware
-from kilocard.perf.trust import ErrorBand, model_error
+from kilocard.perf.trust import ErrorBand, model_error, model_error_json, model_error_lines
 from kilocard.validate import validate
 from kilocard.validate.memory import hbm_bytes, usable_bytes
 
@@ -495,7 +495,7 @@ def render_text(p: Plan) -> str:
         out.append(no_layout_line(p))
     else:
         out.append("#1's step time: " + breakdown_line(p.top[0]))
-    out.extend(model_error_lines(p))
+    out.extend(model_error_lines(p.model_error, p.model_error_issue))
     out.append("")
     out.append(own_layout_line(p))
     return "\n".join(out)
@@ -522,9 +522,9 @@ def no_layout_line(p: Plan) -> str:
 
 def own_layout_line(p: Plan) -> str:
     """One line on how the config's own layout (its TP, PP, CP, EP, ETP) ranks, naming its rows."""
-    if p.recipe_issue:
-        return f"the config's own layout is not accepted: {p.recipe_issue}"
     if p.recipe_layout_rank is None:
+        if p.recipe_issue:
+            return f"the config's own layout is not accepted: {p.recipe_issue}"
         why = " (validation budget exhausted)" if p.exhausted else ""
         return f"the config's own layout is not among the accepted layouts ranked{why}"
     best = p.top[0].tflops_per_gpu if p.top else 0.0
@@ -539,19 +539,11 @@ def own_layout_line(p: Plan) -> str:
         return f"{head} of the accepted layouts (row {labels[0]}: as configured, {_num(own)}{unit}{gap})"
     best_choice = _num(fastest.tflops_per_gpu)
     rows = f"row {labels[0]}: its fastest VP, micro-batch, recompute and optimizer, {best_choice}{unit}"
-    second = f"row {labels[1]}: as configured, {_num(own)}{gap}" if p.recipe else "as configured: not evaluated"
+    if p.recipe is not None:
+        second = f"row {labels[1]}: as configured, {_num(own)}{gap}"
+    else:
+        second = f"as configured: rejected, {p.recipe_issue}" if p.recipe_issue else "as configured: not evaluated"
     return f"{head} of the accepted layouts ({rows}; {second})"
-
-
-def model_error_lines(p: Plan) -> list[str]:
-    """How far to trust the table's figures: the model's held-out error on published rows."""
-    band = p.model_error
-    if band is None:
-        return [f"model error unknown: {p.model_error_issue}"]
-    return [
-        "model error on published rows, each predicted by a fit that never saw its source (docs/perf_model.md):",
-        f"  {band.summary()}",
-    ]
 
 
 def render_json(p: Plan) -> str:
@@ -580,8 +572,7 @@ def render_json(p: Plan) -> str:
             "recipe_layout_rank": p.recipe_layout_rank,
             "recipe": one(p.recipe) if p.recipe else None,
             "recipe_issue": p.recipe_issue,
-            "model_error": p.model_error.to_json() if p.model_error else None,
-            "model_error_issue": p.model_error_issue,
+            **model_error_json(p.model_error, p.model_error_issue),
         },
         indent=1,
     )
