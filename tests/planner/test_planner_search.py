@@ -204,3 +204,14 @@ def test_own_layout_line_when_the_config_is_its_layouts_fastest_choice(capsys):
     tail = rf"ranks #{rank} of the accepted layouts \(row {rank}\*: as configured, {tf} TFLOP/s per GPU"
     assert re.search(tail + r"(, [\d.]+% below the best)?\)$", text.splitlines()[-1]), text.splitlines()[-1]
     assert "cfg*" not in text
+
+
+def test_own_layout_ranked_but_rejected_as_configured(capsys):
+    """Micro-batch 8 does not fit, but the layout (TP, PP, CP, EP, ETP) does with other choices: the line
+    ranks the layout and says why the configuration itself is rejected (it never says 'not accepted'
+    while a row is marked as the config's own)."""
+    assert main(["plan", "recipe=llama3_70b", "trainer.micro_batch_size=8", "--top", "3"]) == 0  # layouts were accepted
+    line = capsys.readouterr().out.splitlines()[-1]
+    ranked = r"own layout \(TP 4, PP 4, CP 2, EP 1, ETP 4\) ranks #\d+ of the accepted layouts \(row \d+\*: "
+    assert re.search(ranked, line), line
+    assert line.endswith(")") and "; as configured: rejected, OUT_OF_MEMORY: estimated" in line
