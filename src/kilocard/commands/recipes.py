@@ -6,6 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
+from kilocard.base.table import text_table
 from kilocard.commands import exits
 from kilocard.recipes import RecipeRow, catalog_rows, human
 
@@ -34,9 +35,7 @@ def table_lines(rows: list[RecipeRow]) -> list[str]:
         )
         for r in rows
     ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
-    return [lines[0], "  ".join("-" * w for w in widths), *lines[1:]]
+    return text_table(table)
 
 
 def execute(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from kilocard.base.table import text_table
 from kilocard.config.schema import (
     ClusterConfig,
     ModelConfig,
@@ -511,9 +512,7 @@ def render_text(comps: list[Comparison]) -> str:
         )
         for c in comps
     ]
-    widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
-    out = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=False)).rstrip() for row in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
+    out = text_table(lines)
     stats = error_stats(comps)
     out.append("")
     out.append(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kilocard.perf.baselines import Comparison, Row
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import cold_fit, fit, middles, targets
+from kilocard.perf.fit import Target, cold_fit, fit, middles, targets
 
 STARTS = 1
 """Coordinate searches per fold from its stored fold fit (``fit`` uses 6 starts)."""
@@ -95,20 +95,38 @@ def source_group(row: Row) -> str:
     return f"{document}, {member.group(1)}" if member else document
 
 
+def by_source(scored: Sequence[Target]) -> dict[str, list[Target]]:
+    """The scored rows grouped by ``source_group``, in the order the sources first appear."""
+    out: dict[str, list[Target]] = {}
+    for t in scored:
+        out.setdefault(source_group(t.row), []).append(t)
+    return out
+
+
+def usable(fold: FoldFit | None, held: Sequence[Target]) -> bool:
+    """Whether a stored fold fit may stand for the fit without ``held``: it exists and saw none of them."""
+    return fold is not None and not fold.trained_on & {t.row.id for t in held}
+
+
+def fold_values(fold: FoldFit) -> dict[str, float]:
+    """A stored fold fit's values over every free parameter (one it lacks at the middle of its range)."""
+    return {**middles(), **fold.values}
+
+
 def held_out_errors(
     rows: Sequence[Row], starts: int = STARTS, folds: Mapping[str, FoldFit] | None = None
 ) -> dict[str, float | None]:
     """Row id -> relative error of the row predicted by a fit on every other source (``None``: not scored)."""
     scored = targets(rows)
     out: dict[str, float | None] = {r.id: None for r in rows}
-    for group in dict.fromkeys(source_group(t.row) for t in scored):
-        train = [t for t in scored if source_group(t.row) != group]
+    for group, held in by_source(scored).items():
+        held_ids = {t.row.id for t in held}
+        train = [t for t in scored if t.row.id not in held_ids]
         if not train:
             continue
-        held = [t for t in scored if source_group(t.row) == group]
         stored = (folds or {}).get(group)
-        if stored is not None and not stored.trained_on & {t.row.id for t in held}:
-            values = fit(train, starts=starts, start={**middles(), **stored.values}, evals=EVALS, tol=TOL)
+        if stored is not None and usable(stored, held):
+            values = fit(train, starts=starts, start=fold_values(stored), evals=EVALS, tol=TOL)
         else:
             values = cold_fit(train)
         params = with_values(FITTED, values)

@@ -18,11 +18,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kilocard.base.table import text_table
 from kilocard.config.schema import RunConfig
 from kilocard.perf.baselines import baselines_file, load_rows
-from kilocard.perf.crossval import FoldFit, folds_file, load_fold_fits, source_group
+from kilocard.perf.crossval import FoldFit, by_source, fold_values, folds_file, load_fold_fits, usable
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import Target, free_values, loss, middles, targets
+from kilocard.perf.fit import Target, free_values, loss, targets
 from kilocard.perf.predict import PredictionInputs, gpu_family, precision_of, require_gpu
 
 MIN_ROWS = 5
@@ -118,13 +119,11 @@ def stored_held_out(scored: Sequence[Target], folds: dict[str, FoldFit]) -> list
     """Each scored row with its relative error under its source's stored fold fit; a row whose source
     has no stored fit, or one trained on any of the source's rows (a stale file), is left out."""
     out: list[tuple[Target, float]] = []
-    for group in dict.fromkeys(source_group(t.row) for t in scored):
-        held = [t for t in scored if source_group(t.row) == group]
+    for group, held in by_source(scored).items():
         fold = folds.get(group)
-        if fold is None or fold.trained_on & {t.row.id for t in held}:
-            continue
-        params = with_values(FITTED, {**middles(), **fold.values})
-        out.extend((t, t.rel_error(params)) for t in held)
+        if fold is not None and usable(fold, held):
+            params = with_values(FITTED, fold_values(fold))
+            out.extend((t, t.rel_error(params)) for t in held)
     return out
 
 
@@ -158,14 +157,15 @@ def check_current(scored: Sequence[Target], folds: dict[str, FoldFit], where: st
     no longer give its stored training loss (the model's formulas changed since)."""
     fix = f"rerun scripts/fit_perf_model.py --folds for {where}"
     names = set(free_values())
-    for group in dict.fromkeys(source_group(t.row) for t in scored):
+    for group, held in by_source(scored).items():
         fold = folds.get(group)
         if fold is None:
             raise ValueError(f"{where}: no stored fold fit for source {group!r}; {fix}")
         if set(fold.values) != names:
             raise ValueError(f"{where}: the fold fit of {group!r} has other parameters than the model; {fix}")
         if fold.train_loss is not None:
-            train = [t for t in scored if source_group(t.row) != group and t.row.id in fold.trained_on]
+            seen = fold.trained_on - {t.row.id for t in held}
+            train = [t for t in scored if t.row.id in seen]
             now = loss(fold.values, train)
             if abs(now - fold.train_loss) > LOSS_TOLERANCE:
                 raise ValueError(
@@ -268,10 +268,8 @@ def by_kind_lines(kinds: Sequence[Kind]) -> list[str]:
     rows = [("kind", "rows", "in sample mean / max", "held out mean / max")]
     for k in kinds:
         rows.append((", ".join(k.traits), str(k.rows), pair(k.mean_abs, k.max_abs), pair(k.cv_mean_abs, k.cv_max_abs)))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return ["by kind (plan and validate quote the shipped rows' held-out column, from the stored fold fits):"] + [
-        "  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    ]
+    title = "by kind (plan and validate quote the shipped rows' held-out column, from the stored fold fits):"
+    return [title] + ["  " + line for line in text_table(rows, rule=False)]
 
 
 def kind_json(k: Kind) -> dict[str, object]:
