@@ -13,7 +13,7 @@ marker, since the run directory belongs to the writer that holds its lock.
 | 77   | BAD_NODE   | a node failed its health check (``kilocard.train.health``)        | exclude, requeue    |
 | 2    | BAD_CONFIG | frozen config missing/altered, or a resume with a changed model    | fail, do not retry  |
 | 3    | BAD_CKPT   | the checkpoint to resume from failed its integrity check           | fail, do not retry  |
-| 4    | BUSY       | another writer holds the run directory's lock (kilocard.runlock)  | end this job only   |
+| 4    | BUSY       | another writer holds the run directory's lock (kilocard.rundir.lock)  | end this job only   |
 | 1    | CRASH      | any other error (a bug, NaN loss, disk full): a person must look   | fail, do not retry  |
 
 In-job restarts (``launcher.max_restarts`` > 0): a restarting launcher (NVRx ``ft_launcher``,

@@ -7,9 +7,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kilocard.config.compose import compose
-from kilocard.config.freeze import CONFIG_FILE
 from kilocard.launch.rundir import create_run_dir
 from kilocard.paths import data_dir
+from kilocard.rundir.freeze import CONFIG_FILE
 
 
 def _frozen(run_dir: Path):

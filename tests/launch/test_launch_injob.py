@@ -15,7 +15,6 @@ from pathlib import Path
 
 from kilocard import exitcodes
 from kilocard.config.compose import compose
-from kilocard.config.freeze import load_verified
 from kilocard.launch import ftlaunch
 from kilocard.launch.local import (
     SOCKET_TMPDIR_MAX,
@@ -27,7 +26,8 @@ from kilocard.launch.local import (
     stop_wait_s,
 )
 from kilocard.launch.rundir import create_run_dir
-from kilocard.train import events
+from kilocard.rundir import events
+from kilocard.rundir.freeze import load_verified
 from venvs import REPO, venv_without
 
 NO_NVRX = ("nvidia_resiliency",)

@@ -8,7 +8,7 @@ import time
 
 from kilocard.cli import main
 from kilocard.config.compose import compose
-from kilocard.config.freeze import write_frozen
+from kilocard.rundir.freeze import write_frozen
 
 JOB_1 = "[kilocard 2026-01-01T00:00:00Z job 7] start\n 0: step 1 loss 9.1\n12: rank twelve\n 3: step 1\n"
 JOB_2 = "[kilocard 2026-01-01T01:00:00Z job 9] start\n 3: resumed\n 0: step 2\n"

@@ -14,8 +14,8 @@ import pytest
 
 from faults import EVERY, ITERS, TINY, kill_rank, records, run_until, tracker
 from kilocard import exitcodes
-from kilocard.train import checkpoint as ck
-from kilocard.train import events
+from kilocard.rundir import checkpoint as ck
+from kilocard.rundir import events
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 
 from kilocard.config.compose import compose
 from kilocard.config.schema import RunConfig
-from kilocard.train.metrics import scalars
+from kilocard.rundir.metrics import scalars
 from kilocard.train.tracking import PACKAGES, TrackingUnavailable, check_available, enabled
 
 MISSING = [f for f, pkg in PACKAGES.items() if importlib.util.find_spec(pkg) is None]

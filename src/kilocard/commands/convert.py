@@ -35,7 +35,7 @@ def execute(args: argparse.Namespace) -> int:
     from kilocard.convert import st_io
     from kilocard.convert.command import hf_to_mcore, mcore_to_hf
     from kilocard.convert.maps import ConvertError
-    from kilocard.train.checkpoint import CheckpointError
+    from kilocard.rundir.checkpoint import CheckpointError
 
     try:
         if args.direction == "hf-to-mcore":

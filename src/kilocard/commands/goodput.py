@@ -1,6 +1,6 @@
 """``kilocard goodput RUN_DIR [--format json]``: where a run's wall time went, against Young/Daly.
 
-The figures come from the run's own records (``kilocard.train.goodput_report``); this verb only
+The figures come from the run's own records (``kilocard.rundir.goodput_report``); this verb only
 prints them. ``--format json`` prints exactly ``{"wall_s", "productive_s", "goodput", "checkpoint_s":
 {"local", "persistent"}, "faults": [{"step", "kind", "seconds_to_detect", "seconds_to_resume",
 "steps_recomputed", "seconds_lost"}]}``.
@@ -14,9 +14,9 @@ from pathlib import Path
 
 from kilocard.commands import exits
 from kilocard.commands.report import fail
-from kilocard.config.freeze import FrozenConfigError
-from kilocard.train.events import BadRecord
-from kilocard.train.goodput_report import NoRecords, RunGoodput, report
+from kilocard.rundir.events import BadRecord
+from kilocard.rundir.freeze import FrozenConfigError
+from kilocard.rundir.goodput_report import NoRecords, RunGoodput, report
 
 HELP = "where a run's time went: steps, checkpoints, each fault; goodput vs the Young/Daly prediction"
 

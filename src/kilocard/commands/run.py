@@ -16,10 +16,10 @@ from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
 from kilocard.commands.report import count_line, fail, print_issues
 from kilocard.config.compose import compose
-from kilocard.config.freeze import FrozenConfigError, load_verified
 from kilocard.launch.local import launch, unavailable
 from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import missing_secrets
+from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.validate.packages import local_package_issues
 
 HELP = "validate, write a run dir and train on local ranks (torchrun)"

@@ -28,8 +28,8 @@ import torch
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.convert import maps, st_io
 from kilocard.convert.maps import ConvertError, Slot
-from kilocard.train import checkpoint as ck
-from kilocard.train.names import MANIFEST, MODEL_ONLY, STATE, TRACKER
+from kilocard.rundir import checkpoint as ck
+from kilocard.rundir.names import MANIFEST, MODEL_ONLY, STATE, TRACKER
 
 _WIDENING = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
 """Casts that are exact for every value."""

@@ -14,7 +14,7 @@ run directory, printing, exit codes before launch) is ``kilocard.commands.run``.
 
 The ranks get the run's environment (``kilocard.plan``: layout defaults, ``cluster.env``,
 ``launcher.env``; secrets by name). The launcher holds the run directory's lock
-(``kilocard.runlock``) while the ranks run, so a second ``kilocard run --resume`` of the same
+(``kilocard.rundir.lock``) while the ranks run, so a second ``kilocard run --resume`` of the same
 directory is refused. TERM or INT to the launcher asks the ranks to save and stop; it waits for
 them (bounded by the save time plus a margin) and no rank outlives it.
 """
@@ -32,16 +32,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kilocard import exitcodes, runlock
+from kilocard import exitcodes
+from kilocard.base.net import free_port
 from kilocard.config.schema import RunConfig
 from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
 from kilocard.plan import build_plan
-from kilocard.train import events
-from kilocard.train.dist_env import free_port
-from kilocard.train.metrics import read_metrics
-from kilocard.train.names import EXIT_DIR_ENV
-from kilocard.train.progress import progress_line, summary_table
+from kilocard.rundir import events
+from kilocard.rundir import lock as runlock
+from kilocard.rundir.metrics import read_metrics
+from kilocard.rundir.names import EXIT_DIR_ENV
+from kilocard.rundir.progress import progress_line, summary_table
 from kilocard.validate.slurm import expected_save_time_s
 
 """When set, every rank writes its exit code to ``$KILOCARD_EXIT_DIR/rank_<N>`` (torchrun hides them)."""
@@ -164,7 +165,7 @@ def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
 
     A run directory another writer holds is refused at once (exit 1), naming the holder.
     """
-    from kilocard.config.freeze import load_verified
+    from kilocard.rundir.freeze import load_verified
 
     run_cfg, _ = load_verified(run_dir)  # the verb has checked the secrets (kilocard.commands.run)
     lock = None

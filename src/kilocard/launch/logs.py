@@ -17,9 +17,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from kilocard.config import load_run_config
-from kilocard.config.freeze import CONFIG_FILE
 from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
+from kilocard.rundir.freeze import CONFIG_FILE
 
 #: ``srun --label`` prefix: the task rank, right-aligned to the width of the largest one.
 LABEL = re.compile(r"^\s*(\d+): ")

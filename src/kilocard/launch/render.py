@@ -19,7 +19,7 @@ from kilocard.launch import ftlaunch
 from kilocard.launch.package import CODE_DIR, PREFLIGHT, SITE_DIR, mcore_range
 from kilocard.paths import data_dir
 from kilocard.plan import LaunchPlan
-from kilocard.train.names import BLOCKLIST, EXIT_DIR_ENV
+from kilocard.rundir.names import BLOCKLIST, EXIT_DIR_ENV
 
 TEMPLATE = "train.sbatch.tmpl"
 SLOT = re.compile(r"\{\{\s*(\w+)\s*\}\}")

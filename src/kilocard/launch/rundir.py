@@ -21,10 +21,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from kilocard.config.freeze import write_frozen
 from kilocard.config.schema import RunConfig
 from kilocard.launch.abspaths import absolute_paths
 from kilocard.paths import MAX_NAME_BYTES, checkout_root
+from kilocard.rundir.freeze import write_frozen
 
 PROVENANCE_FILE = "provenance.json"
 PROVENANCE_DIR = "provenance"

@@ -34,11 +34,11 @@ import torch.distributed as dist
 
 from kilocard.config.schema import RunConfig
 from kilocard.perf.params import padded_vocab_size
-from kilocard.train import checkpoint as ck
+from kilocard.rundir import checkpoint as ck
+from kilocard.rundir import events
+from kilocard.rundir.names import CHECKPOINTS_DIR, MODEL_ONLY, STATE
 from kilocard.train import ckpt_state as cs
-from kilocard.train import events
 from kilocard.train import local_ckpt as lc
-from kilocard.train.names import CHECKPOINTS_DIR, MODEL_ONLY, STATE
 from kilocard.train.signals import Watchdog
 
 NEARLY_FULL_BYTES = 1 << 20

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from kilocard.runlock import TOKEN_ENV, LockUnsupported, RunDirBusy, RunLock, claim
+from kilocard.rundir.lock import TOKEN_ENV, LockUnsupported, RunDirBusy, RunLock, claim
 
 
 def claim_run_dir(run_dir: Path, wait_s: float) -> RunLock | None:

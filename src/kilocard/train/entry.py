@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kilocard import exitcodes
-from kilocard.config.freeze import FrozenConfigError, load_verified
-from kilocard.train import events
+from kilocard.rundir import events
+from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.train.signals import StopFlag, die_with_parent_in_forks, record_exit
 
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistNetworkError")
@@ -72,8 +72,8 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
     from torch.distributed.checkpoint.api import CheckpointException
 
     from kilocard.backends import select
-    from kilocard.runlock import EARLIER_START_WAIT_S, RunDirBusy
-    from kilocard.train import checkpoint as ck
+    from kilocard.rundir import checkpoint as ck
+    from kilocard.rundir.lock import EARLIER_START_WAIT_S, RunDirBusy
     from kilocard.train import health, heartbeat
     from kilocard.train.claim import claim_run_dir
     from kilocard.train.dist_env import init_process_group
@@ -142,7 +142,7 @@ def build_trainer(run_dir: Path, run_cfg, sha: str, backend, stop, watchdog, tim
 def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeout) -> int:
     import torch.distributed as dist
 
-    from kilocard.train.metrics import MetricsWriter
+    from kilocard.rundir.metrics import MetricsWriter
     from kilocard.train.tracking import Trackers, enabled
     from kilocard.train.trainer import Outcome
 

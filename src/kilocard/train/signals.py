@@ -22,7 +22,7 @@ import threading
 import time
 
 from kilocard.exitcodes import FAULT
-from kilocard.train.names import EXIT_DIR_ENV
+from kilocard.rundir.names import EXIT_DIR_ENV
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 """Signals that request a save-and-stop at the next step boundary."""
@@ -115,7 +115,7 @@ def kill_started_children() -> None:
     ``die_with_parent_in_forks`` does not reach it), and forks writer processes; one stuck in the save the
     watchdog ends could outlive the rank. A normal exit shuts the Manager down; after ``os._exit`` it would
     live on, holding the rank's stdout (Slurm waits 60 s for the step's output to end), and a stuck writer
-    would also keep the rank's run-directory lock (``kilocard.runlock``), which the requeued job needs."""
+    would also keep the rank's run-directory lock (``kilocard.rundir.lock``), which the requeued job needs."""
     import psutil
 
     for child in psutil.Process().children(recursive=True):

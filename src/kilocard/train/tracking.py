@@ -5,7 +5,7 @@ package is imported only then. ``kilocard run`` refuses a run whose tracker pack
 writes anything (``kilocard.validate.packages``); on a cluster every rank checks at start-up
 (``check_available``) that the enabled packages are importable, so a missing one stops all ranks at
 once with one line naming the field (exit BAD_CONFIG) instead of a traceback on rank 0. Rank 0 logs
-the same scalars TensorBoard gets (``kilocard.train.metrics.scalars``), at the step of the record:
+the same scalars TensorBoard gets (``kilocard.rundir.metrics.scalars``), at the step of the record:
 
 - W&B: ``wandb.init(mode="offline", dir=<run_dir>, id=<run dir name>, resume="allow")``; sync later with
   ``wandb sync <run_dir>/wandb/offline-run-*``;

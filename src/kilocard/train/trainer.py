@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from kilocard.backends import Backend
 from kilocard.config.schema import RunConfig
+from kilocard.rundir.metrics import MetricsWriter, Throughput, peak_memory_bytes
 from kilocard.train import megatron_adapter as ma
 from kilocard.train.ckpt_manager import CheckpointManager
-from kilocard.train.metrics import MetricsWriter, Throughput, peak_memory_bytes
 from kilocard.train.profiling import StepProfiler
 from kilocard.train.signals import StopFlag, Watchdog
 from kilocard.train.straggler import StragglerWatch, spread

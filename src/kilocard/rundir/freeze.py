@@ -1,7 +1,7 @@
 """Freeze a composed config: resolved YAML plus its sha256, the one record of what a run is.
 
 Every rank loads the frozen file and checks the hash before it trains, so what ran is exactly
-what was validated (``kilocard.config.freeze.load_verified``).
+what was validated (``kilocard.rundir.freeze.load_verified``).
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ from typing import Any
 
 from kilocard.config.schema import RunConfig
 from kilocard.perf.flops import CURRENT, flops_per_iteration
+from kilocard.rundir.events import json_lines
+from kilocard.rundir.names import METRICS_FILE
 from kilocard.topology import compute_dtype, gpu_spec
-from kilocard.train.events import json_lines
-from kilocard.train.names import METRICS_FILE
 
 FLOPS_CONVENTION = CURRENT
 """FLOPs convention of every TFLOP/s and MFU figure the trainer reports."""

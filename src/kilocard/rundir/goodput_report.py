@@ -1,6 +1,6 @@
 """Where a run's wall time went, from its own records: the figures of ``kilocard goodput``.
 
-Reads ``events.jsonl`` (launch attempts, resumes, committed checkpoints, exits; ``kilocard.train.events``)
+Reads ``events.jsonl`` (launch attempts, resumes, committed checkpoints, exits; ``kilocard.rundir.events``)
 and ``metrics.jsonl`` (one record per step with ``step_time_s`` and ``time``, the unix time at the end
 of the step's period) and returns a ``RunGoodput``; prints nothing. Definitions:
 
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from kilocard import exitcodes
-from kilocard.config.freeze import load_verified
 from kilocard.perf.goodput import Goodput, goodput
-from kilocard.train import events
-from kilocard.train.metrics import read_metrics
+from kilocard.rundir import events
+from kilocard.rundir.freeze import load_verified
+from kilocard.rundir.metrics import read_metrics
 
 CLEAN_EXITS = frozenset({exitcodes.DONE, exitcodes.RETRY})
 """Exit codes of an attempt that ended as planned (finished, or stopped after a committed save)."""

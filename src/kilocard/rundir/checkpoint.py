@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.train.names import MANIFEST, TRACKER
+from kilocard.rundir.names import MANIFEST, TRACKER
 
 NON_SHAPE_FIELDS = frozenset(
     {

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from kilocard import exitcodes
-from kilocard.train.metrics import FLOPS_CONVENTION
-from kilocard.train.names import CHECKPOINTS_DIR, TRACKER
+from kilocard.rundir.metrics import FLOPS_CONVENTION
+from kilocard.rundir.names import CHECKPOINTS_DIR, TRACKER
 
 _CODE_NAMES = {
     exitcodes.DONE: "DONE",

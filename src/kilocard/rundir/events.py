@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kilocard.train.names import EVENTS_FILE
+from kilocard.rundir.names import EVENTS_FILE
 
 PERSISTENT = "persistent"
 """Checkpoint tier of ``<run_dir>/checkpoints`` (or ``checkpoint.save``): the shared filesystem."""

@@ -21,7 +21,7 @@ MODEL_ONLY = "model_only"
 a run starts from it at step 0 with a fresh optimizer and LR schedule."""
 EVENTS_FILE = "events.jsonl"
 """One JSON object per run event (launch attempt, resume, committed checkpoint, exit), each with ``time``
-(unix seconds), in the run directory; appended by rank 0 (``kilocard.train.events``)."""
+(unix seconds), in the run directory; appended by rank 0 (``kilocard.rundir.events``)."""
 BLOCKLIST = "nodes/blocklist.tsv"
 """Nodes kept out of the run's Slurm jobs, one line each: node, reason, job, time (tab-separated); appended by
 the node health check (``kilocard.train.health``); the batch script of an in-job run excludes them."""
