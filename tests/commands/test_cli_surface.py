@@ -29,6 +29,7 @@ FROZEN_VERBS = (
     "logs",
     "convert",
     "goodput",
+    "report",
 )
 
 

@@ -27,6 +27,31 @@ def test_readme_demo_trains_and_summarises(kilocard_run):
         assert row in table, table
     recs = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(recs) == 20 and recs[-1]["loss"] < recs[0]["loss"]
+    repro = out[out.index("reproduction (kilocard report") :]
+    assert "measured (median)" in repro and "predicted" in repro and "left out: warm-up 1, 2" in repro, repro
+
+
+def test_report_of_a_finished_local_run(kilocard_run, capsys):
+    """``kilocard report`` on a real run: the JSON keys a user scripts against, the medians from its records."""
+    from kilocard.commands import main
+
+    code, out, run_dir = kilocard_run("recipe=tiny_gpt", "trainer.train_iters=8", "checkpoint.save_interval=4")
+    assert code == exitcodes.DONE, out[-3000:]
+    assert main(["report", str(run_dir), "--format", "json", "--plot", str(run_dir / "r.png")]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["steps_used"] == [3, 5, 6, 7] and rep["excluded"] == {
+        "1": "warm-up",
+        "2": "warm-up",
+        "4": "checkpoint",
+        "8": "checkpoint",
+    }
+    recs = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    med = sorted(recs[s]["tflops_per_gpu"] for s in rep["steps_used"])
+    assert rep["measured"]["tflops_per_gpu"] == (med[1] + med[2]) / 2
+    assert (
+        rep["predicted"]["tflops_per_gpu"] > 0 and rep["published"] is None and rep["convention"] == "megatron_current"
+    )
+    assert (run_dir / "r.png").stat().st_size > 10_000
 
 
 def test_invalid_config_starts_nothing(kilocard_run):

@@ -7,7 +7,7 @@ import json
 import sys
 
 from kilocard.commands import exits
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.perf.baselines import (
     Comparison,
     Row,

@@ -10,7 +10,7 @@ import sys
 
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.config.compose import compose, to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.planner.search import Plan, apply, plan, render_json, render_text

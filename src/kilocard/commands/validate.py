@@ -11,7 +11,7 @@ import json
 
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
-from kilocard.commands.report import count_line, issue_line
+from kilocard.commands.output import count_line, issue_line
 from kilocard.config.compose import compose_many
 from kilocard.config.schema import RunConfig
 from kilocard.perf.trust import model_error, model_error_json, model_error_lines
