@@ -192,11 +192,10 @@ def text_lines(rep: Reproduction) -> list[str]:
     """The report as aligned lines (what ``kilocard report`` and the run's summary print)."""
     rows = [("", "TFLOP/s per GPU", "MFU", "measured / this")]
     rows.append(("measured (median)", _tf(rep.measured.tflops_per_gpu), _pct(rep.measured.mfu), ""))
-    p = rep.predicted
-    rows.append(("predicted", _tf(p and p.tflops_per_gpu), _pct(p and p.mfu), _ratio(rep.ratio(p))))
-    b = rep.published
     label = f"published ({rep.baseline_id})" if rep.baseline_id else "published"
-    rows.append((label, _tf(b and b.tflops_per_gpu), _pct(b and b.mfu), _ratio(rep.ratio(b))))
+    for name, fig in (("predicted", rep.predicted), (label, rep.published)):
+        f = fig or Figure(None, None)
+        rows.append((name, _tf(f.tflops_per_gpu), _pct(f.mfu), _ratio(rep.ratio(fig))))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     reasons: dict[str, list[int]] = {}
