@@ -101,3 +101,16 @@ def test_report_verb_on_a_run_directory(tiny, tmp_path, capsys):
 def test_report_verb_refuses_what_is_not_a_finished_run(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_a_run_that_never_reached_steady_state_is_not_a_site_row(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_frozen(compose(["recipe=tiny_gpt"]), run)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(3)))
+    site = tmp_path / "site.yaml"
+    assert main(["baselines", "--site", str(site), "--add", str(run)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kilocard baselines: error: --add:") and "did not reach steady state" in err
+    assert len(err.splitlines()) == 1 and not site.exists()
+    assert main(["baselines", "--add", str(run)]) == 2  # --add needs --site
