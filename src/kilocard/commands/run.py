@@ -58,9 +58,17 @@ def new_run(overrides: list[str], skip_paths: bool = False) -> Path | int:
     if problem:
         return fail("run", problem, exits.USAGE)
     try:
-        return create_run_dir(cfg, overrides)
+        return shown(create_run_dir(cfg, overrides))
     except RunDirError as e:
         return fail("run", str(e), exits.USAGE)
+
+
+def shown(run_dir: Path) -> Path:
+    """``run_dir`` (absolute) relative to the cwd when it lies under it (``runs/kilocard-...``), else as is."""
+    try:
+        return run_dir.relative_to(Path.cwd())
+    except ValueError:
+        return run_dir
 
 
 def unwritable(run_dir: Path) -> str | None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.rundir.names import MANIFEST, TRACKER
+from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, TRACKER
 
 NON_SHAPE_FIELDS = frozenset(
     {
@@ -44,6 +44,13 @@ NON_SHAPE_FIELDS = frozenset(
     }
 )
 """Model fields a resume may change: they do not alter any parameter's shape or meaning."""
+
+
+def checkpoint_root(run_dir: Path, run_cfg: RunConfig) -> Path:
+    """Where this run's checkpoints are: ``checkpoint.save`` when set (absolute in a frozen config), else
+    ``<run_dir>/checkpoints``. The one answer for the trainer that writes them and the summary that reads them."""
+    save = run_cfg.checkpoint.save
+    return Path(save) if save else Path(run_dir) / CHECKPOINTS_DIR
 
 
 class CheckpointError(Exception):

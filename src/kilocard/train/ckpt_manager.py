@@ -36,7 +36,7 @@ from kilocard.config.schema import RunConfig
 from kilocard.perf.params import padded_vocab_size
 from kilocard.rundir import checkpoint as ck
 from kilocard.rundir import events
-from kilocard.rundir.names import CHECKPOINTS_DIR, MODEL_ONLY, STATE
+from kilocard.rundir.names import MODEL_ONLY, STATE
 from kilocard.train import ckpt_state as cs
 from kilocard.train import local_ckpt as lc
 from kilocard.train.signals import Watchdog
@@ -72,7 +72,7 @@ class CheckpointManager:
 
         c = run_cfg.checkpoint
         self.cfg, self.sha, self.built, self.run_dir = run_cfg, config_sha256, built, run_dir
-        self.save_root = Path(c.save) if c.save else run_dir / CHECKPOINTS_DIR
+        self.save_root = ck.checkpoint_root(run_dir, run_cfg)
         """Where this run's steps are committed."""
         self.load_root = Path(c.load) if c.load else None
         """``checkpoint.load``: where a run without committed steps of its own starts from."""
