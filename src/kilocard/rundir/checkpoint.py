@@ -18,7 +18,6 @@ the newest intact committed step and how to resume from it (or, with
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kilocard.base.digest import sha256_file
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, TRACKER
 
@@ -83,15 +83,6 @@ def atomic_write(path: Path, text: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _step_files(sdir: Path) -> list[str]:
