@@ -38,7 +38,7 @@ class LaunchPlan:
     tasks_per_node: int
     """Ranks per node: one per GPU (on ``gpu: cpu`` clusters, one per CPU rank slot)."""
     world_size: int
-    """nodes * tasks_per_node."""
+    """nodes * tasks_per_node: the layout's world size (``kilocard.layout.world_size``)."""
     cpus_per_task: int
     """CPU cores per rank: cluster.cpus_per_node // tasks_per_node (at least 1)."""
     gpus_per_node: int
@@ -58,10 +58,10 @@ class LaunchPlan:
         return self.gpus_per_node > 0
 
     def to_json(self) -> str:
-        """The plan as JSON text (``plan.json`` in the run directory; the layout as its degrees and DP)."""
+        """The plan as JSON text (``plan.json`` in the run directory; ``layout`` as ``Layout.to_json()``, which
+        ``Layout.from_json`` reads back)."""
         doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "layout"}
-        lay = self.layout
-        doc.update(tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, dp=lay.dp, on_gpu=self.on_gpu)
+        doc.update(layout=self.layout.to_json(), on_gpu=self.on_gpu)
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
@@ -85,15 +85,15 @@ def build_plan(cfg: RunConfig, layout: Layout | None = None) -> LaunchPlan:
     """The launch plan of a (validated) config; ``layout`` when the caller computed it already."""
     c, lay = cfg.cluster, layout or compute_layout(cfg)
     on_gpu = c.gpu != CPU_GPU
-    tasks = max(1, c.gpus_per_node)
+    tasks = lay.gpus_per_node  # one rank per GPU (per CPU rank slot on ``gpu: cpu``)
     cpus_per_task = max(1, c.cpus_per_node // tasks)
     env = layout_env(cfg, lay, on_gpu, cpus_per_task)
     env.update({str(k): str(v) for k, v in c.env.items()})
     env.update({str(k): str(v) for k, v in cfg.launcher.env.items()})
     return LaunchPlan(
-        nodes=c.nodes,
+        nodes=lay.nodes,
         tasks_per_node=tasks,
-        world_size=c.nodes * tasks,
+        world_size=lay.world_size,
         cpus_per_task=cpus_per_task,
         gpus_per_node=c.gpus_per_node if on_gpu else 0,
         layout=lay,

@@ -186,28 +186,14 @@ class TrainerState:
     model: dict[str, Any]
     """The model config the weights belong to (``ModelConfig`` as a dict)."""
     layout: dict[str, Any]
-    """Parallel layout and world size at save time (RNG states are per rank of this layout)."""
+    """The parallel layout at save time, ``kilocard.layout.Layout.to_json()`` (RNG states are per rank of it;
+    ``Layout.from_json`` also reads the degrees-only dict that steps saved before held)."""
     padded_vocab_size: int
     """Vocabulary rows of the saved embedding."""
     config_sha256: str = ""
     """sha256 of the run config that wrote the step."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else the loop wants back (e.g. the stop reason)."""
-
-
-def layout_of(run_cfg: RunConfig, world_size: int) -> dict[str, Any]:
-    """The layout facts that decide whether per-rank state (RNG) maps one-to-one on resume."""
-    p = run_cfg.parallel
-    return {
-        "world_size": world_size,
-        "tp": p.tensor_model_parallel_size,
-        "pp": p.pipeline_model_parallel_size,
-        "vp": p.virtual_pipeline_model_parallel_size,
-        "cp": p.context_parallel_size,
-        "ep": p.expert_model_parallel_size,
-        "etp": p.expert_tensor_parallel_size,
-        "distributed_optimizer": p.use_distributed_optimizer,
-    }
 
 
 def model_differences(saved: dict[str, Any], current: ModelConfig) -> list[str]:
