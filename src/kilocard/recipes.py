@@ -21,6 +21,7 @@ from pathlib import Path
 from kilocard.config.compose import ComposeError, compose_each, recipe_catalog, to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.config.searchpath import env_site_dirs
+from kilocard.layout import world_size
 from kilocard.paths import cache_dir, data_dir
 from kilocard.perf.params import count_parameters
 
@@ -68,7 +69,7 @@ def recipe_row(name: str, rc: RunConfig) -> RecipeRow:
         model=rc.model.name,
         params=count.total,
         active_params=count.active,
-        gpus=rc.cluster.nodes * rc.cluster.gpus_per_node,
+        gpus=world_size(rc.cluster),
         cluster=rc.cluster.name,
         precision=precision_label(rc),
         baseline=rc.recipe.baseline_id,

@@ -19,6 +19,7 @@ from kilocard.config.compose import compose
 from kilocard.launch.local import launch, unavailable
 from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import missing_secrets
+from kilocard.layout import world_size
 from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.validate.packages import local_package_issues
 
@@ -58,9 +59,17 @@ def new_run(overrides: list[str], skip_paths: bool = False) -> Path | int:
     if problem:
         return fail("run", problem, exits.USAGE)
     try:
-        return create_run_dir(cfg, overrides)
+        return shown(create_run_dir(cfg, overrides))
     except RunDirError as e:
         return fail("run", str(e), exits.USAGE)
+
+
+def shown(run_dir: Path) -> Path:
+    """``run_dir`` (absolute) relative to the cwd when it lies under it (``runs/kilocard-...``), else as is."""
+    try:
+        return run_dir.relative_to(Path.cwd())
+    except ValueError:
+        return run_dir
 
 
 def unwritable(run_dir: Path) -> str | None:
@@ -109,7 +118,7 @@ def execute(args: argparse.Namespace) -> int:
     problem = unavailable(frozen) if args.resume else None  # a new run: new_run checked
     if problem:
         return fail("run", problem, exits.USAGE)
-    world = frozen.cluster.nodes * frozen.cluster.gpus_per_node
+    world = world_size(frozen.cluster)
     if args.resume and args.nproc is not None and args.nproc != world:
         return fail(
             "run",

@@ -21,7 +21,7 @@ from kilocard.commands.output import fail, print_issues
 from kilocard.config.compose import compose_many
 from kilocard.launch import preview
 from kilocard.launch.rundir import RunDirError
-from kilocard.launch.sbatch import Prepared, dry_render_issues, with_slurm_launcher, write_run
+from kilocard.launch.sbatch import Prepared, as_frozen, dry_render_issues, with_slurm_launcher, write_run
 from kilocard.launch.slurm import (
     ChainError,
     SlurmError,
@@ -58,7 +58,7 @@ def prepare(
     if any(i.severity == ERROR for i in issues):
         return None, issues
     plan = build_plan(run_cfg, report.layout)
-    issues += dry_render_issues(run_cfg, plan, chain)
+    issues += dry_render_issues(cfg, plan, chain)
     if any(i.severity == ERROR for i in issues):
         return None, issues
     return Prepared(overrides, cfg, run_cfg, plan), issues
@@ -116,7 +116,7 @@ def chain_failure(e: ChainError, script: Path, chain: int, argv: list[str]) -> s
 
 def preview_runs(prepared: list[Prepared], chain: int, dry_run: bool) -> int:
     """``--dry-run`` prints each script; ``--test-only`` asks slurmctld. Nothing written or submitted."""
-    runs = [(p.run_cfg, p.plan) for p in prepared]
+    runs = [(as_frozen(p.cfg), p.plan) for p in prepared]
     if dry_run:
         print(preview.dry_run(runs, chain), end="")
         return exits.OK

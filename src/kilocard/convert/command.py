@@ -28,6 +28,7 @@ import torch
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.convert import maps, st_io
 from kilocard.convert.maps import ConvertError, Slot
+from kilocard.layout import compute_layout, of_sizes
 from kilocard.rundir import checkpoint as ck
 from kilocard.rundir.names import MANIFEST, MODEL_ONLY, STATE, TRACKER
 
@@ -140,7 +141,7 @@ def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
     files = st_io.shard_files(hf_dir)
     slots = maps.slots(family, m)
     check_tensors(slots, st_io.headers(files), recipe)
-    padded = padded_vocab_size(m, run_cfg.parallel.tensor_model_parallel_size)
+    padded = padded_vocab_size(m, compute_layout(run_cfg).tp)
     one = mm.single_rank_config(run_cfg, padded)
     with staging(out) as tmp, mm.single_rank():
         model = mm.build(one)
@@ -153,7 +154,7 @@ def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
             consumed_samples=0,
             scheduler={},
             model=dataclasses.asdict(m),
-            layout=ck.layout_of(one, 1),
+            layout=of_sizes(1).to_json(),
             padded_vocab_size=padded,
             extra={MODEL_ONLY: True, "source": source},
         )

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader
 
+from kilocard.config.megatron import padded_vocab_size
 from kilocard.config.schema import RunConfig
 from kilocard.data.errors import DataError
 from kilocard.data.sampler import PretrainingSampler
@@ -49,8 +50,7 @@ def _check_batch_and_vocab(run_cfg: RunConfig, dp_size: int, tokenizer_vocab: in
             f"micro_batch_size({t.micro_batch_size}) * dp({dp_size}); fix: adjust one of them"
         )
     m = run_cfg.model
-    multiple = m.make_vocab_size_divisible_by * run_cfg.parallel.tensor_model_parallel_size
-    padded = -(-m.vocab_size // multiple) * multiple  # Megatron-LM's padding (kilocard.perf.params.padded_vocab_size)
+    padded = padded_vocab_size(m, run_cfg.parallel.tensor_model_parallel_size)
     if padded < tokenizer_vocab:
         raise DataError(
             f"model.vocab_size: {m.vocab_size} (padded to {padded}) is smaller than tokenizer "

@@ -40,6 +40,7 @@ from kilocard.launch.render import LOG_DIR
 from kilocard.plan import build_plan
 from kilocard.rundir import events
 from kilocard.rundir import lock as runlock
+from kilocard.rundir.checkpoint import checkpoint_root
 from kilocard.rundir.metrics import read_metrics
 from kilocard.rundir.names import EXIT_DIR_ENV
 from kilocard.rundir.progress import progress_line, summary_table
@@ -216,13 +217,20 @@ def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, loc
         finally:
             _end_group(proc.pid)
     code = exitcodes.from_exit_dir(str(run_dir / LOG_DIR / "exit"), proc.returncode if code is None else code)
-    records = read_metrics(run_dir)
-    print(summary_table(records, run_dir, code, first_new_step=start_step), flush=True)
+    print(end_summary(run_dir, run_cfg, code, start_step), flush=True)
     if code == exitcodes.DONE:
         print("\n".join(summary_lines(run_dir)), flush=True)
     if code not in (exitcodes.DONE, exitcodes.RETRY):
         _print_tail(log)
     return code
+
+
+def end_summary(run_dir: Path, run_cfg: RunConfig, code: int, start_step: int) -> str:
+    """The summary table of this launch: its steps' records and the run's newest committed step, read where
+    the trainer commits them (``checkpoint_root``: ``checkpoint.save`` when set)."""
+    records = read_metrics(run_dir)
+    ckpt_root = checkpoint_root(run_dir, run_cfg)
+    return summary_table(records, run_dir, code, ckpt_root=ckpt_root, first_new_step=start_step)
 
 
 class StopForwarder:

@@ -13,15 +13,14 @@ from pathlib import Path
 
 from kilocard.config.schema import RunConfig
 from kilocard.launch.render import render_script
-from kilocard.launch.rundir import base_name
+from kilocard.launch.rundir import base_name, runs_root
 from kilocard.launch.slurm import run_client, sbatch_argv
 from kilocard.plan import LaunchPlan
 
 
 def would_be_run_dir(cfg: RunConfig) -> Path:
     """The run directory ``kilocard sbatch`` would create now (before any ``-2`` suffix)."""
-    root = Path(cfg.cluster.shared_fs).expanduser().resolve()
-    return root / base_name(cfg)
+    return runs_root(cfg) / base_name(cfg)
 
 
 def dry_run(runs: Sequence[tuple[RunConfig, LaunchPlan]], chain: int) -> str:

@@ -111,6 +111,12 @@ def _check_name(name: str, field: str) -> None:
         )
 
 
+def runs_root(cfg: DictConfig | RunConfig) -> Path:
+    """The directory run directories go in: ``cluster.shared_fs``, ``~`` expanded, absolute, symlinks resolved.
+    The one answer for ``kilocard sbatch`` (its preview and the run it writes) and ``kilocard run``."""
+    return Path(cfg.cluster.shared_fs).expanduser().resolve()
+
+
 def create_run_dir(
     cfg: DictConfig,
     overrides: Sequence[str],
@@ -124,7 +130,7 @@ def create_run_dir(
     cwd (``kilocard.launch.abspaths``). ``stage(tmp_dir)`` adds files (the job's code) before the
     directory is renamed into place, so its failure leaves nothing behind. Returns the final path.
     """
-    root = Path(root if root is not None else cfg.cluster.shared_fs).expanduser()
+    root = Path(root) if root is not None else runs_root(cfg)
     cfg = absolute_paths(cfg, Path.cwd())  # the returned path stays as given; the frozen one is absolute
     explicit = cfg.launcher.run_name
     base = base_name(cfg)

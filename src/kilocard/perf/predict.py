@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from kilocard.config.dtypes import main_grads_fp32
 from kilocard.config.schema import ClusterConfig, RunConfig
-from kilocard.layout import Layout, compute_layout
+from kilocard.layout import Layout, compute_layout, world_size
 from kilocard.perf.efficiency import FITTED, PerfModelParams
 from kilocard.perf.flops import ModelShape, flops_per_iteration, shape_from_model
 from kilocard.perf.steptime import Features, Hardware, StepTime, predict_step_time
@@ -82,7 +82,7 @@ def hardware_for(cluster: ClusterConfig) -> Hardware:
         network_bandwidth=cluster.inter_node_bandwidth_gbs * 1e9,
         gpus_per_node=cluster.gpus_per_node,
         nvlink_domain=max(1, cluster.nvlink_domain_size),
-        pod_gpus=pod if 0 < pod < cluster.nodes * cluster.gpus_per_node else 0,
+        pod_gpus=pod if 0 < pod < world_size(cluster) else 0,
         pod_oversubscription=cluster.pod_oversubscription,
     )
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kilocard.config.schema import RunConfig
-from kilocard.layout import compute_layout, split_layers
+from kilocard.layout import MEGATRON_NAMES, compute_layout, data_parallel_size, split_layers, world_size
 from kilocard.perf.efficiency import FITTED, PerfModelParams
 from kilocard.perf.flops import CURRENT, flops_per_iteration, shape_from_model
 from kilocard.perf.memory import estimate_memory
@@ -81,12 +81,7 @@ class Candidate:
         par = "parallel."
         full = self.recompute == "full"
         return {
-            f"{par}tensor_model_parallel_size": str(self.tp),
-            f"{par}pipeline_model_parallel_size": str(self.pp),
-            f"{par}virtual_pipeline_model_parallel_size": _value(self.vp),
-            f"{par}context_parallel_size": str(self.cp),
-            f"{par}expert_model_parallel_size": str(self.ep),
-            f"{par}expert_tensor_parallel_size": _value(self.etp),
+            **{par + name: _value(getattr(self, k)) for k, name in MEGATRON_NAMES.items()},
             f"{par}sequence_parallel": _value(self.tp > 1),
             f"{par}recompute_granularity": "null" if self.recompute == "none" else self.recompute,
             f"{par}recompute_method": "uniform" if full else "null",
@@ -127,12 +122,7 @@ def apply(cfg: RunConfig, c: Candidate) -> RunConfig:
     full = c.recompute == "full"
     par = dataclasses.replace(
         cfg.parallel,
-        tensor_model_parallel_size=c.tp,
-        pipeline_model_parallel_size=c.pp,
-        virtual_pipeline_model_parallel_size=c.vp,
-        context_parallel_size=c.cp,
-        expert_model_parallel_size=c.ep,
-        expert_tensor_parallel_size=c.etp,
+        **{name: getattr(c, k) for k, name in MEGATRON_NAMES.items()},
         sequence_parallel=c.tp > 1,
         recompute_granularity=None if c.recompute == "none" else c.recompute,
         recompute_method="uniform" if full else None,
@@ -151,12 +141,7 @@ def current_candidate(cfg: RunConfig) -> Candidate:
     """The candidate a config already is."""
     p = cfg.parallel
     return Candidate(
-        tp=p.tensor_model_parallel_size,
-        pp=p.pipeline_model_parallel_size,
-        vp=p.virtual_pipeline_model_parallel_size,
-        cp=p.context_parallel_size,
-        ep=p.expert_model_parallel_size,
-        etp=p.expert_tensor_parallel_size,
+        **{k: getattr(p, name) for k, name in MEGATRON_NAMES.items()},
         mbs=cfg.trainer.micro_batch_size,
         recompute=p.recompute_granularity or "none",
         distributed_optimizer=p.use_distributed_optimizer,
@@ -217,7 +202,8 @@ def enumerate_candidates(cfg: RunConfig, world: int) -> Iterator[Candidate]:
             split = stage_split(cfg, pp) if world % (tp * cp * pp) == 0 else None
             if split is None:
                 continue
-            dp = world // (tp * cp * pp)
+            dp = data_parallel_size(world, tp, pp, cp)
+            assert dp is not None  # the split above exists only for a whole DP
             vps: list[int | None] = [None]
             if pp > 1 and split == (None, None):
                 vps += [v for v in _divisors(split_layers // pp) if 1 < v <= 16]
@@ -317,7 +303,7 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600, site: SiteFi
     """Rank the accepted layouts of ``cfg``'s model on its cluster by predicted throughput (with ``site``'s
     refitted parameters when given, else the shipped fit)."""
     hw = hardware_for(cfg.cluster)
-    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    world = world_size(cfg.cluster)
     params = site.params if site else FITTED
     step, flops = _predictor(cfg, hw, params)
     cands = list(enumerate_candidates(cfg, world))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kilocard import exitcodes
+from kilocard.layout import world_size
 from kilocard.perf.goodput import Goodput, goodput
 from kilocard.rundir import events
 from kilocard.rundir.freeze import load_verified
@@ -243,6 +244,6 @@ def _prediction(
     cfg, _ = load_verified(Path(run_dir))
     interval = cfg.checkpoint.save_interval * median_step if cfg.checkpoint.save_interval and median_step else None
     world = next((e.get("world_size") for e in reversed(evts) if e["event"] == "start"), None)
-    gpus = world or cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    gpus = world or world_size(cfg.cluster)
     predicted = goodput(gpus, median_save) if median_save is not None else None
     return {"predicted": predicted, "checkpoint_interval_s": interval}

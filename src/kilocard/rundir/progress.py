@@ -8,17 +8,7 @@ from typing import Any
 
 from kilocard import exitcodes
 from kilocard.rundir.metrics import FLOPS_CONVENTION
-from kilocard.rundir.names import CHECKPOINTS_DIR, TRACKER
-
-_CODE_NAMES = {
-    exitcodes.DONE: "DONE",
-    exitcodes.RETRY: "RETRY (stopped after a committed save)",
-    exitcodes.FAULT: "FAULT",
-    exitcodes.BAD_CONFIG: "BAD_CONFIG",
-    exitcodes.BAD_CKPT: "BAD_CKPT",
-    exitcodes.CRASH: "CRASH",
-    exitcodes.BUSY: "BUSY (another writer holds the run directory)",
-}
+from kilocard.rundir.names import TRACKER
 
 
 def _eta(r: dict[str, Any]) -> str:
@@ -40,13 +30,16 @@ def progress_line(r: dict[str, Any]) -> str:
     )
 
 
-def summary_table(records: list[dict[str, Any]], run_dir: Path, code: int, first_new_step: int = 0) -> str:
-    """The table ``kilocard run`` ends with (medians over this launch's steps, first step excluded)."""
-    tracker = run_dir / CHECKPOINTS_DIR / TRACKER
+def summary_table(
+    records: list[dict[str, Any]], run_dir: Path, code: int, *, ckpt_root: Path, first_new_step: int = 0
+) -> str:
+    """The table ``kilocard run`` ends with (medians over this launch's steps, first step excluded);
+    ``ckpt_root``: the run's checkpoint directory (``kilocard.rundir.checkpoint.checkpoint_root``)."""
+    tracker = ckpt_root / TRACKER
     committed = tracker.read_text().strip() if tracker.is_file() else None
     rows = [
         ("run dir", str(run_dir)),
-        ("exit", f"{code} {_CODE_NAMES.get(code, '')}".strip()),
+        ("exit", f"{code} {exitcodes.describe(code)}".strip()),
         ("last committed step", committed if committed else "none"),
     ]
     new = [r for r in records if r["step"] > first_new_step] or records

@@ -17,8 +17,8 @@ from kilocard.backends import Backend
 from kilocard.config.dtypes import main_grads_fp32, param_dtype
 from kilocard.config.megatron import megatron_kwargs
 from kilocard.config.schema import RunConfig
+from kilocard.layout import Layout, megatron_sizes
 from kilocard.perf.params import padded_vocab_size
-from kilocard.topology import rank_order
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,21 +43,17 @@ class Built:
     """Megatron-Core schedule from ``get_forward_backward_func``."""
 
 
-def init_parallel_state(run_cfg: RunConfig, timeout_minutes: int) -> None:
-    """``parallel_state.initialize_model_parallel`` from ``config.parallel``."""
+def parallel_state_kwargs(lay: Layout, timeout_minutes: int) -> dict[str, Any]:
+    """The keywords of ``parallel_state.initialize_model_parallel`` for ``lay``: its degrees under Megatron-Core's
+    names (``kilocard.layout.megatron_sizes``), its rank order and the collective timeout."""
+    return {**megatron_sizes(lay), "order": lay.order, "distributed_timeout_minutes": timeout_minutes}
+
+
+def init_parallel_state(lay: Layout, timeout_minutes: int) -> None:
+    """``parallel_state.initialize_model_parallel`` for the run's layout (``kilocard.layout.compute_layout``)."""
     from megatron.core import parallel_state as ps
 
-    p = run_cfg.parallel
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=p.tensor_model_parallel_size,
-        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
-        context_parallel_size=p.context_parallel_size,
-        expert_model_parallel_size=p.expert_model_parallel_size,
-        expert_tensor_parallel_size=p.expert_tensor_parallel_size,
-        distributed_timeout_minutes=timeout_minutes,
-        order="-".join(rank_order(p.use_tp_pp_dp_mapping)),
-    )
+    ps.initialize_model_parallel(**parallel_state_kwargs(lay, timeout_minutes))
 
 
 def seed_all(seed: int) -> None:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from kilocard.backends import Backend
 from kilocard.config.schema import RunConfig
+from kilocard.layout import Layout
 from kilocard.rundir.metrics import MetricsWriter, Throughput, peak_memory_bytes
 from kilocard.train import megatron_adapter as ma
 from kilocard.train.ckpt_manager import CheckpointManager
@@ -65,6 +66,7 @@ class Trainer:
     def __init__(
         self,
         run_cfg: RunConfig,
+        layout: Layout,
         run_dir: Path,
         config_sha256: str,
         backend: Backend,
@@ -73,18 +75,20 @@ class Trainer:
     ) -> None:
         from megatron.core import parallel_state as ps
 
-        self.cfg, self.run_dir, self.backend = run_cfg, run_dir, backend
+        self.cfg, self.layout, self.run_dir, self.backend = run_cfg, layout, run_dir, backend
         self.stop, self.watchdog = stop, watchdog
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.ps = ps
         watchdog.beat("building the model")
         self.built = ma.build(run_cfg, backend)
-        self.ckpt = CheckpointManager(run_cfg, run_dir, config_sha256, self.built, backend.is_cuda, watchdog, self.log)
+        self.ckpt = CheckpointManager(
+            run_cfg, layout, run_dir, config_sha256, self.built, backend.is_cuda, watchdog, self.log
+        )
         """Saves, commits and loads this run's checkpoints."""
         self.step, self.consumed = 0, 0
-        t = run_cfg.trainer
-        self.dp = ps.get_data_parallel_world_size()
-        self.num_micro = t.global_batch_size // (t.micro_batch_size * self.dp)
+        assert layout.dp is not None and layout.num_microbatches is not None, "build_trainer refuses others"
+        self.dp: int = layout.dp
+        self.num_micro: int = layout.num_microbatches
         self._last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         self._loss_ranks = self.world // ps.get_pipeline_model_parallel_world_size()
         self._device = torch.device("cuda") if backend.is_cuda else torch.device("cpu")
