@@ -40,9 +40,9 @@ from kilocard.launch.render import LOG_DIR
 from kilocard.plan import build_plan
 from kilocard.rundir import events
 from kilocard.rundir import lock as runlock
-from kilocard.rundir.metrics import read_metrics
+from kilocard.rundir.metrics import read_evals, read_metrics
 from kilocard.rundir.names import EXIT_DIR_ENV
-from kilocard.rundir.progress import progress_line, summary_table
+from kilocard.rundir.progress import eval_line, progress_line, summary_table
 from kilocard.validate.slurm import expected_save_time_s
 
 """When set, every rank writes its exit code to ``$KILOCARD_EXIT_DIR/rank_<N>`` (torchrun hides them)."""
@@ -216,7 +216,7 @@ def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, loc
             _end_group(proc.pid)
     code = exitcodes.from_exit_dir(str(run_dir / LOG_DIR / "exit"), proc.returncode if code is None else code)
     records = read_metrics(run_dir)
-    print(summary_table(records, run_dir, code, first_new_step=start_step), flush=True)
+    print(summary_table(records, run_dir, code, first_new_step=start_step, evals=read_evals(run_dir)), flush=True)
     if code not in (exitcodes.DONE, exitcodes.RETRY):
         _print_tail(log)
     return code
@@ -279,9 +279,10 @@ def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopFo
     """
     tty = sys.stdout.isatty()
     seen, attempts, last_change = 0, _attempts(run_dir), time.monotonic()
+    evals_seen = len(read_evals(run_dir))
     while proc.poll() is None:
         time.sleep(0.5)
-        records = read_metrics(run_dir)
+        records, evals = read_metrics(run_dir), read_evals(run_dir)
         now_attempts = _attempts(run_dir)
         if now_attempts != attempts:
             attempts, last_change = now_attempts, time.monotonic()
@@ -289,6 +290,10 @@ def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopFo
             seen, last_change = len(records), time.monotonic()
             if records:
                 print(("\r" if tty else "") + progress_line(records[-1]), end="" if tty else "\n", flush=True)
+        if len(evals) > evals_seen:  # an evaluation is progress too; its line stays on screen
+            for r in evals[evals_seen:]:
+                print(("\n" if tty else "") + eval_line(r), flush=True)
+            evals_seen, last_change = len(evals), time.monotonic()
         elif time.monotonic() - last_change > silence_s:
             print(f"\nkilocard run: no progress for {silence_s:.0f}s; stopping the ranks (FAULT)", file=sys.stderr)
             _kill(proc)
