@@ -73,7 +73,7 @@ def tokenizer_file(name: str) -> Path | None:
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of the file at ``path``."""
+    """Hex sha256 of the file's bytes (read in 1 MiB blocks; also the file tokenizers' cache identity)."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
