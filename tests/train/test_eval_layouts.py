@@ -6,7 +6,7 @@ commits step 2. Each layout then loads that step and only evaluates it (``traine
 Megatron-LM's ``--skip-train``), reading the same validation samples through its own pipeline
 schedule with ``forward_only=True``; no layout is trained. Context parallelism is not among them:
 Megatron-Core's local layer spec (the only one CPU ranks can build) has no context-parallel
-attention, so CP needs Transformer Engine on GPUs.
+attention, so CP needs Transformer Engine on GPUs; here a CP run is refused with one line.
 """
 
 from __future__ import annotations
@@ -88,3 +88,20 @@ def test_validation_loss_of_one_model_state_is_the_same_in_every_layout(trained,
     assert abs(got[0]["loss"] - reference) < TOLERANCE, f"{name}: {got[0]['loss']} vs {reference}"
     assert [r["step"] for r in evals(run_dir, "test")] == [2]
     assert not [r for r in records(run_dir) if "split" not in r], "skip_train trained a step"
+
+
+def test_context_parallel_on_cpu_ranks_is_refused_naming_the_field(trained):
+    """CP cannot be built here (no Transformer Engine attention): one line naming the field, exit BAD_CONFIG,
+    instead of Megatron-Core's AssertionError as a CRASH."""
+    runner, ref_dir, _ = trained
+    code, out, run_dir = runner(
+        *COMMON,
+        "parallel.context_parallel_size=2",
+        "trainer.skip_train=true",
+        f"checkpoint.load={ref_dir / 'checkpoints'}",
+        "--nproc",
+        "2",
+    )
+    assert code == 2, out[-3000:]
+    assert "error: parallel.context_parallel_size: 2 needs Transformer Engine's attention" in out
+    assert "crashed" not in out
