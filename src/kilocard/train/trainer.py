@@ -1,5 +1,6 @@
 """The step loop: forward/backward through Megatron-Core's schedule, optimizer and LR step, metrics,
-the stop decision at every step boundary, and the calls to the checkpoint manager (save, load).
+the stop decision at every step boundary, evaluation on the validation and test splits (the same
+schedule, forward only; ``trainer.eval_interval``), and the calls to the checkpoint manager (save, load).
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class Trainer:
         self._own_n = 0
         """Steps summed in ``_own_s``."""
         self._stragglers = StragglerWatch()
+        self._eval_data: dict[int, Any] = {}
+        """Validation and test splits by ``kilocard.data.split`` index (``None``: a test split without documents)."""
         self.profiler = StepProfiler(run_dir, list(run_cfg.trainer.profile_steps), self.rank, backend.is_cuda)
         """Traces ``trainer.profile_steps``."""
         self._time_grad_reduction()
@@ -301,7 +304,6 @@ class Trainer:
         rank (collective) when ``trainer.eval_interval`` is set."""
         from kilocard.data.iterator import build_eval_dataset
 
-        self._eval_data: dict[int, Any] = {}
         if not self.cfg.trainer.eval_interval:
             return
         self.watchdog.beat("building the validation and test splits")
