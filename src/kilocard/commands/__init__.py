@@ -4,7 +4,7 @@ A verb module has ``HELP`` (one line), ``add_arguments(parser)`` and ``execute(a
 domain modules it calls return values (a ``Report``, a ``Plan``, a run directory) and print
 nothing. ``COMMANDS`` is the explicit verb table; ``main`` parses the command line, dispatches, and
 turns a ``ComposeError`` into one line and exit 2. Exit codes: ``kilocard.commands.exits``; how an
-issue or an error is printed: ``kilocard.commands.report``.
+issue or an error is printed: ``kilocard.commands.output``.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from kilocard.commands import (
     plan,
     preprocess,
     recipes,
+    report,
     run,
     sbatch,
     show,
     validate,
 )
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.config.compose import ComposeError
 
 #: The verb table, in the order ``kilocard --help`` lists it (frozen by tests/commands/test_cli_surface.py).
@@ -46,6 +47,7 @@ COMMANDS: dict[str, ModuleType] = {
     "logs": logs,
     "convert": convert,
     "goodput": goodput,
+    "report": report,
 }
 VERBS = tuple(COMMANDS)
 

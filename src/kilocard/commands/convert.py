@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 
 HELP = "Hugging Face checkpoint <-> kilocard (Megatron-Core) checkpoint"
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from kilocard.commands import exits
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.rundir.events import BadRecord
 from kilocard.rundir.freeze import FrozenConfigError
 from kilocard.rundir.goodput_report import NoRecords, RunGoodput, report

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kilocard.commands import exits
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.launch.image import DEFAULT_BASE, ImageError, write_build_context
 
 HELP = "write a Dockerfile (+ wheel) for a container image holding kilocard"

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from kilocard.commands import exits
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.config import ComposeError
 from kilocard.launch.logs import FINISHED, Reader, in_job, select
 from kilocard.launch.render import LOG_DIR

@@ -9,8 +9,8 @@ import argparse
 import sys
 
 from kilocard.commands import exits
-from kilocard.commands.common import add_config_args
-from kilocard.commands.report import fail
+from kilocard.commands.common import add_config_args, site_calibration
+from kilocard.commands.output import fail
 from kilocard.config.compose import compose, to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.planner.search import Plan, apply, plan, render_json, render_text
@@ -43,8 +43,11 @@ def execute(args: argparse.Namespace) -> int:
     if args.top < 1:
         return fail("plan", f"--top: {args.top} must be at least 1", exits.USAGE)
     cfg = to_run_config(compose(list(args.overrides)))
+    site, problem = site_calibration(cfg)
+    if problem is not None:
+        return fail("plan", f"{problem.field}={problem.value}: {problem.message}", exits.USAGE)
     try:
-        result = plan(cfg, top=args.top)
+        result = plan(cfg, top=args.top, site=site)
     except ValueError as e:
         return fail("plan", str(e), exits.USAGE)
     print(render_json(result) if args.format == "json" else render_text(result))

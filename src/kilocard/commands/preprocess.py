@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kilocard.commands import exits
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 
 HELP = "turn JSONL text into Megatron .bin/.idx"
 

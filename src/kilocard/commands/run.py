@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
-from kilocard.commands.report import count_line, fail, print_issues
+from kilocard.commands.output import count_line, fail, print_issues
 from kilocard.config.compose import compose
 from kilocard.launch.local import launch, unavailable
 from kilocard.launch.rundir import RunDirError, create_run_dir

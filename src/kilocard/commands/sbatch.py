@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from kilocard.base import shell
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
-from kilocard.commands.report import fail, print_issues
+from kilocard.commands.output import fail, print_issues
 from kilocard.config.compose import compose_many
 from kilocard.launch import preview
 from kilocard.launch.rundir import RunDirError

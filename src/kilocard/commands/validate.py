@@ -10,8 +10,8 @@ import argparse
 import json
 
 from kilocard.commands import exits
-from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
-from kilocard.commands.report import count_line, issue_line
+from kilocard.commands.common import add_config_args, add_path_check_arg, check_config, site_calibration
+from kilocard.commands.output import count_line, issue_line
 from kilocard.config.compose import compose_many
 from kilocard.config.schema import RunConfig
 from kilocard.perf.trust import model_error, model_error_json, model_error_lines
@@ -109,10 +109,13 @@ def issue_lines(report: Report) -> list[str]:
 
 
 def model_error_line(cfg: RunConfig, report: Report) -> list[str]:
-    """Under a prediction, how far to trust it: the model's held-out error on published rows like ``cfg``."""
+    """Under a prediction, how far to trust it: the model's held-out error on published rows like ``cfg``
+    (and with ``perf.site_baselines``, the site rows' leave-one-out error of the refit it used)."""
     if report.estimates.prediction is None:
         return []
-    return model_error_lines(*model_error(cfg), indent="  ")
+    site, _ = site_calibration(cfg)
+    extra = [f"  predictions use the site refit; {site.summary()}"] if site else []
+    return model_error_lines(*model_error(cfg), indent="  ") + extra
 
 
 def render_text(report: Report, cfg: RunConfig | None = None) -> str:
@@ -127,6 +130,8 @@ def report_dict(cfg: RunConfig, report: Report) -> dict:
     d = report.to_dict()
     if report.estimates.prediction is not None:
         d["estimates"].update(model_error_json(*model_error(cfg)))
+        site, _ = site_calibration(cfg)
+        d["estimates"]["site_fit"] = site.to_json() if site else None
     return d
 
 

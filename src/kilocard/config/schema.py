@@ -472,6 +472,16 @@ class RecipeInfo:
 
 
 @dataclass(kw_only=True)
+class PerfConfig:
+    """The performance model's calibration (kilocard's own: Megatron-Core has no performance model)."""
+
+    site_baselines: str | None = None
+    """A site baselines file (``kilocard baselines --site FILE --add RUN_DIR`` writes it): ``plan`` and
+    ``validate`` then predict with parameters refitted on the published rows plus these rows, and quote
+    the site rows' own leave-one-out error; ``null``: the shipped fit."""
+
+
+@dataclass(kw_only=True)
 class RunConfig:
     """The whole run: one field per Hydra config group."""
 
@@ -495,10 +505,23 @@ class RunConfig:
     """Target machine."""
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     """Launch method."""
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    """Performance-model calibration."""
 
 
 #: Config groups, in composition order; frozen by tests/commands/test_cli_surface.py.
-CONFIG_GROUPS = ("model", "parallel", "precision", "optim", "data", "checkpoint", "trainer", "cluster", "launcher")
+CONFIG_GROUPS = (
+    "model",
+    "parallel",
+    "precision",
+    "optim",
+    "data",
+    "checkpoint",
+    "trainer",
+    "cluster",
+    "launcher",
+    "perf",
+)
 
 #: Fields of model/parallel/precision that are not Megatron-Core config fields, with the reason.
 KILOCARD_OWN_FIELDS: dict[str, str] = {

@@ -43,6 +43,7 @@ from kilocard.rundir import lock as runlock
 from kilocard.rundir.metrics import read_evals, read_metrics
 from kilocard.rundir.names import EXIT_DIR_ENV
 from kilocard.rundir.progress import eval_line, progress_line, summary_table
+from kilocard.rundir.reproduction import summary_lines
 from kilocard.validate.slurm import expected_save_time_s
 
 """When set, every rank writes its exit code to ``$KILOCARD_EXIT_DIR/rank_<N>`` (torchrun hides them)."""
@@ -217,6 +218,8 @@ def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, loc
     code = exitcodes.from_exit_dir(str(run_dir / LOG_DIR / "exit"), proc.returncode if code is None else code)
     records = read_metrics(run_dir)
     print(summary_table(records, run_dir, code, first_new_step=start_step, evals=read_evals(run_dir)), flush=True)
+    if code == exitcodes.DONE:
+        print("\n".join(summary_lines(run_dir)), flush=True)
     if code not in (exitcodes.DONE, exitcodes.RETRY):
         _print_tail(log)
     return code

@@ -177,6 +177,9 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
         return exitcodes.RETRY
     if dist.get_rank() == 0:
         print(f"kilocard.train: done at step {trainer.step}", flush=True)
+        from kilocard.rundir.reproduction import summary_lines
+
+        print("\n".join(summary_lines(run_dir)), flush=True)  # the Slurm log's report; kilocard run prints its own
     return exitcodes.DONE
 
 
