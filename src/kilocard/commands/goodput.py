@@ -2,7 +2,7 @@
 
 The figures come from the run's own records (``kilocard.rundir.goodput_report``); this verb only
 prints them. ``--format json`` prints exactly ``{"wall_s", "productive_s", "goodput", "checkpoint_s":
-{"local", "persistent"}, "faults": [{"step", "kind", "seconds_to_detect", "seconds_to_resume",
+{"local", "persistent"}, "eval_s", "faults": [{"step", "kind", "seconds_to_detect", "seconds_to_resume",
 "steps_recomputed", "seconds_lost"}]}``.
 """
 
@@ -42,6 +42,7 @@ def text_lines(r: RunGoodput) -> list[str]:
         ("productive step time", f"{_s(r.productive_s)} ({r.steps} steps, median {_s(r.median_step_s)})"),
         ("checkpoints (persistent)", f"{_s(r.checkpoint_persistent_s)} (median save {_s(r.median_save_s)})"),
         ("checkpoints (local)", f"{_s(r.checkpoint_local_s)} (median save {_ms(r.median_local_save_s)})"),
+        ("evaluation", f"{_s(r.eval_s)} ({r.evals} evaluations, {r.eval_share:.1%} of step + evaluation time)"),
         ("launch attempts", str(r.attempts)),
         ("faults", str(len(r.faults))),
         ("goodput", f"{r.goodput:.1%}"),

@@ -85,6 +85,11 @@ def memory_lines(report: Report) -> list[str]:
             f"MFU {pred.mfu:.1%} ({pred.convention}, peak {pred.peak_flops / 1e12:.4g} "
             f"TFLOP/s {pred.peak_dtype})"
         )
+        if pred.eval_interval:
+            out.append(
+                f"predicted evaluation: {pred.eval_time_s:.3g} s every {pred.eval_interval} steps "
+                f"({pred.eval_s_per_step:.3g} s/step, forward-only micro-batches)"
+            )
     return out
 
 

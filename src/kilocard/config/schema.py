@@ -314,6 +314,16 @@ class TrainerConfig:
     """Sequences per optimizer step across all data-parallel ranks."""
     train_iters: int = 20
     """Optimizer steps to train."""
+    eval_interval: int | None = None
+    """Evaluate on the validation split every N steps, and once more at the end of training (Megatron-LM
+    ``--eval-interval``); the test split is evaluated once at the end when ``data.split`` gives it documents.
+    ``None``: no evaluation."""
+    eval_iters: int = 10
+    """Rounds of ``global_batch_size`` validation samples per evaluation (Megatron-LM ``--eval-iters``): forward
+    only, through the same pipeline schedule as training."""
+    skip_train: bool = False
+    """Evaluate the loaded checkpoint on the validation and test splits and stop, without training or saving
+    (Megatron-LM ``--skip-train``); needs ``trainer.eval_interval``."""
     log_interval: int = 1
     """Print a progress line every N steps (metrics.jsonl gets every step)."""
     seed: int = 1234

@@ -41,9 +41,9 @@ from kilocard.plan import build_plan
 from kilocard.rundir import events
 from kilocard.rundir import lock as runlock
 from kilocard.rundir.checkpoint import checkpoint_root
-from kilocard.rundir.metrics import read_metrics
+from kilocard.rundir.metrics import read_evals, read_metrics
 from kilocard.rundir.names import EXIT_DIR_ENV
-from kilocard.rundir.progress import progress_line, summary_table
+from kilocard.rundir.progress import eval_line, progress_line, summary_table
 from kilocard.rundir.reproduction import summary_lines
 from kilocard.validate.slurm import expected_save_time_s
 
@@ -230,7 +230,9 @@ def end_summary(run_dir: Path, run_cfg: RunConfig, code: int, start_step: int) -
     the trainer commits them (``checkpoint_root``: ``checkpoint.save`` when set)."""
     records = read_metrics(run_dir)
     ckpt_root = checkpoint_root(run_dir, run_cfg)
-    return summary_table(records, run_dir, code, ckpt_root=ckpt_root, first_new_step=start_step)
+    return summary_table(
+        records, run_dir, code, ckpt_root=ckpt_root, first_new_step=start_step, evals=read_evals(run_dir)
+    )
 
 
 class StopForwarder:
@@ -290,9 +292,10 @@ def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopFo
     """
     tty = sys.stdout.isatty()
     seen, attempts, last_change = 0, _attempts(run_dir), time.monotonic()
+    evals_seen = len(read_evals(run_dir))
     while proc.poll() is None:
         time.sleep(0.5)
-        records = read_metrics(run_dir)
+        records, evals = read_metrics(run_dir), read_evals(run_dir)
         now_attempts = _attempts(run_dir)
         if now_attempts != attempts:
             attempts, last_change = now_attempts, time.monotonic()
@@ -300,6 +303,10 @@ def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopFo
             seen, last_change = len(records), time.monotonic()
             if records:
                 print(("\r" if tty else "") + progress_line(records[-1]), end="" if tty else "\n", flush=True)
+        if len(evals) > evals_seen:  # an evaluation is progress too; its line stays on screen
+            for r in evals[evals_seen:]:
+                print(("\n" if tty else "") + eval_line(r), flush=True)
+            evals_seen, last_change = len(evals), time.monotonic()
         elif time.monotonic() - last_change > silence_s:
             print(f"\nkilocard run: no progress for {silence_s:.0f}s; stopping the ranks (FAULT)", file=sys.stderr)
             _kill(proc)

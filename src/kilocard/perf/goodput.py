@@ -98,11 +98,13 @@ def job_goodput(cfg: RunConfig, failure_rate_per_gpu_s: float = DEFAULT_FAILURE_
 
 
 def predicted_step_s(cfg: RunConfig) -> float | None:
-    """Predicted seconds per step on the configured GPUs; ``None`` for CPU ranks, unknown GPUs or bad layouts."""
+    """Predicted wall seconds per step on the configured GPUs, the evaluations spread over the steps between
+    them included (``trainer.eval_interval``); ``None`` for CPU ranks, unknown GPUs or bad layouts."""
     spec = gpu_spec(cfg.cluster.gpu)
     if spec is None or spec.vendor == "cpu":
         return None
     try:
-        return predict(cfg).step_time_s
+        p = predict(cfg)
+        return p.step_time_s + p.eval_s_per_step
     except (ValueError, ZeroDivisionError, KeyError):
         return None  # an invalid layout: the parallel/batch rules already report it

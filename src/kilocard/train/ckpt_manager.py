@@ -163,6 +163,8 @@ class CheckpointManager:
         self._check_model(sdir, state)
         if state.extra.get(MODEL_ONLY):
             return self._restore_model_only(sdir, state)
+        if self.cfg.trainer.skip_train:
+            return self._restore_for_eval(sdir, state)
         b = self.built
         cs.init_optimizer_states(b.optimizer)
         sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=True)
@@ -218,6 +220,16 @@ class CheckpointManager:
         self.built.optimizer.reload_model_params()  # fp32 main copies (bf16/fp16, distributed optimizer) follow
         self._log(f"started from the model weights of {sdir} (model-only: fresh optimizer and LR schedule, step 0)")
         return dataclasses.replace(state, step=0, consumed_samples=0)
+
+    def _restore_for_eval(self, sdir: Path, state: ck.TrainerState) -> ck.TrainerState:
+        """``trainer.skip_train``: the step's model weights only, in any layout (an evaluation needs no
+        optimizer state, whose sharding may differ between layouts); the step and position stay."""
+        from megatron.core import dist_checkpointing
+
+        loaded = dist_checkpointing.load(cs.model_sharded_state_dict(self.built.model), str(sdir))
+        self._load_model_chunks(loaded)
+        self._log(f"loaded the model weights of {sdir} (step {state.step}) to evaluate (trainer.skip_train)")
+        return state
 
     def _check_model(self, sdir: Path, state: ck.TrainerState) -> None:
         """Raise ``ck.ModelMismatch`` naming every shape field the step's model differs in."""

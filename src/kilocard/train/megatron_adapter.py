@@ -270,6 +270,12 @@ def build(run_cfg: RunConfig, backend: Backend) -> Built:
                 f"model.multi_latent_attention: true cannot be built with Megatron-Core's local layer spec "
                 f"({type(e).__name__}: {e}); run it on GPUs with Transformer Engine"
             ) from None
+        if run_cfg.parallel.context_parallel_size > 1 and backend.local_spec:
+            raise UnsupportedConfig(
+                f"parallel.context_parallel_size: {run_cfg.parallel.context_parallel_size} needs Transformer "
+                f"Engine's attention, which Megatron-Core's local layer spec lacks ({type(e).__name__}: {e}); "
+                f"set parallel.context_parallel_size=1 here, or run it on GPUs with Transformer Engine"
+            ) from None
         raise
     model = wrap_ddp(run_cfg, config, chunks)
     optimizer = build_optimizer(run_cfg, model)
@@ -285,17 +291,24 @@ def build(run_cfg: RunConfig, backend: Backend) -> Built:
 
 
 def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
-    """Megatron-Core forward step: one micro-batch through the chunk, masked mean LM loss."""
-    batch = next(data_iterator)
+    """Megatron-Core forward step: one micro-batch through the chunk, masked mean LM loss.
+
+    Under context parallelism each rank keeps its two sequence chunks (Megatron-LM's
+    ``get_batch_on_this_cp_rank``: GPTModel takes the rank's shard, not the whole sequence); the loss
+    is then its shard's, and the mean over all last-stage ranks (the trainer's) is the whole sequence's.
+    """
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    raw = next(data_iterator)
     dev = next(model.parameters()).device
 
     def on_device(t):
         return t if t is None or t.device == dev else t.to(dev, non_blocking=True)
 
-    tokens, labels, loss_mask, position_ids = (
-        on_device(batch[k]) for k in ("tokens", "labels", "loss_mask", "position_ids")
-    )
-    mask = on_device(batch.get("attention_mask"))
+    keys = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
+    batch = get_batch_on_this_cp_rank({k: on_device(raw.get(k)) for k in keys})  # no-op without CP
+    tokens, labels, loss_mask, position_ids = (batch[k] for k in keys[:4])
+    mask = batch["attention_mask"]
     output = model(tokens, position_ids, mask, labels=labels)
 
     def loss_func(output_tensor: torch.Tensor):

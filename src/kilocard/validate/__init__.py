@@ -2,7 +2,7 @@
 
 Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
 ``model``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
-``launcher``, ``inputs``, ``environment``, ``slurm``, ``checkpointing`` and ``memory``. The report holds
+``launcher``, ``inputs``, ``evaluation``, ``environment``, ``slurm``, ``checkpointing`` and ``memory``. The report holds
 every problem at once, the layout and the estimates (memory per GPU by component against HBM, FLOPs per
 iteration).
 """
@@ -22,6 +22,7 @@ from kilocard.validate import (
     batch,
     checkpointing,
     environment,
+    evaluation,
     inputs,
     launcher,
     model,
@@ -51,6 +52,7 @@ RULES: tuple[Rule, ...] = (
     + topology.RULES
     + launcher.RULES
     + inputs.RULES
+    + evaluation.RULES
     + tokenizer_rules.RULES
     + environment.RULES
     + slurm.RULES

@@ -26,6 +26,8 @@ from kilocard.validate.issues import Issue, error
 FLOORS: tuple[tuple[str, float, bool, str], ...] = (
     ("trainer.train_iters", 1, True, "optimizer steps to train"),
     ("trainer.log_interval", 1, True, "steps between log lines"),
+    ("trainer.eval_interval", 1, True, "steps between evaluations (null = no evaluation)"),
+    ("trainer.eval_iters", 1, True, "global batches of the validation split per evaluation"),
     ("trainer.rank_time_interval", 0, True, "steps between per-rank step-time gathers (0 = off)"),
     ("trainer.hang_timeout_s", 0, True, "seconds without progress before a rank is declared hung (0 = off)"),
     ("trainer.seed", 0, True, "the seed of model init, dropout and data order (numpy takes 0 .. 2**32 - 1)"),
