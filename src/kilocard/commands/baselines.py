@@ -23,12 +23,17 @@ from kilocard.perf.series import render_series_text, series_checks, series_json
 from kilocard.perf.trust import Kind, by_kind, by_kind_lines, kind_json, traits
 
 HELP = "published MFU baselines vs the performance model"
+#: Shown under ``kilocard baselines --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard baselines",
+    "kilocard baselines --format json",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``--file``, ``--format``."""
     p.add_argument("--file", default=None, help="a baselines YAML in the same format")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="a table (text) or one JSON document")
 
 
 def execute(args: argparse.Namespace) -> int:

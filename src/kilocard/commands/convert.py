@@ -17,11 +17,20 @@ from kilocard.commands.common import add_config_args
 from kilocard.commands.report import fail
 
 HELP = "Hugging Face checkpoint <-> kilocard (Megatron-Core) checkpoint"
+#: Shown under ``kilocard convert --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard convert hf-to-mcore ./Llama-3.2-1B ./ckpt recipe=tiny_llama",
+    "kilocard convert mcore-to-hf RUN_DIR/checkpoints ./hf-out",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``DIRECTION SRC DST``, overrides (import), ``--max-shard-size`` (export)."""
-    p.add_argument("direction", choices=("hf-to-mcore", "mcore-to-hf"))
+    p.add_argument(
+        "direction",
+        choices=("hf-to-mcore", "mcore-to-hf"),
+        help="import Hugging Face weights, or export a checkpoint to them",
+    )
     p.add_argument("src", help="HF model directory, or a kilocard checkpoint (step) directory")
     p.add_argument("dst", help="output directory (must not exist or be empty)")
     add_config_args(p, multirun=False)

@@ -401,10 +401,10 @@ class LauncherConfig:
     """``local`` (torchrun on this machine) or ``slurm``."""
     nproc: int = 1
     """Local ranks for ``kilocard run`` (torchrun ``--nproc-per-node``)."""
-    job_name: str = "kilocard"
-    """Slurm job name and run-directory prefix."""
+    job_name: str | None = None
+    """Slurm job name and run-directory prefix; ``None`` means the recipe's name (``recipe.name``)."""
     run_name: str | None = None
-    """Run directory name; ``None`` means ``<job_name>-<timestamp>``."""
+    """Run directory name; ``None`` means ``<job_name>-<timestamp>`` (``llama3_8b-20260101-120000``)."""
     time: str = "04:00:00"
     """Slurm wall-clock limit."""
     signal_lead_s: int = 300

@@ -74,7 +74,7 @@ ONE_LINE = (
 #: ``#SBATCH`` values, the pattern kind each must match (``kilocard.base.shell.SBATCH_PATTERNS``) and
 #: whether the field may be unset (null or empty: the directive is left out).
 SBATCH_FIELDS = (
-    ("launcher.job_name", "name", False),
+    ("launcher.job_name", "name", True),
     ("cluster.mem_per_node", "memory", False),
     ("cluster.partition", "name", True),
     ("cluster.account", "name", True),
