@@ -14,6 +14,7 @@ from kilocard.commands.report import fail
 from kilocard.config.compose import compose, to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.planner.search import Plan, apply, plan, render_json, render_text
+from kilocard.validate.packages import importable, install_hint
 
 HELP = "rank the layouts that fit by predicted throughput"
 #: Shown under ``kilocard plan --help`` (each parsed by tests/commands/test_cli_help.py).
@@ -44,6 +45,8 @@ def execute(args: argparse.Namespace) -> int:
     """Search, print the ranking, optionally plot."""
     if args.top < 1:
         return fail("plan", f"--top: {args.top} must be at least 1", exits.USAGE)
+    if args.plot and not importable("matplotlib"):  # before the search: nothing computed for nothing
+        return fail("plan", f"--plot {args.plot}: needs matplotlib ({install_hint('plots')})", exits.USAGE)
     cfg = to_run_config(compose(list(args.overrides)))
     try:
         result = plan(cfg, top=args.top)
