@@ -135,7 +135,12 @@ def unavailable(run_cfg: RunConfig) -> str | None:
     mismatch = machine_mismatch(run_cfg, local_gpus() if run_cfg.cluster.gpu != "cpu" else [])
     if mismatch:
         return mismatch
-    if ftlaunch.in_job(run_cfg) and not ftlaunch.available():
+    if not ftlaunch.in_job(run_cfg):
+        return None
+    versions = ftlaunch.installed_restart_support()  # which megatron-core works with which NVRx
+    if versions:
+        return versions.replace("launcher.max_restarts:", f"launcher.max_restarts={run_cfg.launcher.max_restarts}:", 1)
+    if not ftlaunch.available():
         return (
             f"launcher.max_restarts={run_cfg.launcher.max_restarts}: in-job restarts need NVIDIA Resiliency "
             "Extension (nvidia-resiliency-ext), which does not import here; install it with "
