@@ -110,3 +110,9 @@ def test_dry_run_output_is_a_script_sbatch_takes(tmp_path, monkeypatch, capsys):
     assert lines[0] == "#!/bin/bash" and lines[1].startswith("# run dir: /lustre/fsw/kilocard/runs/llama3_8b-")
     assert lines[2].startswith("# kilocard sbatch (without --dry-run) refuses this run root: cluster.shared_fs:")
     assert "#SBATCH --job-name=llama3_8b" in lines
+
+
+def test_a_relative_shipped_root_under_an_existing_directory_is_made(tmp_path, monkeypatch):
+    """local_cpu's own `shared_fs: runs` is a real default (under the cwd), not a placeholder."""
+    monkeypatch.chdir(tmp_path)
+    assert shared_fs_problem(to_run_config(compose(["recipe=tiny_gpt"]))) is None

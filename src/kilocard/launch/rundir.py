@@ -116,25 +116,23 @@ def shipped_value(cluster: str, field: str) -> object:
 def shared_fs_problem(cfg: DictConfig | RunConfig) -> str | None:
     """Why no run directory can be made under ``cluster.shared_fs`` here (one line with the fix), or ``None``.
 
-    The shipped profiles' ``shared_fs`` (``/lustre/fsw/...``) is a placeholder for the site's value: unless it
-    exists on this machine it is refused, asking for the site's value. Any other root may be created, but
-    only inside a directory that exists: a mistyped parent is never made.
+    Only the last directory of the root is ever made: a root whose parent does not exist is refused (a
+    mistyped or unmounted parent is never created on the local disk). When that root is a shipped profile's
+    own value (the GPU profiles' ``/lustre/fsw/...``), it is a placeholder: the line asks for the site's value.
     """
     value = str(cfg.cluster.shared_fs)
     root = Path(absolute(value, Path.cwd()))
-    if root.is_dir():
+    if root.is_dir() or root.parent.is_dir():
         return None
     if value == shipped_value(cfg.cluster.name, "shared_fs"):
         return (
             f"cluster.shared_fs: {value} is the {cfg.cluster.name} profile's placeholder, not a directory here; "
             "give your site's value (a site profile, or cluster.shared_fs=/path/to/runs)"
         )
-    if not root.parent.is_dir():
-        return (
-            f"cluster.shared_fs: {value}: {root.parent} does not exist (kilocard makes only the last directory); "
-            "create it, or choose a directory that exists"
-        )
-    return None
+    return (
+        f"cluster.shared_fs: {value}: {root.parent} does not exist (kilocard makes only the last directory); "
+        "create it, or choose a directory that exists"
+    )
 
 
 def _check_name(name: str, field: str) -> None:
