@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -373,17 +374,19 @@ LOG_NOISE = ("UserWarning", "warnings.warn", "NVML", "pynvml")
 that the NVIDIA management library is missing (every start without a GPU)."""
 
 
+OWN_ERROR = re.compile(r"kilocard\.train: (error|crashed|no progress)")
+"""The trainer's own line for a rank that fails (``kilocard.train.entry``, the watchdog)."""
+RAISED = re.compile(r"^(\[rank ?\d+\]: )?([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)\b[^:]*: \S")
+"""The last line of a rank's traceback (``[rank3]: RuntimeError: ...``, ``ModuleNotFoundError: ...``): a rank
+that fails before the trainer's own handler (an import, a library's start-up) still names its error."""
+
+
 def _print_tail(log: Path, lines: int = 30) -> None:
     """The ranks' own error lines (once each), else the log's last lines without ``LOG_NOISE`` (torchrun's
     report hides them)."""
     text = log.read_text(errors="replace").splitlines()
-    errors = list(
-        dict.fromkeys(
-            l
-            for l in text
-            if "kilocard.train: error" in l or "kilocard.train: crashed" in l or "kilocard.train: no progress" in l
-        )
-    )
+    own = [l for l in text if OWN_ERROR.search(l)]  # the trainer's line says it (its traceback is in the log)
+    errors = list(dict.fromkeys(own or [l for l in text if RAISED.match(l)]))
     keep = errors or [l for l in text if not any(noise in l for noise in LOG_NOISE)][-lines:]
     print(f"--- from {log} ---", file=sys.stderr)
     print("\n".join(keep), file=sys.stderr)
