@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from kilocard import __version__
+from kilocard.base.quiet import quiet_library_warnings
 from kilocard.commands import (
     baselines,
     convert,
@@ -55,10 +57,19 @@ VERBS = tuple(COMMANDS)
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: one subparser per verb, its arguments from the verb's module."""
     ap = argparse.ArgumentParser(prog="kilocard", description="Recipe -> validated Megatron-Core run on Slurm.")
+    ap.add_argument("--version", action="version", version=f"kilocard {__version__}", help="print the version")
     sub = ap.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
     for verb, module in COMMANDS.items():
-        module.add_arguments(sub.add_parser(verb, help=module.HELP))
+        module.add_arguments(
+            sub.add_parser(
+                verb,
+                help=module.HELP,
+                description=module.HELP,
+                epilog="examples:\n" + "\n".join(f"  {e}" for e in module.EXAMPLES),
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+        )
     return ap
 
 
@@ -81,6 +92,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one verb; return its exit code (argparse exits 2 itself on a bad flag)."""
     args = parse_args(list(argv) if argv is not None else sys.argv[1:])
+    quiet_library_warnings()
     try:
         return COMMANDS[args.verb].execute(args)
     except ComposeError as e:

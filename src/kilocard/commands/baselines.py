@@ -30,13 +30,18 @@ from kilocard.rundir.reproduction import NotSteady
 from kilocard.rundir.reproduction import load as load_reproduction
 
 HELP = "published MFU baselines vs the performance model"
+#: Shown under ``kilocard baselines --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard baselines",
+    "kilocard baselines --format json",
+    "kilocard baselines --site site.yaml --add runs/llama3_8b-20261203-101500",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``--file``, ``--format``, ``--site FILE --add RUN_DIR``."""
-    p.epilog = "example: kilocard baselines --site site.yaml --add runs/llama3_8b-20261203-101500"
     p.add_argument("--file", default=None, help="a baselines YAML in the same format")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="a table (text) or one JSON document")
     p.add_argument("--site", metavar="FILE", help="a site baselines file (with --add: the file the run is added to)")
     p.add_argument("--add", metavar="RUN_DIR", help="add a finished run as a row of --site (created when absent)")
 

@@ -19,12 +19,14 @@ from kilocard.rundir.freeze import FrozenConfigError
 from kilocard.rundir.goodput_report import NoRecords, RunGoodput, report
 
 HELP = "where a run's time went: steps, checkpoints, each fault; goodput vs the Young/Daly prediction"
+#: Shown under ``kilocard goodput --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = ("kilocard goodput runs/tiny_gpt-20260101-120000",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``RUN_DIR``, ``--format text|json``."""
     p.add_argument("run_dir", help="the run directory")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="a table (text) or one JSON document")
 
 
 def _s(x: float | None) -> str:

@@ -9,6 +9,8 @@ from kilocard.commands.output import fail
 from kilocard.launch.image import DEFAULT_BASE, ImageError, write_build_context
 
 HELP = "write a Dockerfile (+ wheel) for a container image holding kilocard"
+#: Shown under ``kilocard image --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = ("kilocard image --output kilocard-image --tag kilocard:dev",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

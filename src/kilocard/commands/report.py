@@ -21,12 +21,15 @@ from kilocard.rundir.freeze import FrozenConfigError
 from kilocard.rundir.reproduction import NotSteady, Reproduction, load, text_lines
 
 HELP = "what a run reproduced: measured vs predicted vs published TFLOP/s per GPU and MFU, with a picture"
-EXAMPLE = "example: kilocard report runs/tiny_gpt-20261203-101500 --plot tflops.png"
+#: Shown under ``kilocard report --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard report runs/tiny_gpt-20261203-101500",
+    "kilocard report runs/tiny_gpt-20261203-101500 --format json --plot tflops.png",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``RUN_DIR``, ``--format text|json``, ``--plot FILE``."""
-    p.epilog = EXAMPLE
     p.add_argument("run_dir", help="the run directory (local or Slurm)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
     p.add_argument("--plot", metavar="FILE", help="also draw TFLOP/s per step to FILE (.png, .svg, .pdf)")

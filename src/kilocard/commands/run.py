@@ -24,6 +24,11 @@ from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.validate.packages import local_package_issues
 
 HELP = "validate, write a run dir and train on local ranks (torchrun)"
+#: Shown under ``kilocard run --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard run recipe=tiny_gpt cluster=local_cpu --nproc 2 trainer.train_iters=5",
+    "kilocard run --resume runs/tiny_gpt-20260101-120000",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

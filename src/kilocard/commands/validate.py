@@ -19,6 +19,11 @@ from kilocard.topology import GiB
 from kilocard.validate.issues import Report
 
 HELP = "check layout, batch, precision, topology and memory"
+#: Shown under ``kilocard validate --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard validate recipe=llama3_70b cluster=h100_dgx cluster.nodes=8",
+    "kilocard validate recipe=tiny_gpt --format json",
+)
 MEMORY_ROWS = ("weights", "gradients", "optimizer", "activations", "total")
 
 
@@ -26,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Overrides, ``-m``, ``--format``."""
     add_config_args(p)
     add_path_check_arg(p)
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--format", choices=("text", "json"), default="text", help="the report as text or as one JSON document"
+    )
 
 
 def _scope_text(g) -> str:

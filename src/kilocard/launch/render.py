@@ -17,6 +17,7 @@ from kilocard.base.slurmtime import time_to_seconds
 from kilocard.config.schema import RunConfig
 from kilocard.launch import ftlaunch
 from kilocard.launch.package import CODE_DIR, PREFLIGHT, SITE_DIR, mcore_range
+from kilocard.launch.rundir import job_name
 from kilocard.paths import data_dir
 from kilocard.plan import LaunchPlan
 from kilocard.rundir.names import BLOCKLIST, EXIT_DIR_ENV
@@ -45,7 +46,7 @@ def sbatch_lines(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> list[str]:
     logs = shell.sbatch_value("cluster.shared_fs", str(run_dir / LOG_DIR), "path")
     time_to_seconds("launcher.time", lc.time)
     opts = [
-        f"--job-name={shell.sbatch_value('launcher.job_name', lc.job_name, 'name')}",
+        f"--job-name={shell.sbatch_value('launcher.job_name', job_name(cfg), 'name')}",
         f"--nodes={plan.nodes}",
         f"--ntasks-per-node={plan.tasks_per_node}",
     ]

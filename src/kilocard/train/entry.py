@@ -161,7 +161,7 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
     import torch.distributed as dist
 
     from kilocard.rundir.metrics import MetricsWriter
-    from kilocard.train.tracking import Trackers, enabled
+    from kilocard.train.tracking import Trackers, external
     from kilocard.train.trainer import Outcome
 
     trainer = build_trainer(
@@ -170,7 +170,7 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
     trainer.resume()
     writer = None
     if dist.get_rank() == 0:
-        trackers = Trackers(run_cfg, run_dir) if enabled(run_cfg) else None
+        trackers = Trackers(run_cfg, run_dir) if external(run_cfg) else None
         writer = MetricsWriter(run_dir, run_cfg.trainer.tensorboard, resume_step=trainer.step, trackers=trackers)
         dropped = writer.superseded or {}
         events.append(
