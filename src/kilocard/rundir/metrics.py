@@ -108,7 +108,9 @@ class MetricsWriter:
         return the newest dropped record (``None`` when nothing was dropped)."""
         if not self.path.exists():
             return None
-        records = json_lines(self.path)
+        records = json_lines(
+            self.path, ("step",), skip_bad=warn_skipped
+        )  # a damaged line is dropped from the file here
         keep = [r for r in records if r.get("step", 0) <= step]
         dropped = [r for r in records if r.get("step", 0) > step]
         tmp = self.path.with_suffix(".tmp")
@@ -152,6 +154,18 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     }
 
 
+_WARNED: set[str] = set()
+"""Skipped lines already warned about in this process (the launcher reads the file twice a second)."""
+
+
+def warn_skipped(message: str) -> None:
+    """Say once on stderr that a damaged metrics line (named) is skipped."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"kilocard: warning: {message}; the line is skipped", file=sys.stderr, flush=True)
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """All records of a run's metrics.jsonl (empty when absent); a torn last line is not a record."""
-    return json_lines(Path(run_dir) / METRICS_FILE)
+    """All records of a run's metrics.jsonl (empty when absent); a torn last line is not a record, and a
+    damaged line (NUL bytes from a power loss, not JSON) is skipped with a warning naming it."""
+    return json_lines(Path(run_dir) / METRICS_FILE, ("step",), skip_bad=warn_skipped)

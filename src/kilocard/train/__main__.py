@@ -1,6 +1,12 @@
 """``python -m kilocard.train <run_dir>``: the per-rank training entry (see ``kilocard.train.entry``)."""
 
+import os
 import sys
+
+from kilocard.base.lifeline import die_with_parent  # noqa: E402  (imports no torch)
+
+# No rank outlives its launcher (torchrun, ft_launcher, srun's step daemon): SIGKILL when it dies.
+die_with_parent(os.getppid())
 
 # The stop flag first: a USR1/TERM that arrives while the heavy modules import is kept, not fatal.
 from kilocard.train.signals import StopFlag  # noqa: E402  (imports no torch)

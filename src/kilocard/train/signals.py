@@ -13,7 +13,6 @@ The watchdog also kills every process the rank started (``kill_started_children`
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import os
 import signal
@@ -21,6 +20,7 @@ import sys
 import threading
 import time
 
+from kilocard.base.lifeline import die_with_parent
 from kilocard.exitcodes import FAULT
 from kilocard.rundir.names import EXIT_DIR_ENV
 
@@ -134,10 +134,6 @@ def record_exit(code: int) -> None:
             f.write(f"{code}\n")
 
 
-PR_SET_PDEATHSIG = 1
-"""prctl(2) option: the signal a process gets when the thread that forked it exits (Linux)."""
-
-
 def die_with_parent_in_forks() -> bool:
     """Make every child this process forks from now on get SIGKILL when its parent dies (Linux).
 
@@ -151,16 +147,13 @@ def die_with_parent_in_forks() -> bool:
     """
     if not sys.platform.startswith("linux"):
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
     forking = [os.getpid()]
 
     def _before() -> None:
         forking[0] = os.getpid()
 
     def _in_child() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != forking[0]:  # the parent died between fork and prctl
-            os._exit(FAULT)
+        die_with_parent(forking[0])
 
     os.register_at_fork(before=_before, after_in_child=_in_child)
     return True

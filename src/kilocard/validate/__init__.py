@@ -2,7 +2,7 @@
 
 Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
 ``model``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
-``launcher``, ``inputs``, ``environment``, ``slurm``, ``checkpointing`` and ``memory``. The report holds
+``launcher``, ``inputs``, ``environment``, ``slurm``, ``checkpointing``, ``resilience`` and ``memory``. The report holds
 every problem at once, the layout and the estimates (memory per GPU by component against HBM, FLOPs per
 iteration).
 """
@@ -29,6 +29,7 @@ from kilocard.validate import (
     parallel,
     precision,
     recompute,
+    resilience,
     slurm,
     topology,
 )
@@ -55,6 +56,7 @@ RULES: tuple[Rule, ...] = (
     + environment.RULES
     + slurm.RULES
     + checkpointing.RULES
+    + resilience.RULES
 )
 
 #: Issue codes for conditions Megatron-Core itself rejects (at config, group or model construction).
