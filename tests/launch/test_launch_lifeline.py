@@ -86,25 +86,37 @@ ARGS = [
 """Long enough never to finish before the kill; a committed step every 2 steps to resume from."""
 
 
-def _run_tree(launcher_pid: int) -> list[psutil.Process]:
-    """torchrun and the ranks under the ``kilocard run`` launcher."""
-    return psutil.Process(launcher_pid).children(recursive=True)
+def _run_tree(launcher_pid: int) -> tuple[list[psutil.Process], list[str]]:
+    """The processes under the ``kilocard run`` launcher (torchrun or ft_launcher, the ranks, their helpers)
+    and the command lines of those still running."""
+    tree, commands = psutil.Process(launcher_pid).children(recursive=True), []
+    for p in tree:
+        try:
+            commands.append(" ".join(p.cmdline()))
+        except psutil.Error:  # a helper that ended meanwhile
+            continue
+    return tree, commands
 
 
-def test_sigkill_of_the_launcher_takes_every_rank_with_it_and_the_run_resumes(kilocard_run):
+@pytest.mark.parametrize("launcher", ["torchrun", "ft_launcher"])
+def test_sigkill_of_the_launcher_takes_every_rank_with_it_and_the_run_resumes(kilocard_run, launcher):
+    """Under torchrun, and under NVRx's ft_launcher (in-job restarts): nothing of the run is left 20 s after
+    the launcher's SIGKILL; the torchrun run is then resumed (one writer again, not refused as busy)."""
     tree: list[psutil.Process] = []
     commands: list[str] = []
+    args = ARGS + (["launcher.max_restarts=1"] if launcher == "ft_launcher" else [])
 
     def kill_launcher(proc, run_dir, step):
         if step < 5 or (tracker(run_dir) or 0) < 2:
             return False
-        tree.extend(_run_tree(proc.pid))
-        commands.extend(" ".join(p.cmdline()) for p in tree)
+        found, cmds = _run_tree(proc.pid)
+        tree.extend(found)
+        commands.extend(cmds)
         proc.send_signal(signal.SIGKILL)
         return True
 
     try:
-        code, out, run_dir, _ = run_until(kilocard_run, ARGS, kill_launcher)
+        code, out, run_dir, _ = run_until(kilocard_run, args, kill_launcher)
         assert code == -signal.SIGKILL
         assert sum("kilocard.train" in c for c in commands) >= 3, f"torchrun and 2 ranks expected: {commands}"
         left = _wait_gone([p.pid for p in tree], GONE_WITHIN_S)
@@ -115,6 +127,8 @@ def test_sigkill_of_the_launcher_takes_every_rank_with_it_and_the_run_resumes(ki
                 p.kill()
     committed = tracker(run_dir)
     assert committed is not None and committed >= 2
+    if launcher != "torchrun":
+        return  # the resume is the same for both launchers
     shown = max(r["step"] for r in records(run_dir))  # the resumed launcher first shows the last recorded step
 
     def stop_after_progress(proc, rd, step):

@@ -524,6 +524,36 @@ CASES = [
         "MOE_AUX_LOSS_COEFF",
         {**MOE, "model.moe_aux_loss_coeff": 0.01},
     ),
+    (
+        model.rule_moe_topk1_softmax,
+        {**MOE, "model.moe_router_topk": 1},
+        "MOE_TOPK1_SOFTMAX",
+        {**MOE, "model.moe_router_topk": 1, "model.moe_router_score_function": "sigmoid"},
+    ),
+    (
+        model.rule_model_shape,
+        {**MOE, "model.moe_shared_expert_intermediate_size": 0},
+        "MODEL_SHAPE",
+        {**MOE, "model.moe_shared_expert_intermediate_size": 64},
+    ),
+    (
+        parallel.rule_moe_bias_etp,
+        {
+            **W4,
+            **MOE,
+            "model.add_bias_linear": True,
+            P + "tensor_model_parallel_size": 2,
+            P + "sequence_parallel": True,
+        },
+        "MOE_BIAS_ETP",
+        {
+            **W4,
+            **MOE,
+            "model.add_bias_linear": False,
+            P + "tensor_model_parallel_size": 2,
+            P + "sequence_parallel": True,
+        },
+    ),
     (resilience.rule_hang_timeout, {"trainer.hang_timeout_s": 0.001}, "HANG_TIMEOUT", {"trainer.hang_timeout_s": 0}),
     (
         resilience.rule_hang_timeout,

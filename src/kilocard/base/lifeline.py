@@ -2,7 +2,9 @@
 
 ``kilocard run`` starts torchrun (or NVRx's ``ft_launcher``) with ``parent_death_preexec`` and every rank
 calls ``die_with_parent`` first thing, so a ``kill -9`` of the launcher takes the whole tree with it:
-torchrun gets SIGKILL when the launcher dies, each rank when its launcher dies. Elsewhere (not Linux)
+torchrun gets SIGKILL when the launcher dies, each rank when its launcher dies. Processes forked without
+an ``exec`` (Megatron-Core's checkpoint writers, NVRx's rank monitors) are tied to their parent by
+``die_with_parent_in_forks``. Elsewhere (not Linux)
 both are no-ops that say so by returning ``False``.
 """
 
@@ -46,3 +48,28 @@ def parent_death_preexec(sig: int = signal.SIGKILL) -> Callable[[], None]:
         die_with_parent(parent, sig)
 
     return _preexec
+
+
+def die_with_parent_in_forks() -> bool:
+    """Make every child this process forks from now on get SIGKILL when its parent dies (Linux).
+
+    Megatron-Core's checkpoint writer (``FileSystemWriterAsync``) forks worker processes that
+    inherit the rank's gloo/NCCL sockets. If the rank is killed mid-save, orphaned workers can
+    outlive it (seen here: stuck for minutes in a multiprocessing queue), keep those sockets open,
+    and leave the other ranks waiting in a collective instead of failing fast with FAULT; NVRx's
+    ``ft_launcher`` forks its rank monitors the same way. ``os.register_at_fork`` covers ``os.fork``
+    and multiprocessing's fork start method, not ``subprocess`` (which execs); the signal follows the
+    forking *thread*, and both fork from the main thread. Returns whether the guard is installed.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    forking = [os.getpid()]
+
+    def _before() -> None:
+        forking[0] = os.getpid()
+
+    def _in_child() -> None:
+        die_with_parent(forking[0])
+
+    os.register_at_fork(before=_before, after_in_child=_in_child)
+    return True

@@ -90,12 +90,12 @@ def torchrun_command(
 
 def ft_command(run_dir: Path, run_cfg: RunConfig, nproc: int, port: int, stop_wait_s: float) -> list[str]:
     """The ``ft_launcher`` command line for ``nproc`` local ranks of ``run_dir`` (in-job restarts,
-    ``kilocard.launch.ftlaunch``): rendezvous on ``127.0.0.1:port``; on TERM it passes TERM to the
-    ranks and waits ``stop_wait_s`` for their save before it SIGKILLs them."""
+    ``kilocard.launch.ftlaunch``, its forks tied to it): rendezvous on ``127.0.0.1:port``; on TERM it passes TERM
+    to the ranks and waits ``stop_wait_s`` for their save before it SIGKILLs them."""
     args = ftlaunch.ft_launcher_args(
         run_cfg, nnodes="1", nproc=nproc, rdzv_endpoint=f"127.0.0.1:{port}", term_timeout_s=stop_wait_s
     )
-    return [sys.executable, "-m", ftlaunch.MODULE, *args, "-m", "kilocard.train", str(run_dir)]
+    return [sys.executable, "-m", ftlaunch.TIED_MODULE, *args, "-m", "kilocard.train", str(run_dir)]
 
 
 def unavailable(run_cfg: RunConfig) -> str | None:

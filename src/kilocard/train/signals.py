@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from kilocard.base.lifeline import die_with_parent
+from kilocard.base.lifeline import die_with_parent_in_forks
 from kilocard.exitcodes import FAULT
 from kilocard.rundir.names import EXIT_DIR_ENV
 
@@ -134,26 +134,4 @@ def record_exit(code: int) -> None:
             f.write(f"{code}\n")
 
 
-def die_with_parent_in_forks() -> bool:
-    """Make every child this process forks from now on get SIGKILL when its parent dies (Linux).
-
-    Megatron-Core's checkpoint writer (``FileSystemWriterAsync``) forks worker processes that
-    inherit the rank's gloo/NCCL sockets. If the rank is killed mid-save, orphaned workers can
-    outlive it (seen here: stuck for minutes in a multiprocessing queue), keep those sockets open,
-    and leave the other ranks waiting in a collective instead of failing fast with FAULT.
-    ``os.register_at_fork`` covers ``os.fork`` and multiprocessing's fork start method, not
-    ``subprocess`` (which execs); the signal follows the forking *thread*, and Megatron-Core forks
-    from the main thread. Returns whether the guard is installed (Linux only).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    forking = [os.getpid()]
-
-    def _before() -> None:
-        forking[0] = os.getpid()
-
-    def _in_child() -> None:
-        die_with_parent(forking[0])
-
-    os.register_at_fork(before=_before, after_in_child=_in_child)
-    return True
+__all__ = ["StopFlag", "Watchdog", "die_with_parent_in_forks", "record_exit"]

@@ -49,6 +49,7 @@ def rule_model_shape(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         "num_query_groups",
         "kv_channels",
         "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
         "moe_router_topk",
     ):
         v = getattr(m, f)
@@ -168,8 +169,31 @@ def rule_moe_aux_loss_coeff(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     )
 
 
+def rule_moe_topk1_softmax(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``MOE_TOPK1_SOFTMAX``: top-1 routing with a softmax score needs the softmax before the top-k, which
+    kilocard does not expose; Megatron-Core refuses it at start-up (a softmax over one expert has a zero
+    gradient: the router would never learn)."""
+    m = cfg.model
+    if (
+        m.num_moe_experts
+        and m.moe_router_topk == 1
+        and m.moe_router_score_function == "softmax"
+        and m.moe_router_load_balancing_type != "sinkhorn"
+    ):
+        yield error(
+            "MOE_TOPK1_SOFTMAX",
+            "model.moe_router_topk",
+            1,
+            "model.moe_router_topk=1 with moe_router_score_function=softmax: the softmax of one selected expert is "
+            "constant, so the router gets no gradient (Megatron-Core refuses it at start-up)",
+            "set model.moe_router_topk=2, model.moe_router_score_function=sigmoid, or "
+            "model.moe_router_load_balancing_type=sinkhorn",
+        )
+
+
 RULES = (
     rule_model_shape,
+    rule_moe_topk1_softmax,
     rule_model_choices,
     rule_norm_epsilon,
     rule_init_method_std,
