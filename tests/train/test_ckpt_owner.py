@@ -30,6 +30,8 @@ def test_every_committed_step_names_its_run(tmp_path):
 def test_claim_records_the_owner_and_refuses_another_run(tmp_path):
     shared = tmp_path / "shared"
     ck.claim_owner(shared, "/runs/a", inside=False)
+    with pytest.raises(ck.ForeignCheckpoint, match="belongs to run /runs/a"):  # A may be training: no step yet
+        ck.claim_owner(shared, "/runs/b", inside=False)
     _commit(shared, 4, owner="/runs/a")
     ck.claim_owner(shared, "/runs/a", inside=False)  # the owner resumes: fine
     with pytest.raises(ck.ForeignCheckpoint) as e:

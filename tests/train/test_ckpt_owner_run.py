@@ -26,7 +26,7 @@ def test_run_b_never_loads_or_commits_into_run_a_s_checkpoint_directory(kilocard
 
     code, out, _ = kilocard_run("--resume", str(b_dir))
     assert code == exitcodes.BAD_CONFIG, out[-3000:]
-    assert f"holds the committed steps of run {ck.run_id(a_dir)}" in out and "checkpoint.load=" in out
+    assert f"belongs to run {ck.run_id(a_dir)}" in out and "checkpoint.load=" in out
     assert sorted(p.name for p in shared.iterdir()) == before and ck.latest_committed(shared) == 2
     ck.verify_step(ck.step_dir(shared, 2))
     assert not (b_dir / "metrics.jsonl").exists(), "run B trained"

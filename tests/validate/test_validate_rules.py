@@ -7,6 +7,7 @@ import pytest
 from kilocard.layout import compute_layout
 from kilocard.validate import (
     batch,
+    dataset,
     launcher,
     model,
     optimizer,
@@ -553,6 +554,21 @@ CASES = [
             P + "tensor_model_parallel_size": 2,
             P + "sequence_parallel": True,
         },
+    ),
+    (dataset.rule_data_type, {"data.type": "parquet"}, "DATA_TYPE", {"data.type": "mock"}),
+    (dataset.rule_data_split, {"data.type": "indexed", "data.split": "a,b"}, "DATA_SPLIT", {"data.type": "indexed"}),
+    (dataset.rule_data_split, {"data.type": "indexed", "data.split": "0,1,1"}, "DATA_SPLIT", {"data.split": "0,1,1"}),
+    (
+        dataset.rule_data_split,
+        {"data.type": "indexed", "data.split": "1,-1"},
+        "DATA_SPLIT",
+        {"data.type": "indexed", "data.split": "1, 0"},
+    ),
+    (
+        dataset.rule_data_split,
+        {"data.type": "indexed", "data.split": "9,1,0,0"},
+        "DATA_SPLIT",
+        {"data.type": "indexed", "data.split": "100"},
     ),
     (resilience.rule_hang_timeout, {"trainer.hang_timeout_s": 0.001}, "HANG_TIMEOUT", {"trainer.hang_timeout_s": 0}),
     (

@@ -18,9 +18,7 @@ from torch.utils.data import Dataset
 
 from kilocard.config.schema import RunConfig
 from kilocard.data.errors import DataError
-from kilocard.data.paths import parse_blend
-
-DATA_TYPES = ("mock", "indexed")
+from kilocard.data.paths import DATA_TYPES, parse_blend
 
 
 class _MockCacheNotice(logging.Filter):

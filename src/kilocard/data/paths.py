@@ -13,6 +13,24 @@ from pathlib import Path
 from kilocard.data.errors import DataError
 from kilocard.paths import data_dir
 
+DATA_TYPES = ("mock", "indexed")
+"""``data.type``: Megatron-Core's mock dataset, or indexed ``.bin``/``.idx`` files (``data.data_path``)."""
+
+
+def split_problem(split: str) -> str | None:
+    """What is wrong with a ``data.split`` string, or ``None``: it must be one to three comma-separated numbers
+    >= 0 (train, valid, test weights) with a positive train weight. Megatron-Core's own parser reads any
+    digits it finds and divides by their sum, so ``'a,b'`` or ``'0'`` would fail only on the ranks."""
+    parts = [p.strip() for p in str(split).split(",")]
+    if not 1 <= len(parts) <= 3 or not all(is_number(p) for p in parts):
+        return "is not one to three comma-separated numbers (train, valid, test weights)"
+    weights = [float(p) for p in parts]
+    if any(not w >= 0 or w == float("inf") for w in weights):
+        return "has a weight that is negative or not finite"
+    if weights[0] <= 0:
+        return "gives the train split no share"
+    return None
+
 
 def _has_files(prefix: Path) -> bool:
     return Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file()

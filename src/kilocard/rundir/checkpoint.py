@@ -256,7 +256,8 @@ def foreign_message(root: Path, owner: str, field: str = "checkpoint.save") -> s
     who = "a run that did not record its name" if owner == "unknown" else f"run {owner}"
     resume = f"kilocard run --resume {owner}" if owner != "unknown" else "kilocard run --resume <that run>"
     return (
-        f"{field}: {root} holds the committed steps of {who}; a checkpoint directory has one owner. "
+        f"{field}: {root} belongs to {who} (its owner file or committed steps); a checkpoint directory has one "
+        f"owner. "
         f"Continue that run ({resume}), or start from its weights with checkpoint.load={root} and a "
         f"checkpoint.save of this run's own (or none)"
     )

@@ -2,7 +2,8 @@
 
 Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
 ``model``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
-``launcher``, ``inputs``, ``environment``, ``slurm``, ``checkpointing``, ``resilience`` and ``memory``. The report holds
+``launcher``, ``inputs``, ``dataset``, ``environment``, ``slurm``, ``checkpointing``, ``resilience`` and
+``memory`` (the list of the start-up and silently-wrong rules: docs/validation.md). The report holds
 every problem at once, the layout and the estimates (memory per GPU by component against HBM, FLOPs per
 iteration).
 """
@@ -21,6 +22,7 @@ from kilocard.perf.predict import Prediction, predict
 from kilocard.validate import (
     batch,
     checkpointing,
+    dataset,
     environment,
     inputs,
     launcher,
@@ -52,6 +54,7 @@ RULES: tuple[Rule, ...] = (
     + topology.RULES
     + launcher.RULES
     + inputs.RULES
+    + dataset.RULES
     + tokenizer_rules.RULES
     + environment.RULES
     + slurm.RULES

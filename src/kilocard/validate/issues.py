@@ -61,6 +61,12 @@ def below_floor(code: str, field: str, value: float, floor: float, strict: bool,
         yield error(code, field, value, f"{field}={value} must be {op} {floor:g}: {why}", fix)
 
 
+def not_one_of(code: str, field: str, value: Any, allowed: tuple[str, ...], fix: str) -> Iterable[Issue]:
+    """An error when ``value`` of ``field`` is not one of ``allowed`` (the message lists them)."""
+    if value not in allowed:
+        yield error(code, field, value, f"{field}={value!r} is not one of {', '.join(allowed)}", fix)
+
+
 def _jsonable(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)  # JSON has no nan/inf

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.perf.steptime import CROSS_ENTROPY_BYTES
-from kilocard.validate.issues import Issue, below_floor, error
+from kilocard.validate.issues import Issue, below_floor, error, not_one_of
 
 #: Megatron-Core's fused cross-entropy implementations (``ModelParallelConfig.cross_entropy_fusion_impl``):
 #: the step-time model's paths other than the eager one.
@@ -110,15 +110,9 @@ def rule_cross_entropy_fusion_impl(cfg: RunConfig, lay: Layout) -> Iterable[Issu
 def rule_model_choices(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """``MODEL_CHOICE``: each string field of ``MODEL_CHOICES`` names a value Megatron-Core builds."""
     for name, allowed, usual in MODEL_CHOICES:
-        v = getattr(cfg.model, name)
-        if v not in allowed:
-            yield error(
-                "MODEL_CHOICE",
-                "model." + name,
-                v,
-                f"model.{name}={v!r} is not one of {', '.join(allowed)}",
-                f"set model.{name}={usual}",
-            )
+        yield from not_one_of(
+            "MODEL_CHOICE", "model." + name, getattr(cfg.model, name), allowed, f"set model.{name}={usual}"
+        )
 
 
 def rule_norm_epsilon(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
-from kilocard.validate.issues import Issue, below_floor, error, warning
+from kilocard.validate.issues import Issue, below_floor, error, not_one_of, warning
 
 P = "parallel."
 OPTIMIZERS = ("adam", "sgd")
@@ -128,14 +128,9 @@ def rule_lr_schedule(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     >= 0, decay steps >= 1 (it asserts ``lr_decay_steps > 0``), and a warm-up shorter than the decay (else
     the trainer shortens the warm-up: a warning)."""
     o = cfg.optim
-    if o.lr_decay_style not in LR_DECAY_STYLES:
-        yield error(
-            "LR_DECAY_STYLE",
-            "optim.lr_decay_style",
-            o.lr_decay_style,
-            f"optim.lr_decay_style={o.lr_decay_style!r} is not one of {', '.join(LR_DECAY_STYLES)}",
-            "set optim.lr_decay_style=cosine",
-        )
+    yield from not_one_of(
+        "LR_DECAY_STYLE", "optim.lr_decay_style", o.lr_decay_style, LR_DECAY_STYLES, "set optim.lr_decay_style=cosine"
+    )
     if o.lr_warmup_iters < 0:
         yield error(
             "LR_WARMUP_ITERS",
