@@ -96,3 +96,22 @@ def test_where_checkpoints_go_and_whether_they_are_outside(tmp_path):
     assert ck.save_root(run, None) == run / "checkpoints"
     assert not ck.outside(ck.save_root(run, None), run)
     assert ck.outside(ck.save_root(run, str(tmp_path / "shared")), run)
+
+
+def test_kilocard_run_refuses_a_checkpoint_directory_another_writer_holds(tmp_path, monkeypatch, capsys):
+    """The launcher takes the outside ``checkpoint.save``'s lock too: held elsewhere, the run is refused with
+    exit 1 naming the holder, before any rank starts (nothing trained, nothing written there)."""
+    from kilocard.config.compose import compose
+    from kilocard.launch.rundir import create_run_dir
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.chdir(tmp_path)
+    run_dir = create_run_dir(compose(["trainer.train_iters=2", f"checkpoint.save={shared}"]), [], tmp_path / "runs")
+    held = runlock.acquire(shared, what="checkpoint directory")
+    try:
+        assert main(["run", "--resume", str(run_dir)]) == 1
+    finally:
+        held.release()
+    assert f"checkpoint directory {shared} is in use by another writer" in capsys.readouterr().err
+    assert not (run_dir / "metrics.jsonl").exists() and sorted(p.name for p in shared.iterdir()) == [".lock"]
