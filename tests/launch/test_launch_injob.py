@@ -46,7 +46,7 @@ def test_in_job_restarts_start_ft_launcher_with_the_shared_arguments(tmp_path):
     cfg, _ = load_verified(run_dir)
     cmd = ft_command(run_dir, cfg, 2, 4321, stop_wait_s(cfg))
     shared = ftlaunch.ft_launcher_args(cfg, nnodes="1", nproc=2, rdzv_endpoint="127.0.0.1:4321")
-    assert cmd[1:3] == ["-m", ftlaunch.MODULE]
+    assert cmd[1:3] == ["-m", ftlaunch.TIED_MODULE]  # ft_launcher with its forks tied to it
     assert cmd[3 : 3 + len(shared)] == shared
     assert f"--term-timeout={math.ceil(stop_wait_s(cfg))}" in cmd
     assert cmd[-3:] == ["-m", "kilocard.train", str(run_dir)]

@@ -42,9 +42,21 @@ _WIDENING = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
 # --- output directory -----------------------------------------------------------------------------
 
 
+def check_output(out: Path) -> None:
+    """Refuse an output inside a checkpoint step or any checkpoint directory (``ck.checkpoint_tree_of``): a file
+    added there fails the step's verification, and a run's checkpoint tree holds only its commits."""
+    tree = ck.checkpoint_tree_of(out)
+    if tree is not None:
+        raise ConvertError(
+            f"{out}: lies inside the checkpoint directory {tree}; nothing but committed steps may be written "
+            f"there (a stray file fails verification); choose an output directory outside it"
+        )
+
+
 @contextlib.contextmanager
 def staging(out: Path) -> Iterator[Path]:
     """A hidden sibling of ``out`` to write into; renamed to ``out`` on success, removed on failure."""
+    check_output(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConvertError(f"{out}: already exists and is not an empty directory; choose a new output directory")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,6 +185,7 @@ def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
     from kilocard.convert import model as mm
     from kilocard.perf.params import padded_vocab_size
 
+    check_output(out)  # before any work
     hf_cfg = st_io.read_config(hf_dir)
     family = maps.family_of_config(hf_cfg)
     run_cfg, derived = _run_config(overrides, hf_cfg, family, out.resolve().name)
@@ -232,6 +245,7 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> None:
     """
     from kilocard.convert import model as mm
 
+    check_output(out)  # before any work
     sdir = committed_step_dir(src)
     ck.verify_step(sdir)
     state = ck.TrainerState(**json.loads((sdir / STATE).read_text()))

@@ -19,10 +19,8 @@ from torch.utils.data import Dataset
 
 from kilocard.config.schema import RunConfig
 from kilocard.data.errors import DataError
-from kilocard.data.paths import parse_blend
+from kilocard.data.paths import DATA_TYPES, parse_blend
 from kilocard.data.split import SPLITS, TEST, TRAIN, split_documents, split_weights, valid_samples
-
-DATA_TYPES = ("mock", "indexed")
 
 
 class _MockCacheNotice(logging.Filter):

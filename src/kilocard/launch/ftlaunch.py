@@ -23,6 +23,9 @@ from kilocard.config.schema import RunConfig
 
 MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
 """``python -m MODULE`` is ``ft_launcher`` (the console script may not be on a node's PATH)."""
+TIED_MODULE = "kilocard.launch.ftlaunch"
+"""``python -m TIED_MODULE ARGS`` is ``ft_launcher ARGS`` whose forked rank monitors die with it (``kilocard
+run``: started with the parent-death signal, its whole tree goes when the launcher is killed)."""
 CHECK_INTERVAL_S = 1.0
 """How often the launcher's rank monitors check the heartbeats (NVRx default 5 s): detection in seconds."""
 WORKERS_STOP_TIMEOUT_S = 15.0
@@ -130,3 +133,19 @@ def ft_launcher_args(
 def rank_env(cfg: RunConfig) -> dict[str, str]:
     """What the ranks under ``ft_launcher`` must see: only a fault exits non-zero (``kilocard.exitcodes``)."""
     return {exitcodes.INJOB_ENV: str(cfg.launcher.max_restarts)}
+
+
+def tied_main() -> None:
+    """Run ``ft_launcher`` (``MODULE``) in this process with every fork tied to it (``TIED_MODULE``)."""
+    import runpy
+    import sys
+
+    from kilocard.base.lifeline import die_with_parent_in_forks
+
+    die_with_parent_in_forks()
+    sys.argv[0] = MODULE
+    runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    tied_main()

@@ -34,12 +34,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kilocard import exitcodes
+from kilocard.base.lifeline import parent_death_preexec
 from kilocard.base.net import free_port
 from kilocard.base.quiet import with_launcher_filter
 from kilocard.config.schema import RunConfig
 from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
 from kilocard.plan import build_plan
+from kilocard.rundir import checkpoint as ck
 from kilocard.rundir import events
 from kilocard.rundir import lock as runlock
 from kilocard.rundir.checkpoint import checkpoint_root
@@ -91,12 +93,12 @@ def torchrun_command(
 
 def ft_command(run_dir: Path, run_cfg: RunConfig, nproc: int, port: int, stop_wait_s: float) -> list[str]:
     """The ``ft_launcher`` command line for ``nproc`` local ranks of ``run_dir`` (in-job restarts,
-    ``kilocard.launch.ftlaunch``): rendezvous on ``127.0.0.1:port``; on TERM it passes TERM to the
-    ranks and waits ``stop_wait_s`` for their save before it SIGKILLs them."""
+    ``kilocard.launch.ftlaunch``, its forks tied to it): rendezvous on ``127.0.0.1:port``; on TERM it passes TERM
+    to the ranks and waits ``stop_wait_s`` for their save before it SIGKILLs them."""
     args = ftlaunch.ft_launcher_args(
         run_cfg, nnodes="1", nproc=nproc, rdzv_endpoint=f"127.0.0.1:{port}", term_timeout_s=stop_wait_s
     )
-    return [sys.executable, "-m", ftlaunch.MODULE, *args, "-m", "kilocard.train", str(run_dir)]
+    return [sys.executable, "-m", ftlaunch.TIED_MODULE, *args, "-m", "kilocard.train", str(run_dir)]
 
 
 def local_gpus() -> list[str]:
@@ -208,34 +210,60 @@ def stop_wait_s(run_cfg: RunConfig) -> float:
 
 
 def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
-    """Take the run directory's lock, train on ``nproc`` local ranks, print the summary.
+    """Take the run directory's lock (and the checkpoint directory's, when ``checkpoint.save`` lies outside
+    the run directory), train on ``nproc`` local ranks, print the summary.
 
-    A run directory another writer holds is refused at once (exit 1), naming the holder.
+    A directory another writer holds is refused at once (exit 1), naming the holder.
     """
     from kilocard.rundir.freeze import load_verified
 
     run_cfg, _ = load_verified(run_dir)  # the verb has checked the secrets (kilocard.commands.run)
-    lock = None
+    locks: list[runlock.RunLock] = []
     try:
-        lock = runlock.acquire(run_dir)
+        for directory, what in _locked_dirs(run_dir, run_cfg):
+            held = _lock(directory, locks[0].token if locks else None, what)
+            if isinstance(held, int):
+                return held
+            if held is not None:
+                locks.append(held)
+        return _train(run_dir, run_cfg, nproc, max_restarts, locks[0].token if locks else "", [l.fd for l in locks])
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def _locked_dirs(run_dir: Path, run_cfg: RunConfig) -> list[tuple[Path, str]]:
+    """The run directory, and the checkpoint directory when it lies outside it (created here), each with
+    what it is."""
+    root = ck.checkpoint_root(run_dir, run_cfg)
+    if not ck.outside(root, run_dir):
+        return [(run_dir, "run directory")]
+    root.mkdir(parents=True, exist_ok=True)
+    return [(run_dir, "run directory"), (root, "checkpoint directory")]
+
+
+def _lock(directory: Path, token: str | None, what: str) -> runlock.RunLock | int | None:
+    """The lock of ``directory`` (with the token of the launcher's first lock), ``None`` where the filesystem
+    has no flock (warned), or the exit code after saying why it is refused."""
+    try:
+        return runlock.acquire(directory, token, what)
     except runlock.RunDirBusy as e:
         print(f"kilocard run: error: {e}", file=sys.stderr)
         return exitcodes.CRASH  # exit 1: refused; nothing was started
     except runlock.LockUnsupported as e:
         print(f"kilocard run: warning: {e}", file=sys.stderr)
+        return None
     except OSError as e:
-        print(f"kilocard run: error: {run_dir}: cannot lock the run directory ({e.strerror})", file=sys.stderr)
+        print(f"kilocard run: error: {directory}: cannot lock the directory ({e.strerror})", file=sys.stderr)
         return exitcodes.CRASH
-    try:
-        return _train(run_dir, run_cfg, nproc, max_restarts, lock.token if lock else "")
-    finally:
-        if lock is not None:
-            lock.release()
 
 
-def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, lock_token: str) -> int:
+def _train(
+    run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, lock_token: str, lock_fds: list[int]
+) -> int:
     """Start the ranks' launcher (torchrun, or ft_launcher for in-job restarts), show progress, forward
-    TERM/INT, guard against hangs; the run's exit code."""
+    TERM/INT, guard against hangs; the run's exit code. The launcher inherits the locks (``lock_fds``): they
+    are held until it is gone too."""
     env = rank_env(run_dir, run_cfg, lock_token)
     log = run_dir / LOG_DIR / "train.log"
     start_step = len(read_metrics(run_dir))
@@ -249,12 +277,14 @@ def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, loc
         tmp_in_use = contextlib.nullcontext(tmp)
     with open(log, "ab") as out, tmp_in_use as tmpdir:
         env["TMPDIR"] = str(tmpdir)
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # dies with this process, and each rank with it (kilocard.base.lifeline)
             cmd,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=parent_death_preexec(),
+            pass_fds=lock_fds,
         )
         try:
             with StopForwarder(proc, stop_wait) as stop:

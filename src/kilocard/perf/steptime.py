@@ -32,6 +32,7 @@ from statistics import NormalDist
 from kilocard.layout import Layout
 from kilocard.perf.efficiency import FITTED, GpuEfficiency, PerfModelParams
 from kilocard.perf.flops import ModelShape
+from kilocard.perf.params import moe_count
 
 
 @dataclass(frozen=True)
@@ -553,7 +554,7 @@ def stage_microbatch_time(
     """Forward + backward (+ recompute) time of one micro-batch through ``layers`` layers of a stage;
     adds each component's seconds to ``parts``."""
     eff = params.for_family(hw.family)
-    n_moe = sum(shape.moe_layers) / shape.layers if shape.moe_layers else 0.0
+    n_moe = moe_count(shape.moe_layers) / shape.layers if shape.moe_layers else 0.0
     total = 0.0
     for moe, frac in ((False, 1.0 - n_moe), (True, n_moe)):
         if frac <= 0:
@@ -728,7 +729,7 @@ def dense_params_per_gpu(shape: ModelShape, lay: Layout, ft: Features, stage_lay
     h, q, kv = shape.hidden, shape.kv_channels * shape.heads, shape.kv_channels * shape.query_groups
     mats = 3 if shape.gated else 2
     attn = (h * (q + 2 * kv) + q * h) / lay.tp
-    n_moe = sum(shape.moe_layers)
+    n_moe = moe_count(shape.moe_layers)
     dense = (shape.layers - n_moe) * (attn + mats * h * shape.ffn / lay.tp)
     moe_ffn = shape.moe_ffn or shape.ffn
     experts = ft.num_experts / lay.ep

@@ -115,7 +115,9 @@ class MetricsWriter:
         return the newest dropped record (``None`` when nothing was dropped)."""
         if not self.path.exists():
             return None
-        records = json_lines(self.path)
+        records = json_lines(
+            self.path, ("step",), skip_bad=warn_skipped
+        )  # a damaged line is dropped from the file here
         keep = [r for r in records if r.get("step", 0) <= step]
         dropped = [r for r in records if r.get("step", 0) > step and not is_eval(r)]
         tmp = self.path.with_suffix(".tmp")
@@ -166,13 +168,27 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     }
 
 
+_WARNED: set[str] = set()
+"""Skipped lines already warned about in this process (the launcher reads the file twice a second)."""
+
+
+def warn_skipped(message: str) -> None:
+    """Say once on stderr that a damaged metrics line (named) is skipped."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"kilocard: warning: {message}; the line is skipped", file=sys.stderr, flush=True)
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The training-step records of a run's metrics.jsonl (empty when absent); a torn last line is not a record."""
-    return [r for r in json_lines(Path(run_dir) / METRICS_FILE) if not is_eval(r)]
+    """The training-step records of a run's metrics.jsonl (empty when absent); a torn last line is not a
+    record, and a damaged line (NUL bytes from a power loss, not JSON) is skipped with a warning naming it."""
+    return [r for r in _records(run_dir) if not is_eval(r)]
 
 
 def read_evals(run_dir: Path, split: str | None = None) -> list[dict[str, Any]]:
     """The evaluation records of a run's metrics.jsonl, of ``split`` only when given."""
-    return [
-        r for r in json_lines(Path(run_dir) / METRICS_FILE) if is_eval(r) and (split is None or r["split"] == split)
-    ]
+    return [r for r in _records(run_dir) if is_eval(r) and (split is None or r["split"] == split)]
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    return json_lines(Path(run_dir) / METRICS_FILE, ("step",), skip_bad=warn_skipped)

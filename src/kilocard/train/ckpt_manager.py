@@ -76,6 +76,8 @@ class CheckpointManager:
         self.cfg, self.layout, self.sha, self.built, self.run_dir = run_cfg, layout, config_sha256, built, run_dir
         self.save_root = ck.checkpoint_root(run_dir, run_cfg)
         """Where this run's steps are committed."""
+        self.owner = ck.run_id(run_dir)
+        """This run as the owner of ``save_root`` (recorded in its owner file and every manifest)."""
         self.load_root = Path(c.load) if c.load else None
         """``checkpoint.load``: where a run without committed steps of its own starts from."""
         self.use_async = c.async_save and use_cuda
@@ -105,6 +107,7 @@ class CheckpointManager:
         ``ck.ModelMismatch`` when the step holds another model shape.
         """
         self._watchdog.beat("finding the checkpoint to resume from")
+        self._own_save_root()
         local = self._newest_local()
         if local is not None:
             self.resumed_tier = events.LOCAL
@@ -115,6 +118,28 @@ class CheckpointManager:
             self.local.discard_after(state.step if state is not None else 0)
         self.resumed_tier = None if state is None else events.PERSISTENT
         return state
+
+    def _own_save_root(self) -> None:
+        """Rank 0 claims ``save_root`` for this run and recovers a lost tracker (``ck.claim_owner``,
+        ``ck.recover_tracker``); every rank raises the same error when it cannot (collective)."""
+        verdict: list[Any] = [None, None]
+        if self.rank == 0:
+            try:
+                inside = not ck.outside(self.save_root, self.run_dir)
+                ck.claim_owner(self.save_root, self.owner, inside)
+                note = ck.recover_tracker(self.save_root)
+                if note:
+                    self._log(f"warning: {note}")
+            except ck.ForeignCheckpoint as e:
+                verdict = ["foreign", str(e)]
+            except ck.CheckpointError as e:
+                verdict = ["damaged", str(e)]
+        dist.broadcast_object_list(verdict, src=0)
+        kind, message = verdict
+        if kind == "foreign":
+            raise ck.ForeignCheckpoint(message)
+        if kind == "damaged":
+            raise ck.CheckpointError(message)
 
     def _newest_persistent(self) -> int:
         """The newest committed persistent step (unverified; 0 when none), read on rank 0 and broadcast."""
@@ -356,7 +381,7 @@ class CheckpointManager:
         """After every rank has written: ``ck.commit_step`` on rank 0, between barriers (collective)."""
         dist.barrier()
         if self.rank == 0:
-            ck.commit_step(self.save_root, step, self.cfg.checkpoint.keep_last)
+            ck.commit_step(self.save_root, step, self.cfg.checkpoint.keep_last, owner=self.owner)
         dist.barrier()
         seconds = time.monotonic() - t0
         if self.rank == 0:

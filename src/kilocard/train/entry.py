@@ -90,7 +90,9 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
         timeout = datetime.timedelta(seconds=max(run_cfg.trainer.hang_timeout_s, 1.0) + 60)
         init_process_group(backend.dist_backend, os.environ, timeout)  # per-attempt store under a restarting launcher
         # one writer per run directory; a lock taken here lasts until this rank exits
-        claim_run_dir(run_dir, wait_s=min(EARLIER_START_WAIT_S, timeout.total_seconds() - 30))
+        save_root = ck.checkpoint_root(run_dir, run_cfg)
+        outside = save_root if ck.outside(save_root, run_dir) else None  # locked like the run directory
+        claim_run_dir(run_dir, wait_s=min(EARLIER_START_WAIT_S, timeout.total_seconds() - 30), save_root=outside)
         _record_start(run_dir, env, started, attempt)
         unhealthy = health.check(run_cfg, run_dir, os.environ, backend.is_cuda)  # every node, every attempt
         if unhealthy is not None:
@@ -103,7 +105,7 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
     except FrozenConfigError as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
-    except (ck.ModelMismatch, UnsupportedConfig, TrackingUnavailable) as e:
+    except (ck.ModelMismatch, ck.ForeignCheckpoint, UnsupportedConfig, TrackingUnavailable) as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
     except (ck.DiskFull, NonFiniteLoss) as e:  # a person must look, but the message says it all

@@ -2,7 +2,9 @@
 
 Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
 ``model``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
-``launcher``, ``inputs``, ``evaluation``, ``environment``, ``slurm``, ``checkpointing`` and ``memory``. The report holds
+``launcher``, ``inputs``, ``dataset``, ``evaluation``, ``environment``, ``slurm``, ``checkpointing``,
+``resilience`` and ``memory`` (the list of the start-up and silently-wrong rules: docs/validation.md). The
+report holds
 every problem at once, the layout and the estimates (memory per GPU by component against HBM, FLOPs per
 iteration).
 """
@@ -21,6 +23,7 @@ from kilocard.perf.predict import Prediction, predict
 from kilocard.validate import (
     batch,
     checkpointing,
+    dataset,
     environment,
     evaluation,
     inputs,
@@ -30,6 +33,7 @@ from kilocard.validate import (
     parallel,
     precision,
     recompute,
+    resilience,
     slurm,
     topology,
 )
@@ -52,11 +56,13 @@ RULES: tuple[Rule, ...] = (
     + topology.RULES
     + launcher.RULES
     + inputs.RULES
+    + dataset.RULES
     + evaluation.RULES
     + tokenizer_rules.RULES
     + environment.RULES
     + slurm.RULES
     + checkpointing.RULES
+    + resilience.RULES
 )
 
 #: Issue codes for conditions Megatron-Core itself rejects (at config, group or model construction).
