@@ -16,6 +16,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.tokenizers import MegatronTokenizerBase
 from torch.utils.data import Dataset
 
+from kilocard.base.safe_read import FileReadError, require_regular
 from kilocard.config.schema import RunConfig
 from kilocard.data.errors import DataError
 from kilocard.data.paths import parse_blend
@@ -92,6 +93,11 @@ def _check_train_documents(config: GPTDatasetConfig) -> None:
     """Every prefix must put at least one document in the train split (Megatron loops forever otherwise)."""
     beg, end = config.split_matrix[0]
     for prefix in config.blend[0]:
+        for suffix in (".bin", ".idx"):  # Megatron-Core memory-maps them: regular files only
+            try:
+                require_regular(f"{prefix}{suffix}")
+            except FileReadError as err:
+                raise DataError(f"data.data_path: {err}; fix: a prefix of a .bin/.idx pair") from None
         count = len(IndexedDataset(prefix).document_indices) - 1
         if int(round(end * count)) - int(round(beg * count)) < 1:
             raise DataError(

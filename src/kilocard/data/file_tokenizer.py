@@ -6,6 +6,7 @@ import hashlib
 from collections import OrderedDict
 from pathlib import Path
 
+from kilocard.base.safe_read import open_regular
 from kilocard.data.byte_tokenizer import MegatronTokenizerBase
 from kilocard.data.errors import DataError
 
@@ -13,7 +14,7 @@ from kilocard.data.errors import DataError
 def file_sha256(path: Path) -> str:
     """Hex SHA-256 of the file's bytes (read in 1 MiB blocks)."""
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open_regular(path, limit=None) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

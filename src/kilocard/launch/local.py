@@ -34,6 +34,7 @@ from pathlib import Path
 
 from kilocard import exitcodes
 from kilocard.base.net import free_port
+from kilocard.base.safe_read import MiB, read_tail
 from kilocard.config.schema import RunConfig
 from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
@@ -329,10 +330,14 @@ LOG_NOISE = ("UserWarning", "warnings.warn", "NVML", "pynvml")
 that the NVIDIA management library is missing (every start without a GPU)."""
 
 
+#: How much of the end of the training log ``_print_tail`` reads (a long run's log may be gigabytes).
+TAIL_BYTES = 8 * MiB
+
+
 def _print_tail(log: Path, lines: int = 30) -> None:
     """The ranks' own error lines (once each), else the log's last lines without ``LOG_NOISE`` (torchrun's
     report hides them)."""
-    text = log.read_text(errors="replace").splitlines()
+    text = read_tail(log, TAIL_BYTES).splitlines()
     errors = list(
         dict.fromkeys(
             l

@@ -23,14 +23,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 import zipfile
 from importlib import metadata
 from pathlib import Path
 
+from kilocard.base.safe_read import read_bytes
 from kilocard.config.schema import PACKAGING_MODES
 from kilocard.launch.rundir import RunDirError
-from kilocard.paths import checkout_root, data_dir
+from kilocard.paths import checkout_root, data_dir, pyproject_of, shipped_sources
 
 PACKAGING = PACKAGING_MODES
 CODE_DIR = "code"
@@ -53,11 +53,8 @@ _BUILT: dict[tuple[str, int], tuple[str, bytes]] = {}
 
 def source_fingerprint(root: Path) -> int:
     """Hash of (path, mtime, size) of every file the wheel is built from (pyproject's hatch sources)."""
-    project = tomllib.loads((root / "pyproject.toml").read_text())
-    wheel = project.get("tool", {}).get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {})
-    sources = ["pyproject.toml", *wheel.get("packages", []), *wheel.get("force-include", {})]
     files = []
-    for rel in sources:
+    for rel in shipped_sources(root):
         top = root / rel
         for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
             if f.is_file() and "__pycache__" not in f.parts:
@@ -73,7 +70,7 @@ def checkout_wheel(root: Path, dest: Path) -> Path:
         with tempfile.TemporaryDirectory(prefix="kilocard-wheel-") as tmp:
             built = build_wheel(root, Path(tmp))
             _BUILT.clear()
-            _BUILT[key] = (built.name, built.read_bytes())
+            _BUILT[key] = (built.name, read_bytes(built, limit=1 << 30))
     name, data = _BUILT[key]
     (dest / name).write_bytes(data)
     return dest / name
@@ -129,7 +126,7 @@ def declared_requirements() -> list[str]:
     """kilocard's dependencies as declared: the checkout's pyproject.toml, else the installed metadata."""
     root = checkout_root()
     if root is not None:  # an editable install's metadata may predate the checkout's pyproject
-        return list(tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"])
+        return list(pyproject_of(root)["project"]["dependencies"])
     return [r for r in metadata.requires("kilocard") or [] if "extra ==" not in r]
 
 

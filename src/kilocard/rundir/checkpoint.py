@@ -27,8 +27,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kilocard.base.safe_read import (
+    FileReadError,
+    expect_shape,
+    is_regular,
+    open_regular,
+    read_json,
+    read_text,
+    require_field,
+)
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.rundir.names import MANIFEST, TRACKER
+from kilocard.rundir.names import MANIFEST, STATE, TRACKER
 
 NON_SHAPE_FIELDS = frozenset(
     {
@@ -81,7 +90,7 @@ def atomic_write(path: Path, text: str) -> None:
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, limit=None) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -100,16 +109,33 @@ def write_manifest(sdir: Path) -> dict[str, Any]:
     return manifest
 
 
+def read_manifest(mpath: Path) -> dict[str, Any]:
+    """A step's ``manifest.json``, shape-checked (``{"step": int, "files": {relative path: {"size": int,
+    "sha256": str}}}``, no path leaving the step directory); ``CheckpointError`` naming the file otherwise."""
+    try:
+        manifest = read_json(mpath, dict)
+        require_field(mpath, manifest, "step", int)
+        for rel, meta in require_field(mpath, manifest, "files", dict).items():
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise FileReadError(mpath, "lists a file outside its step directory")
+            expect_shape(mpath, meta, dict, "a file entry")
+            require_field(mpath, meta, "size", int)
+            require_field(mpath, meta, "sha256", str)
+    except FileReadError as e:
+        raise CheckpointError(f"{e} (a damaged manifest: the step cannot be verified)") from None
+    return manifest
+
+
 def verify_step(sdir: Path) -> None:
     """Raise ``CheckpointError`` naming the step and file unless the files are exactly the manifest's."""
     mpath = sdir / MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"{sdir}: no {MANIFEST}; the step was never committed")
-    manifest = json.loads(mpath.read_text())
+    manifest = read_manifest(mpath)
     step = manifest["step"]
     for rel, meta in manifest["files"].items():
         p = sdir / rel
-        if not p.is_file():
+        if not is_regular(p):
             raise CheckpointError(f"checkpoint step {step}: file {p} is missing")
         if p.stat().st_size != meta["size"]:
             raise CheckpointError(
@@ -131,7 +157,10 @@ def latest_committed(root: Path) -> int | None:
     t = root / TRACKER
     if not t.is_file():
         return None
-    text = t.read_text().strip()
+    try:
+        text = read_text(t, limit=4096).strip()
+    except FileReadError as e:
+        raise CheckpointError(str(e)) from None
     if not text.isdigit():
         raise CheckpointError(f"{t}: expected a step number, found {text[:40]!r}")
     return int(text)
@@ -195,6 +224,33 @@ class TrainerState:
     """sha256 of the run config that wrote the step."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else the loop wants back (e.g. the stop reason)."""
+
+
+#: The type of each ``trainer_state.json`` field (checked before a ``TrainerState`` is built from it).
+STATE_SHAPE: dict[str, tuple[type, ...]] = {
+    "step": (int,),
+    "consumed_samples": (int,),
+    "scheduler": (dict,),
+    "model": (dict,),
+    "layout": (dict,),
+    "padded_vocab_size": (int,),
+    "config_sha256": (str,),
+    "extra": (dict,),
+}
+
+
+def read_state(sdir: Path) -> TrainerState:
+    """A committed step's ``trainer_state.json`` through the safe reader, each field shape-checked;
+    ``CheckpointError`` naming the file otherwise."""
+    path = sdir / STATE
+    try:
+        doc = read_json(path, dict)
+        for key, types in STATE_SHAPE.items():
+            if key in doc or key not in ("config_sha256", "extra"):
+                require_field(path, doc, key, types)
+    except FileReadError as e:
+        raise CheckpointError(f"{e} (a damaged step: it cannot be loaded)") from None
+    return TrainerState(**{k: v for k, v in doc.items() if k in STATE_SHAPE})
 
 
 def layout_of(run_cfg: RunConfig, world_size: int) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kilocard.base.safe_read import RECORDS_LIMIT, read_text
 from kilocard.rundir.names import EVENTS_FILE
 
 PERSISTENT = "persistent"
@@ -58,10 +59,10 @@ def json_lines(path: Path, required: tuple[str, ...] = ()) -> list[dict[str, Any
     """The records of a JSON-lines file (empty when absent): its whole lines, each an object holding
     ``required``. The text after the last newline is the torn tail of a write a killed rank never
     finished (or one still being written); it is dropped. Any other bad line raises ``BadRecord``."""
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
     records = []
-    for n, line in enumerate(path.read_text(errors="replace").split("\n")[:-1], start=1):
+    for n, line in enumerate(read_text(path, RECORDS_LIMIT, errors="replace").split("\n")[:-1], start=1):
         if not line.strip():
             continue
         try:

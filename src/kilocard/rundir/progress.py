@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kilocard import exitcodes
+from kilocard.base.safe_read import is_regular, read_text
 from kilocard.rundir.metrics import FLOPS_CONVENTION
 from kilocard.rundir.names import CHECKPOINTS_DIR, TRACKER
 
@@ -43,7 +44,7 @@ def progress_line(r: dict[str, Any]) -> str:
 def summary_table(records: list[dict[str, Any]], run_dir: Path, code: int, first_new_step: int = 0) -> str:
     """The table ``kilocard run`` ends with (medians over this launch's steps, first step excluded)."""
     tracker = run_dir / CHECKPOINTS_DIR / TRACKER
-    committed = tracker.read_text().strip() if tracker.is_file() else None
+    committed = read_text(tracker, limit=4096, errors="replace").strip() if is_regular(tracker) else None
     rows = [
         ("run dir", str(run_dir)),
         ("exit", f"{code} {_CODE_NAMES.get(code, '')}".strip()),
