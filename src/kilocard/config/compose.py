@@ -240,6 +240,7 @@ def load_run_config(path: Path) -> RunConfig:
 
     The file was resolved when it was frozen: interpolation text in it (``${...}``) is refused, never
     resolved again (it would read the loading process's environment)."""
+    check_yaml_file(path)  # a regular UTF-8 file holding a mapping (else one line, never its content)
     try:
         loaded = OmegaConf.create(read_text(path))
     except FileReadError as e:
