@@ -10,6 +10,7 @@ with ``multirun=True``). Composition errors become one
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from collections.abc import Sequence
@@ -249,5 +250,11 @@ def load_run_config(path: Path) -> RunConfig:
         raise ComposeError(f"{path}: not a readable config ({type(e).__name__})") from None
     if not isinstance(loaded, DictConfig):
         raise ComposeError(f"{path}: not a readable config (it holds no mapping)")
+    missing = [f.name for f in dataclasses.fields(RunConfig) if f.name not in loaded]
+    if missing:  # a frozen config is written whole: a missing group is a truncated or foreign file
+        raise ComposeError(
+            f"{path}: not a frozen kilocard config (no {', '.join(missing)}); it is written whole when a run "
+            "directory is created: create a new run"
+        )
     refuse_live_text(OmegaConf.to_container(loaded, resolve=False), str(path))
     return to_run_config(loaded)

@@ -162,7 +162,7 @@ def latest_committed(root: Path) -> int | None:
     except FileReadError as e:
         raise CheckpointError(str(e)) from None
     if not text.isdigit():
-        raise CheckpointError(f"{t}: expected a step number, found {text[:40]!r}")
+        raise CheckpointError(f"{t}: expected a step number, found {len(text)} other characters")
     return int(text)
 
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kilocard.base.safe_read import RECORDS_LIMIT, read_text
+from kilocard.base.safe_read import RECORDS_LIMIT, read_text, type_name
 from kilocard.rundir.names import EVENTS_FILE
 
 PERSISTENT = "persistent"
@@ -69,7 +69,11 @@ def json_lines(path: Path, required: tuple[str, ...] = ()) -> list[dict[str, Any
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise BadRecord(f"{path} line {n}: not JSON ({e.msg}); the file was edited or damaged") from None
-        missing = [k for k in required if not isinstance(record, dict) or k not in record]
+        if not isinstance(record, dict):
+            raise BadRecord(
+                f"{path} line {n}: {type_name(record)}, not a record (a JSON object); the file was edited or damaged"
+            )
+        missing = [k for k in required if k not in record]
         if missing:
             raise BadRecord(f"{path} line {n}: a record without {', '.join(missing)}; the file was edited or damaged")
         records.append(record)
