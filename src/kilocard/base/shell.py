@@ -47,8 +47,8 @@ CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 class ShellValueError(ValueError):
     """A config value that cannot be put into a batch script safely."""
 
-    def __init__(self, field: str, value: object, expected: str):
-        super().__init__(f"{field}: {value!r} cannot go into the batch script; expected {expected}")
+    def __init__(self, field: str, value: object, expected: str, into: str = "the batch script"):
+        super().__init__(f"{field}: {value!r} cannot go into {into}; expected {expected}")
         self.field = field
         self.value = value
 
@@ -66,7 +66,10 @@ def image_reference(field: str, value: str) -> str:
     ``ShellValueError``: a reference is one word, so no shell metacharacter or newline passes."""
     if len(value) > 255 or not IMAGE_REFERENCE.fullmatch(value):
         raise ShellValueError(
-            field, value, "an image reference [registry/]name[:tag][@sha256:...] (lower-case name, e.g. kilocard:1.0)"
+            field,
+            value,
+            "an image reference [registry/]name[:tag][@sha256:...] (lower-case name, e.g. kilocard:1.0)",
+            into="a Dockerfile or a docker command",
         )
     return value
 
