@@ -122,15 +122,6 @@ def load_rows(path: str | None = None) -> list[Row]:
     return [_row(raw, i, file.name) for i, raw in enumerate(doc["rows"])]
 
 
-def one_line(e: BaseException) -> str:
-    """A read error in one line: a YAML error's problem and where (``line 2, column 1``), else its text."""
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None)
-    if problem and mark is not None:
-        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
-    return " ".join(str(e).split())
-
-
 def _row(raw: Any, i: int, file: str) -> Row:
     """One row of a baselines file, its unstated facts filled by the policy."""
     if not isinstance(raw, dict) or "id" not in raw:
