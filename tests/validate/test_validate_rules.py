@@ -438,9 +438,9 @@ CASES = [
     ),
     (
         launcher.rule_cuda_device_max_connections,
-        {**H100, "cluster.env": {}, P + "tensor_model_parallel_size": 2},
+        {**H100, "cluster.env": {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}, P + "tensor_model_parallel_size": 2},
         "CUDA_DEVICE_MAX_CONNECTIONS",
-        {**H100, P + "tensor_model_parallel_size": 2},
+        {**H100, "cluster.env": {}, P + "tensor_model_parallel_size": 2},  # unset: the launch plan sets it
     ),
     (
         launcher.rule_cuda_device_max_connections,

@@ -5,7 +5,7 @@ domain modules it calls return values (a ``Report``, a ``Plan``, a run directory
 nothing. ``COMMANDS`` is the explicit verb table; ``main`` parses the command line, dispatches, and is
 the one error boundary of every verb (``boundary``: one line and a documented exit code, never a
 traceback unless ``KILOCARD_DEBUG=1``). Exit codes: ``kilocard.commands.exits``; how an
-issue or an error is printed: ``kilocard.commands.report``.
+issue or an error is printed: ``kilocard.commands.output``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from kilocard import __version__
+from kilocard.base.quiet import quiet_library_warnings
 from kilocard.base.safe_read import FileReadError
 from kilocard.base.shell import ShellValueError
 from kilocard.commands import (
@@ -30,12 +32,13 @@ from kilocard.commands import (
     plan,
     preprocess,
     recipes,
+    report,
     run,
     sbatch,
     show,
     validate,
 )
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.config.compose import ComposeError
 
 #: Set to 1 to see the traceback of an unexpected error instead of its one line.
@@ -58,6 +61,7 @@ COMMANDS: dict[str, ModuleType] = {
     "logs": logs,
     "convert": convert,
     "goodput": goodput,
+    "report": report,
 }
 VERBS = tuple(COMMANDS)
 
@@ -65,10 +69,19 @@ VERBS = tuple(COMMANDS)
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: one subparser per verb, its arguments from the verb's module."""
     ap = argparse.ArgumentParser(prog="kilocard", description="Recipe -> validated Megatron-Core run on Slurm.")
+    ap.add_argument("--version", action="version", version=f"kilocard {__version__}", help="print the version")
     sub = ap.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
     for verb, module in COMMANDS.items():
-        module.add_arguments(sub.add_parser(verb, help=module.HELP))
+        module.add_arguments(
+            sub.add_parser(
+                verb,
+                help=module.HELP,
+                description=module.HELP,
+                epilog="examples:\n" + "\n".join(f"  {e}" for e in module.EXAMPLES),
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+        )
     return ap
 
 
@@ -99,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``KILOCARD_DEBUG=1`` lets the traceback through instead.
     """
     args = parse_args(list(argv) if argv is not None else sys.argv[1:])
+    quiet_library_warnings()
     try:
         return COMMANDS[args.verb].execute(args)
     except KeyboardInterrupt:

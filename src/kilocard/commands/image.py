@@ -7,10 +7,12 @@ import shlex
 
 from kilocard.base.shell import ShellValueError, image_reference
 from kilocard.commands import exits
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.launch.image import DEFAULT_BASE, ImageError, write_build_context
 
 HELP = "write a Dockerfile (+ wheel) for a container image holding kilocard"
+#: Shown under ``kilocard image --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = ("kilocard image --output kilocard-image --tag kilocard:dev",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

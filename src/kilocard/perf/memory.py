@@ -48,7 +48,7 @@ from types import SimpleNamespace
 
 from kilocard.config.dtypes import main_grads_fp32, mixed_precision, param_bytes
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.layout import Layout, compute_layout
+from kilocard.layout import Layout, compute_layout, megatron_sizes
 from kilocard.perf.megatron_lm import megatron_lm_args
 from kilocard.perf.params import count_parameters, is_gated, moe_layer_pattern
 
@@ -110,11 +110,7 @@ def megatron_memory_args(cfg: RunConfig, layout: Layout | None = None) -> Simple
     first = lay.stage_layers[0] if lay.stage_layers else None
     args = megatron_lm_args(cfg, lay.tp)
     vars(args).update(
-        expert_tensor_parallel_size=lay.etp,
-        expert_model_parallel_size=lay.ep,
-        pipeline_model_parallel_size=lay.pp,
-        tensor_model_parallel_size=lay.tp,
-        virtual_pipeline_model_parallel_size=lay.vp,
+        **megatron_sizes(lay),
         world_size=lay.world_size,
         data_parallel_size=lay.dp_cp,
         seq_length=m.seq_length // max(1, lay.cp),

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kilocard.config.megatron import padded_vocab_size  # the one definition; the FLOPs models import it from here
 from kilocard.config.schema import ModelConfig
-
-
-def padded_vocab_size(m: ModelConfig, tp: int = 1) -> int:
-    """Vocabulary padded to a multiple of ``make_vocab_size_divisible_by * tp`` (Megatron-LM)."""
-    multiple = m.make_vocab_size_divisible_by * tp
-    return ((m.vocab_size + multiple - 1) // multiple) * multiple
 
 
 def moe_layer_pattern(m: ModelConfig) -> list[bool]:

@@ -18,7 +18,6 @@ the newest intact committed step and how to resume from it (or, with
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,17 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kilocard.base.safe_read import (
-    FileReadError,
-    expect_shape,
-    is_regular,
-    open_regular,
-    read_json,
-    read_text,
-    require_field,
-)
+from kilocard.base.digest import sha256_file
+from kilocard.base.safe_read import FileReadError, expect_shape, is_regular, read_json, read_text, require_field
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.rundir.names import MANIFEST, STATE, TRACKER
+from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, STATE, TRACKER
 
 NON_SHAPE_FIELDS = frozenset(
     {
@@ -53,6 +45,13 @@ NON_SHAPE_FIELDS = frozenset(
     }
 )
 """Model fields a resume may change: they do not alter any parameter's shape or meaning."""
+
+
+def checkpoint_root(run_dir: Path, run_cfg: RunConfig) -> Path:
+    """Where this run's checkpoints are: ``checkpoint.save`` when set (absolute in a frozen config), else
+    ``<run_dir>/checkpoints``. The one answer for the trainer that writes them and the summary that reads them."""
+    save = run_cfg.checkpoint.save
+    return Path(save) if save else Path(run_dir) / CHECKPOINTS_DIR
 
 
 class CheckpointError(Exception):
@@ -85,15 +84,6 @@ def atomic_write(path: Path, text: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open_regular(path, limit=None) as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _step_files(sdir: Path) -> list[str]:
@@ -217,7 +207,8 @@ class TrainerState:
     model: dict[str, Any]
     """The model config the weights belong to (``ModelConfig`` as a dict)."""
     layout: dict[str, Any]
-    """Parallel layout and world size at save time (RNG states are per rank of this layout)."""
+    """The parallel layout at save time, ``kilocard.layout.Layout.to_json()`` (RNG states are per rank of it;
+    ``Layout.from_json`` also reads the degrees-only dict that steps saved before held)."""
     padded_vocab_size: int
     """Vocabulary rows of the saved embedding."""
     config_sha256: str = ""
@@ -251,21 +242,6 @@ def read_state(sdir: Path) -> TrainerState:
     except FileReadError as e:
         raise CheckpointError(f"{e} (a damaged step: it cannot be loaded)") from None
     return TrainerState(**{k: v for k, v in doc.items() if k in STATE_SHAPE})
-
-
-def layout_of(run_cfg: RunConfig, world_size: int) -> dict[str, Any]:
-    """The layout facts that decide whether per-rank state (RNG) maps one-to-one on resume."""
-    p = run_cfg.parallel
-    return {
-        "world_size": world_size,
-        "tp": p.tensor_model_parallel_size,
-        "pp": p.pipeline_model_parallel_size,
-        "vp": p.virtual_pipeline_model_parallel_size,
-        "cp": p.context_parallel_size,
-        "ep": p.expert_model_parallel_size,
-        "etp": p.expert_tensor_parallel_size,
-        "distributed_optimizer": p.use_distributed_optimizer,
-    }
 
 
 def model_differences(saved: dict[str, Any], current: ModelConfig) -> list[str]:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from kilocard.base.safe_read import FileReadError, read_bytes, read_text
+from kilocard.base.digest import sha256_file
+from kilocard.base.safe_read import FileReadError, read_text
 from kilocard.config.compose import ComposeError, load_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.config.secrets import refuse_live_text
@@ -50,7 +51,7 @@ def load_verified(run_dir: Path) -> tuple[RunConfig, str]:
             raise FrozenConfigError(f"{p}: missing; is {run_dir} a kilocard run directory?")
     try:
         expected = (read_text(hash_path, limit=4096).split() or [""])[0]
-        actual = hashlib.sha256(read_bytes(cfg_path)).hexdigest()
+        actual = sha256_file(cfg_path)
     except FileReadError as e:
         raise FrozenConfigError(str(e)) from None
     if actual != expected:

@@ -2,6 +2,9 @@
 
 import sys
 
+from kilocard.base.quiet import quiet_library_warnings
+
+quiet_library_warnings()  # before torch and Megatron-Core import: no copy of their notes per rank
 # The stop flag first: a USR1/TERM that arrives while the heavy modules import is kept, not fatal.
 from kilocard.train.signals import StopFlag  # noqa: E402  (imports no torch)
 
