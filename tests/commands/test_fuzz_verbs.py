@@ -125,6 +125,8 @@ SLOTS: dict[str, Callable[[Path, str | bytes], list[str]]] = {
     "goodput events": lambda w, k: ["goodput", str(_bad_in_run(w, "events.jsonl", k))],
     "goodput metrics": lambda w, k: ["goodput", str(_bad_in_run(w, "metrics.jsonl", k)), "--format", "json"],
     "goodput config": lambda w, k: ["goodput", str(_bad_in_run(w, "config.yaml", k))],
+    "report metrics": lambda w, k: ["report", str(_bad_in_run(w, "metrics.jsonl", k)), "--format", "json"],
+    "report config": lambda w, k: ["report", str(_bad_in_run(w, "config.yaml", k))],
     "convert hf config": lambda w, k: (
         ["convert", "hf-to-mcore", str(_hf(w, "config.json", k)), f"{w}/out"] + ["recipe=tiny_llama"]
     ),
