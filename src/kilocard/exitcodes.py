@@ -142,10 +142,14 @@ def from_exit_dir(exit_dir: str, launcher_code: int) -> int:
     import glob
     import os
 
+    from kilocard.base.safe_read import FileReadError, read_text
+
     codes = []
     for path in glob.glob(os.path.join(exit_dir, "rank_*")):
-        with open(path) as f:
-            text = f.read().strip()
+        try:
+            text = read_text(path, limit=64, errors="replace").strip()
+        except FileReadError:
+            continue
         if text.lstrip("-").isdigit():
             codes.append(int(text))
     return combine(codes, launcher_code)

@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
+from typing import Any
+
+from kilocard.base.safe_read import read_text
 
 #: Longest run directory name kilocard creates: file systems allow 255 bytes per name, less the
 #: temporary name's ``.`` prefix and ``.tmp-<pid>`` suffix and a ``-NNN`` suffix for automatic names.
@@ -23,8 +26,21 @@ def checkout_root() -> Path | None:
     pyproject = _REPO / "pyproject.toml"
     if not pyproject.is_file():
         return None
-    project = tomllib.loads(pyproject.read_text()).get("project", {})
+    project = pyproject_of(_REPO).get("project", {})
     return _REPO if project.get("name") == "kilocard" else None
+
+
+def pyproject_of(root: Path) -> dict[str, Any]:
+    """The parsed ``pyproject.toml`` of the checkout ``root``."""
+    return tomllib.loads(read_text(root / "pyproject.toml"))
+
+
+def shipped_sources(root: Path) -> list[str]:
+    """The paths (relative to the checkout ``root``) kilocard's wheel is built from: pyproject.toml and
+    the hatch wheel target's packages and force-included folders."""
+    targets = pyproject_of(root).get("tool", {}).get("hatch", {}).get("build", {}).get("targets", {})
+    wheel = targets.get("wheel", {})
+    return ["pyproject.toml", *wheel.get("packages", []), *wheel.get("force-include", {})]
 
 
 def data_dir(name: str) -> Path:

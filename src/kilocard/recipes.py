@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kilocard.base.safe_read import FileReadError, read_bytes, read_json
 from kilocard.config.compose import ComposeError, compose_each, recipe_catalog, to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.config.searchpath import env_site_dirs
@@ -103,11 +104,11 @@ def _cache_key() -> str:
     for label, root in _hashed_folders():
         for path in sorted(root.rglob("*.yaml")):
             h.update(f"{label}/{path.relative_to(root)}\0".encode())
-            h.update(path.read_bytes())
+            h.update(read_bytes(path))
     config_modules = ("compose", "searchpath", "schema")
     modules = (*(f"kilocard.config.{m}" for m in config_modules), "kilocard.perf.params", __name__)
     for module in modules:
-        h.update(Path(importlib.import_module(module).__file__ or "").read_bytes())
+        h.update(read_bytes(Path(importlib.import_module(module).__file__ or "")))
     return h.hexdigest()[:20]
 
 
@@ -117,8 +118,8 @@ KEEP_CACHED_CATALOGS = 8
 
 def _read_cache(path: Path) -> list[RecipeRow] | None:
     try:
-        rows = [RecipeRow(**r) for r in json.loads(path.read_text())]
-    except (OSError, ValueError, TypeError):
+        rows = [RecipeRow(**r) for r in read_json(path, list)]
+    except (FileReadError, ValueError, TypeError):
         return None  # absent, unreadable or from another layout: a cache miss, recomputed
     return rows if [r.name for r in rows] == list(recipe_catalog()) else None
 

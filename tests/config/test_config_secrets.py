@@ -34,6 +34,11 @@ SPELLINGS = [
     (f"launcher.run_name='r${{oc.env:{NAME}}}'", "launcher.run_name"),
     (f"checkpoint.save='/ck/${{oc.env:{NAME},x}}'", "checkpoint.save"),
     (f"cluster.container_mounts=['${{oc.env:{NAME}}}:/x']", "cluster.container_mounts[0]"),
+    # escaped: resolves to the text ${oc.env:...}, which the ranks resolved again from the frozen config
+    # (and wrote into trainer_state.json)
+    (f"model.name=\\${{oc.env:{NAME}}}", "model.name"),
+    (f"+launcher.env.OTHER=\\${{oc.env:{NAME}}}", "launcher.env.OTHER"),
+    (f"launcher.job_name=x\\${{oc.env:{NAME}}}", "launcher.job_name"),
 ]
 
 
@@ -101,3 +106,22 @@ def test_run_canonical_form_keeps_the_value_off_disk(kilocard_run):
     assert rc == 0 and run_dir is not None, out
     assert f"secret_env:\n  - {NAME}" in (run_dir / "config.yaml").read_text()
     assert files_holding(kilocard_run.workdir, VALUE.encode()) == []
+
+
+def test_a_frozen_config_is_never_resolved_again(tmp_path, monkeypatch, capsys):
+    """Resolve once, at freeze time: interpolation text in a frozen config.yaml (an old run, an edit with
+    its hash redone) is refused where it is loaded, not resolved against the loading rank's environment."""
+    import hashlib
+
+    from kilocard.rundir.freeze import CONFIG_FILE, HASH_FILE, FrozenConfigError, load_verified
+
+    monkeypatch.setenv(NAME, VALUE)
+    assert main(["sbatch", "recipe=tiny_gpt", f"cluster.shared_fs={tmp_path}"]) == 0, capsys.readouterr().err
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    cfg = run_dir / CONFIG_FILE
+    text = cfg.read_text().replace("name: tiny_gpt", f"name: ${{oc.env:{NAME}}}", 1)
+    cfg.write_text(text)
+    (run_dir / HASH_FILE).write_text(f"{hashlib.sha256(text.encode()).hexdigest()}  {CONFIG_FILE}\n")
+    with pytest.raises(FrozenConfigError) as err:
+        load_verified(run_dir)
+    assert "recipe.name: " in str(err.value) and VALUE not in str(err.value)

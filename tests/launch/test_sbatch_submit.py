@@ -121,3 +121,21 @@ def test_whole_chain_is_recorded(tmp_path, slurm_bin, capsys):
     assert "job ids: 101 102 103" in out
     jobs = json.loads((next((tmp_path / "runs").iterdir()) / "jobs.json").read_text())
     assert jobs["job_ids"] == [101, 102, 103] and "complete" not in jobs["submissions"][0]
+
+
+def test_chain_broken_with_a_latin1_message_cancels_the_queued_links(tmp_path, slurm_bin, capsys):
+    """A site's job_submit plugin answering in latin-1 (``refusé``) was a UnicodeDecodeError traceback
+    after links 1-2 were queued, which then stayed queued and unrecorded."""
+    logs = slurm_bin(fail_on=3)
+    sbatch = tmp_path / "bin" / "sbatch"
+    sbatch.write_text(
+        sbatch.read_text().replace(
+            'echo "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy" >&2',
+            "printf 'sbatch: error: soumission refus\\351e\\n' >&2",
+        )
+    )
+    rc, out, err = run_sbatch([*TINY, f"cluster.shared_fs={tmp_path}/runs", "--submit", "--chain", "5"], capsys)
+    assert rc == exits.INVALID and len(err.strip().splitlines()) == 1, err
+    assert "link 3 of 5" in err and "soumission refus\ufffde" in err
+    assert logs["scancel"].read_text().split() == ["101", "102"]
+    assert "cancelled the 2 link(s) already queued (101 102): nothing is queued" in err

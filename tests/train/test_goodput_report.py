@@ -85,3 +85,39 @@ def test_goodput_verb_refuses_a_directory_that_never_trained_in_one_line(run_dir
     missing = tmp_path_factory.mktemp("x") / "nope"
     assert main(["goodput", str(missing)]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("bad", "expected"),
+    [
+        ({"time": None}, "record 2 has time = null, not a finite number"),
+        ({"time": "soon"}, "record 2 has time = a string, not a finite number"),
+        ({"step_time_s": "NaN"}, "record 2 has step_time_s = a string, not a finite number"),
+        ({"step_time_s": float("nan")}, "record 2 has step_time_s = nan, not a finite number"),
+    ],
+)
+def test_records_that_are_no_numbers_are_one_line(bad, expected, run_dir, capsys):
+    """A null or string time was a TypeError traceback; a NaN step time made ``--format json`` print NaN."""
+    recs = [_step(1, 11.0), {**_step(2, 12.0), **bad}]
+    _write(run_dir, [{"event": "start", "time": 10.0, "world_size": 1}], recs)
+    assert main(["goodput", str(run_dir), "--format", "json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and expected in err, err
+
+
+def test_metrics_file_that_is_a_directory_is_one_line(run_dir, capsys):
+    _write(run_dir, [{"event": "start", "time": 10.0, "world_size": 1}], [])
+    (run_dir / METRICS_FILE).unlink()
+    (run_dir / METRICS_FILE).mkdir()
+    assert main(["goodput", str(run_dir)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"kilocard goodput: error: RUN_DIR: {run_dir / METRICS_FILE}: is a directory, not a regular file"
+    )
+
+
+def test_json_never_holds_nan_or_infinity(run_dir, capsys):
+    """Times far apart overflow to infinity: JSON has no such number, so the field is null."""
+    _write(run_dir, [{"event": "start", "time": -1.7e308, "world_size": 1}], [_step(1, 1.7e308)])
+    assert main(["goodput", str(run_dir), "--format", "json"]) == 0
+    text = capsys.readouterr().out
+    assert "NaN" not in text and "Infinity" not in text and json.loads(text)["wall_s"] is None

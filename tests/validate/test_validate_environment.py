@@ -27,6 +27,22 @@ RESERVED = [
     "MASTER_PORT",
     "RANK",
     "SRUN_CPUS_PER_TASK",
+    # names that change how bash, the dynamic loader or Python start (issue 24, item 6):
+    "EXECIGNORE",  # EXECIGNORE='*/srun' made the batch script's srun "command not found"
+    "POSIXLY_CORRECT",
+    "TMPDIR",  # `kilocard run` gives every run its own
+    "ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS4",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "GLIBC_TUNABLES",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONSAFEPATH",
+    "PYTHONINSPECT",
 ]
 
 
@@ -39,7 +55,18 @@ def test_reserved_name_is_refused_naming_the_field(name, where):
     assert [(i.code, i.field) for i in report.errors] == [("RESERVED_ENV", field)], report.errors
 
 
-@pytest.mark.parametrize("name", ["NCCL_DEBUG", "CUDA_DEVICE_MAX_CONNECTIONS", "WANDB_API_KEY", "OMP_NUM_THREADS"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "NCCL_DEBUG",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "WANDB_API_KEY",
+        "OMP_NUM_THREADS",
+        "PYTHONUNBUFFERED",  # the vetted PYTHON* names only change output and diagnostics
+        "PYTHONFAULTHANDLER",
+        "PYTHONWARNINGS",
+    ],
+)
 def test_ordinary_names_are_accepted(name):
     assert validate(cfg_of({"launcher.env": {name: "1"}, "launcher.secret_env": [name]})).errors == []
 

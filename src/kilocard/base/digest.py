@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from kilocard.base.safe_read import open_regular
+
 CHUNK = 1 << 20
 """Bytes read at a time: a multi-GB shard never sits in memory whole."""
 
@@ -12,7 +14,7 @@ CHUNK = 1 << 20
 def sha256_file(path: Path | str) -> str:
     """Hex sha256 of the file's bytes, read in ``CHUNK`` blocks."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, limit=None) as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()

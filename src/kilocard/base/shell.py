@@ -32,6 +32,14 @@ SBATCH_PATTERNS = {
 }
 #: An extra ``#SBATCH`` option: ``--flag`` or ``--flag=value`` with a safe value.
 EXTRA_SBATCH = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._+%@=,:/*-]+)?")
+#: A container image reference as docker and enroot parse it: ``[host[:port]/]path[:tag][@algo:hex]``
+#: (the grammar of the distribution/reference package, lower-case path components).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?"
+IMAGE_REFERENCE = re.compile(
+    _HOST + _COMPONENT + r"(?:/" + _COMPONENT + r")*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
 #: Characters no value may carry into a script: they would start a new line or truncate it.
 CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -39,8 +47,8 @@ CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 class ShellValueError(ValueError):
     """A config value that cannot be put into a batch script safely."""
 
-    def __init__(self, field: str, value: object, expected: str):
-        super().__init__(f"{field}: {value!r} cannot go into the batch script; expected {expected}")
+    def __init__(self, field: str, value: object, expected: str, into: str = "the batch script"):
+        super().__init__(f"{field}: {value!r} cannot go into {into}; expected {expected}")
         self.field = field
         self.value = value
 
@@ -51,6 +59,19 @@ def quote(field: str, value: object) -> str:
     if CONTROL.search(text):
         raise ShellValueError(field, value, "a single line without control characters (no newline, tab is fine)")
     return shlex.quote(text)
+
+
+def image_reference(field: str, value: str) -> str:
+    """``value`` when it is a container image reference (``nvcr.io/nvidia/nemo:26.04``), else
+    ``ShellValueError``: a reference is one word, so no shell metacharacter or newline passes."""
+    if len(value) > 255 or not IMAGE_REFERENCE.fullmatch(value):
+        raise ShellValueError(
+            field,
+            value,
+            "an image reference [registry/]name[:tag][@sha256:...] (lower-case name, e.g. kilocard:1.0)",
+            into="a Dockerfile or a docker command",
+        )
+    return value
 
 
 def env_name(field: str, name: str) -> str:

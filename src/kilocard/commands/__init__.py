@@ -2,20 +2,26 @@
 
 A verb module has ``HELP`` (one line), ``add_arguments(parser)`` and ``execute(args) -> int``; the
 domain modules it calls return values (a ``Report``, a ``Plan``, a run directory) and print
-nothing. ``COMMANDS`` is the explicit verb table; ``main`` parses the command line, dispatches, and
-turns a ``ComposeError`` into one line and exit 2. Exit codes: ``kilocard.commands.exits``; how an
+nothing. ``COMMANDS`` is the explicit verb table; ``main`` parses the command line, dispatches, and is
+the one error boundary of every verb (``boundary``: one line and a documented exit code, never a
+traceback unless ``KILOCARD_DEBUG=1``). Exit codes: ``kilocard.commands.exits``; how an
 issue or an error is printed: ``kilocard.commands.output``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 
 from kilocard import __version__
 from kilocard.base.quiet import quiet_library_warnings
+from kilocard.base.safe_read import FileReadError
+from kilocard.base.shell import ShellValueError
 from kilocard.commands import (
     baselines,
     convert,
@@ -34,6 +40,12 @@ from kilocard.commands import (
 )
 from kilocard.commands.output import fail
 from kilocard.config.compose import ComposeError
+
+#: Set to 1 to see the traceback of an unexpected error instead of its one line.
+DEBUG_ENV = "KILOCARD_DEBUG"
+#: The exit codes a verb may return before any rank starts (``kilocard.commands.exits``); ``run``
+#: returns the trainer's codes once ranks start.
+DOCUMENTED_EXITS = frozenset({exits.OK, exits.INVALID, exits.USAGE, exits.INTERRUPTED})
 
 #: The verb table, in the order ``kilocard --help`` lists it (frozen by tests/commands/test_cli_surface.py).
 COMMANDS: dict[str, ModuleType] = {
@@ -90,16 +102,48 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one verb; return its exit code (argparse exits 2 itself on a bad flag)."""
+    """Run one verb; return its exit code (argparse exits 2 itself on a bad flag).
+
+    The one error boundary of every verb: no input reaches a Python traceback. Errors of input that
+    cannot be used (a config that does not compose, a file the safe reader refuses, a value that
+    cannot go into a script) are one line and USAGE (2); an ``OSError`` (a disk, a permission) is one
+    line naming the file and INVALID (1); anything else is a bug: one line saying so (the error's type
+    and where it was raised, never its message, which may quote a file) and INVALID (1).
+    ``KILOCARD_DEBUG=1`` lets the traceback through instead.
+    """
     args = parse_args(list(argv) if argv is not None else sys.argv[1:])
     quiet_library_warnings()
     try:
         return COMMANDS[args.verb].execute(args)
-    except ComposeError as e:
-        return fail(args.verb, str(e), exits.USAGE)
     except KeyboardInterrupt:
         print(f"kilocard {args.verb}: interrupted", file=sys.stderr)
         return exits.INTERRUPTED
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        return boundary(args.verb, e)
 
 
-__all__ = ["COMMANDS", "VERBS", "build_parser", "main", "parse_args"]
+def boundary(verb: str, e: Exception) -> int:
+    """The one line and exit code for an error that reached ``main`` (see ``main``)."""
+    if isinstance(e, ComposeError | FileReadError | ShellValueError):
+        return fail(verb, one_line(str(e)), exits.USAGE)
+    if isinstance(e, OSError):
+        where = f": {e.filename}" if e.filename is not None else ""
+        return fail(verb, f"{e.strerror or type(e).__name__}{where}", exits.INVALID)
+    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    at = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
+    return fail(
+        verb,
+        f"internal error ({type(e).__name__}{at}); this is a bug in kilocard: please report it with the "
+        f"command line, and rerun with {DEBUG_ENV}=1 for the traceback",
+        exits.INVALID,
+    )
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (a message that quotes a multi-line value keeps to one line)."""
+    return " ".join(text.splitlines())
+
+
+__all__ = ["COMMANDS", "DEBUG_ENV", "DOCUMENTED_EXITS", "VERBS", "boundary", "build_parser", "main", "parse_args"]

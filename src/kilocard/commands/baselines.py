@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from kilocard.base.safe_read import FileReadError, read_json
 from kilocard.commands import exits
 from kilocard.commands.output import fail
 from kilocard.perf.baselines import (
@@ -82,8 +83,8 @@ def add_run(site: Path, run_dir: Path) -> int:
 
 def _code_version(run_dir: Path) -> object:
     try:
-        return json.loads((run_dir / "provenance.json").read_text())["submit_host"]["code"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return read_json(run_dir / "provenance.json", dict)["submit_host"]["code"]
+    except (FileReadError, KeyError, TypeError):
         return None
 
 

@@ -4,7 +4,8 @@
 |------|---------|--------------------------------------------------------------------------------|
 | 0    | OK      | the verb did its job                                                           |
 | 1    | INVALID | the input was understood but refused (an invalid config, no layout fits, a     |
-|      |         | submission that Slurm refused) or the verb's job failed                        |
+|      |         | submission that Slurm refused) or the verb's job failed; also an unexpected    |
+|      |         | error (a bug), as one line naming it (``KILOCARD_DEBUG=1``: the traceback)     |
 | 2    | USAGE   | the input cannot be used: a bad flag, a config that does not compose, an       |
 |      |         | unreadable or unsafe file, a run directory that cannot be resumed              |
 | 130  | INTERRUPTED | Ctrl-C before anything was started                                         |

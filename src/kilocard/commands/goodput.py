@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
+from typing import Any
 
+from kilocard.base.safe_read import FileReadError
 from kilocard.commands import exits
 from kilocard.commands.output import fail
 from kilocard.rundir.events import BadRecord
@@ -69,6 +72,17 @@ def text_lines(r: RunGoodput) -> list[str]:
     return lines
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float (an overflow of far-apart times) as ``null``: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
 def execute(args: argparse.Namespace) -> int:
     """``kilocard goodput``."""
     run_dir = Path(args.run_dir)
@@ -78,10 +92,10 @@ def execute(args: argparse.Namespace) -> int:
         )
     try:
         r = report(run_dir)
-    except (NoRecords, FrozenConfigError, BadRecord) as e:
+    except (NoRecords, FrozenConfigError, BadRecord, FileReadError) as e:
         return fail("goodput", f"RUN_DIR: {e}", exits.USAGE)
     if args.format == "json":
-        print(json.dumps(r.to_json(), indent=1))
+        print(json.dumps(finite(r.to_json()), indent=1, allow_nan=False))
     else:
         print("\n".join(text_lines(r)))
     return exits.OK

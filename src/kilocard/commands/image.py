@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
+from kilocard.base.shell import ShellValueError, image_reference
 from kilocard.commands import exits
 from kilocard.commands.output import fail
 from kilocard.launch.image import DEFAULT_BASE, ImageError, write_build_context
@@ -14,7 +16,7 @@ EXAMPLES = ("kilocard image --output kilocard-image --tag kilocard:dev",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``--output``, ``--base``, ``--tag``."""
+    """``--output``, ``--base``, ``--tag`` (both image references, checked before anything is written)."""
     p.add_argument("--output", default="kilocard-image", help="build-context directory to write")
     p.add_argument("--base", default=DEFAULT_BASE, help="base image with megatron-core and TE (default: NeMo)")
     p.add_argument("--tag", default=None, help="image tag (default: kilocard:<version>)")
@@ -23,13 +25,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def execute(args: argparse.Namespace) -> int:
     """Write the build context; print how to build, import and use the image."""
     try:
+        image_reference("--base", args.base)
+        if args.tag is not None:
+            image_reference("--tag", args.tag)
+    except ShellValueError as e:
+        return fail("image", str(e), exits.USAGE)
+    try:
         out, version = write_build_context(args.output, base=args.base)
     except ImageError as e:
         return fail("image", str(e), exits.INVALID)
     tag = args.tag or f"kilocard:{version}"
-    squash = f"{out}/{tag.replace(':', '-')}.sqsh"
+    squash = f"{out}/{tag.replace(':', '-').replace('/', '_')}.sqsh"
+    q = shlex.quote
     print(f"build context: {out}")
-    print(f"build:  docker build -t {tag} {out}")
-    print(f"import: enroot import -o {squash} dockerd://{tag}")
-    print(f"then:   cluster.container_image={squash} launcher.packaging=image")
+    print(f"build:  docker build -t {q(tag)} {q(str(out))}")
+    print(f"import: enroot import -o {q(squash)} {q('dockerd://' + tag)}")
+    print(f"then:   cluster.container_image={q(squash)} launcher.packaging=image")
     return exits.OK

@@ -36,6 +36,6 @@ def execute(args: argparse.Namespace) -> int:
         return fail("preprocess", str(err), exits.USAGE)
     print(
         f"wrote {result.prefix}.bin/.idx: {result.documents} documents, {result.tokens} tokens ({args.tokenizer}) "
-        f"in {result.seconds:.1f} s, {result.documents_per_second:.0f} documents/s with {args.workers} worker(s)"
+        f"in {result.seconds:.1f} s, {result.documents_per_second:.0f} documents/s with {result.workers} worker(s)"
     )
     return exits.OK

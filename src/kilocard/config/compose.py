@@ -10,6 +10,7 @@ with ``multirun=True``). Composition errors become one
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from kilocard.base.safe_read import FileReadError, read_text
 from kilocard.config.explain import ComposeError, explain, override_value, problem, schema_paths, suggest, unknown_field
 from kilocard.config.schema import RunConfig
 from kilocard.config.searchpath import (
@@ -33,9 +35,11 @@ from kilocard.config.searchpath import (
     ConfigRoots,
     config_roots,
     env_site_dirs,
+    group_files,
     is_recipe_path,
     register_path_recipe,
 )
+from kilocard.config.secrets import refuse_live_text
 from kilocard.config.yamlcheck import check_yaml_file
 from kilocard.paths import data_dir
 
@@ -110,9 +114,8 @@ def check_sources(roots: ConfigRoots, recipe_file: Path | None) -> None:
     """Safe-load every config-group file (shipped and site) and the chosen recipe before Hydra or
     OmegaConf reads them (``config.yamlcheck``: duplicate keys, non-safe tags, alias bombs)."""
     for root in (data_dir("conf"), *roots.site):
-        for path in sorted(root.rglob("*.yaml")):
-            if RECIPE_GROUP not in path.relative_to(root).parts[:1]:
-                check_yaml_file(path)
+        for path in group_files(root).values():
+            check_yaml_file(path)
     if recipe_file is not None:
         check_yaml_file(recipe_file)
 
@@ -234,9 +237,24 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 
 
 def load_run_config(path: Path) -> RunConfig:
-    """Load a frozen ``config.yaml`` (from a run directory) into the typed schema."""
+    """Load a frozen ``config.yaml`` (from a run directory) into the typed schema.
+
+    The file was resolved when it was frozen: interpolation text in it (``${...}``) is refused, never
+    resolved again (it would read the loading process's environment)."""
+    check_yaml_file(path)  # a regular UTF-8 file holding a mapping (else one line, never its content)
     try:
-        loaded = OmegaConf.load(path)
-    except Exception as e:  # yaml errors carry no common base class
-        raise ComposeError(f"{path}: not a readable config ({e})") from None
-    return to_run_config(loaded)  # type: ignore[arg-type]
+        loaded = OmegaConf.create(read_text(path))
+    except FileReadError as e:
+        raise ComposeError(f"not a readable config: {e}") from None
+    except (yaml.YAMLError, OmegaConfBaseException) as e:
+        raise ComposeError(f"{path}: not a readable config ({type(e).__name__})") from None
+    if not isinstance(loaded, DictConfig):
+        raise ComposeError(f"{path}: not a readable config (it holds no mapping)")
+    missing = [f.name for f in dataclasses.fields(RunConfig) if f.name not in loaded]
+    if missing:  # a frozen config is written whole: a missing group is a truncated or foreign file
+        raise ComposeError(
+            f"{path}: not a frozen kilocard config (no {', '.join(missing)}); it is written whole when a run "
+            "directory is created: create a new run"
+        )
+    refuse_live_text(OmegaConf.to_container(loaded, resolve=False), str(path))
+    return to_run_config(loaded)

@@ -22,13 +22,15 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from kilocard.config.explain import ComposeError, problem
-from kilocard.config.yamlcheck import check_yaml_file
+from kilocard.config.yamlcheck import check_yaml_file, read_config_text
 from kilocard.paths import data_dir
 
 ENV_VAR = "KILOCARD_CONFIG_PATH"
@@ -90,12 +92,12 @@ class ConfigRoots:
 def _require_global_package(path: Path) -> None:
     """A catalogued recipe sets fields of every group, so its first line must be ``# @package _global_``
     (without it Hydra reports an obscure "Could not override 'model@recipes.model'")."""
-    first = next((line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()), "")
-    if re.fullmatch(r"#\s*@package\s+_global_", first) is None:
+    first = next((line.strip() for line in read_config_text(path).splitlines() if line.strip()), "")
+    if re.fullmatch(r"#\s*@package\s+_global_", first) is None:  # its first line is not echoed: it may be a secret
         raise problem(
             "recipe",
             f"{path} does not start with the line '# @package _global_'",
-            first[:60],
+            None,
             "'# @package _global_' as its first line, as in every shipped recipe",
         )
 
@@ -131,13 +133,23 @@ def recipe_files(root: Path) -> list[Path]:
     return sorted((root / RECIPE_GROUP).glob("*/*.yaml"))
 
 
+@lru_cache(maxsize=1)
+def config_groups() -> tuple[str, ...]:
+    """The config groups kilocard composes (``model``, ``cluster``...): the shipped ``conf/`` folders."""
+    return tuple(sorted(p.name for p in data_dir("conf").iterdir() if p.is_dir()))
+
+
 def group_files(root: Path) -> dict[str, Path]:
-    """Every config file under ``root`` outside ``recipes/``, keyed by its path relative to ``root``."""
+    """Every config file of ``root`` outside ``recipes/`` (its top-level ``*.yaml`` and those under a
+    config group's folder), keyed by its path relative to ``root``. Only those folders are walked, so a
+    site directory such as ``/`` is not searched whole (nor ``/proc``)."""
     out: dict[str, Path] = {}
-    for path in sorted(root.rglob("*.yaml")):
-        rel = path.relative_to(root).as_posix()
-        if not rel.startswith(RECIPE_GROUP + "/"):
-            out[rel] = path
+    found = [
+        *root.glob("*.yaml"),
+        *(p for g in config_groups() if (root / g).is_dir() for p in (root / g).rglob("*.yaml")),
+    ]
+    for path in sorted(found):
+        out[path.relative_to(root).as_posix()] = path
     return out
 
 
@@ -208,14 +220,13 @@ def register_path_recipe(value: str) -> tuple[str, Path]:
     """Read the recipe file ``value`` into Hydra's ConfigStore; return its group option and its path."""
     path = Path(value).expanduser().absolute()
     expected = "a recipe YAML file (recipe=./my_recipe.yaml) or a name that `kilocard recipes` lists"
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise problem("recipe", "no such recipe file", value, expected)
-    check_yaml_file(path)  # duplicate keys, non-safe tags, alias bombs: refused before OmegaConf reads it
+    check_yaml_file(path)  # a regular UTF-8 file; duplicate keys, non-safe tags, alias bombs: refused first
     try:
-        node = OmegaConf.load(path)
-    except Exception as e:  # yaml errors carry no common base class
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise problem("recipe", f"{path} is not readable YAML ({first})", value, expected) from None
+        node = OmegaConf.create(read_config_text(path))
+    except (yaml.YAMLError, OmegaConfBaseException) as e:  # never the text: the file may hold a secret
+        raise problem("recipe", f"{path} is not readable YAML ({type(e).__name__})", value, expected) from None
     if not isinstance(node, DictConfig):
         raise problem("recipe", f"{path} does not hold a mapping", value, expected)
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem)

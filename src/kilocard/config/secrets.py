@@ -9,7 +9,10 @@ and finds interpolations with OmegaConf's own grammar (every spelling: ``${oc.en
 * ``launcher.env.NAME`` or ``cluster.env.NAME`` = exactly ``${oc.env:NAME}`` (its own name) becomes
   a pass-through name in ``launcher.secret_env``: the job reads it from the submitting shell;
 * any other interpolation in ``launcher.env``, ``cluster.env`` or ``launcher.job_name`` is refused;
-* a resolver anywhere else (``${oc.env:...}``, ``${oc.decode:...}``...) is refused.
+* a resolver anywhere else (``${oc.env:...}``, ``${oc.decode:...}``...) is refused;
+* an escaped interpolation (``\\${oc.env:S}``) anywhere is refused too: it resolves to the text
+  ``${oc.env:S}``, which the frozen config would hold and every rank loading it would resolve
+  again, reading its own environment (``refuse_live_text`` checks the frozen config for this).
 Every refusal is a ``ComposeError`` naming the field and pointing at ``launcher.secret_env``.
 """
 
@@ -26,6 +29,8 @@ from kilocard.config.explain import ComposeError
 
 #: The one form kept: ``${oc.env:NAME}``, exactly, under the key ``NAME``.
 CANONICAL = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)\}")
+#: An escaped interpolation: OmegaConf turns ``\${`` into the literal text ``${``.
+ESCAPED = re.compile(r"\\\$\{")
 #: Fields whose value may hold no interpolation at all (besides the canonical secret form).
 NO_INTERPOLATION = ("launcher.env", "cluster.env", "launcher.job_name")
 HINT = "pass secrets by name: launcher.secret_env=[NAME] and `export NAME=...` in the submitting shell"
@@ -75,6 +80,8 @@ def _refuse(field: str, text: str, why: str) -> ComposeError:
 
 def _check(field: str, text: str) -> str | None:
     """The secret name to pass through for ``field``, ``None`` for a plain value; ``ComposeError`` otherwise."""
+    if ESCAPED.search(text):
+        raise _refuse(field, text, "an escaped interpolation (\\${...}) becomes a live one in the frozen config")
     kinds = interpolation_kinds(text)
     if not kinds:
         return None
@@ -89,6 +96,19 @@ def _check(field: str, text: str) -> str | None:
     if m.group(1) != name:
         raise _refuse(field, text, f"a secret is passed through under its own name ({m.group(1)}, not {name})")
     return name
+
+
+def refuse_live_text(container: object, where: str) -> None:
+    """Refuse a resolved config (``where``: the file it goes to or comes from) that still holds
+    interpolation text (``${...}``): resolved once at freeze time, a config never resolves again."""
+    for field, value in _leaves(container):
+        if isinstance(value, str) and "${" in value:
+            raise ComposeError(
+                f"{field}: {where} would hold an interpolation (${{...}}) that is resolved again where it is "
+                f"read; {HINT}",
+                field=field,
+                value=value,
+            )
 
 
 def extract_secret_refs(cfg: DictConfig) -> list[str]:

@@ -8,16 +8,23 @@ shared references, so this is linear in the file) and refuses, naming file and l
 
 * a key that appears twice in one mapping;
 * a tag that safe loading does not know (``!!python/object...``, ``!custom``);
-* aliases that would expand to more than ``MAX_VALUES`` values (shipped recipes hold a few hundred).
+* aliases that would expand to more than ``MAX_VALUES`` values (shipped recipes hold a few hundred);
+* a top level that is not a mapping (``~/.netrc`` or an SSH key parses as one long string, which
+  OmegaConf would turn into a field name and print in its error).
+
+The file itself is read through ``kilocard.base.safe_read`` (a regular UTF-8 file of bounded size),
+and no error quotes the file's content.
 """
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
+from kilocard.base.safe_read import FileReadError, open_regular, read_text, yaml_problem
 from kilocard.config.explain import ComposeError
 
 #: The most values (scalars, lists, maps) one config file may expand to once aliases are followed.
@@ -33,24 +40,44 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def check_yaml_file(path: Path) -> None:
-    """Raise ``ComposeError`` (one line: ``FILE:LINE: what; fix``) when ``path`` is not safe, plain YAML."""
-    st = path.stat()
+    """Raise ``ComposeError`` (one line: ``FILE:LINE: what; fix``) when ``path`` is not safe, plain YAML
+    (or not a regular UTF-8 file of at most ``TEXT_LIMIT`` bytes: ``kilocard.base.safe_read``)."""
+    try:
+        with open_regular(path) as f:
+            st = os.fstat(f.fileno())
+    except FileReadError as e:
+        raise ComposeError(str(e)) from None
     _check(str(path), st.st_mtime_ns, st.st_size)
+
+
+def read_config_text(path: Path) -> str:
+    """The text of a config file through the safe reader (``ComposeError`` when it cannot be read)."""
+    try:
+        return read_text(path)
+    except FileReadError as e:
+        raise ComposeError(str(e)) from None
 
 
 @lru_cache(maxsize=1024)
 def _check(path: str, mtime_ns: int, size: int) -> None:
     """``check_yaml_file`` for one version of a file (the key changes when the file does)."""
+    text = read_config_text(Path(path))
     try:
-        root = yaml.compose(Path(path).read_text(), Loader=_LOADER)
+        root = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = f":{mark.line + 1}" if mark else ""
-        raise ComposeError(f"{path}{line}: not valid YAML ({e.problem or e.context}); fix the file") from None
+        line, what = yaml_problem(e)
+        raise ComposeError(f"{path}{line}: not valid YAML ({what}); fix the file") from None
     except (yaml.YAMLError, RecursionError) as e:
         raise ComposeError(f"{path}: not readable YAML ({type(e).__name__}); fix the file") from None
-    if root is not None:
-        _Walk(path).values(root)
+    if root is None:
+        return
+    if not isinstance(root, yaml.MappingNode):
+        kind = "a list" if isinstance(root, yaml.SequenceNode) else "a single value"
+        raise ComposeError(
+            f"{path}: holds {kind}, not a mapping of fields (is it a config file?); a config file maps "
+            "field names to values (model: ..., trainer: ...)"
+        )
+    _Walk(path).values(root)
 
 
 class _Walk:

@@ -55,22 +55,35 @@ def check_output(out: Path) -> None:
 
 @contextlib.contextmanager
 def staging(out: Path) -> Iterator[Path]:
-    """A hidden sibling of ``out`` to write into; renamed to ``out`` on success, removed on failure."""
+    """A hidden sibling of ``out`` to write into; renamed to ``out`` on success, removed on failure.
+
+    ``out`` must be a new path or an empty directory outside any checkpoint tree, not a symlink (dangling
+    or not: the rename would fail after the whole conversion, or write where the link points); its parent
+    a directory.
+    """
     check_output(out)
+    if out.is_symlink():
+        raise ConvertError(f"{out}: is a symlink; give the output as a new directory path")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConvertError(f"{out}: already exists and is not an empty directory; choose a new output directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise ConvertError(f"{out}: cannot create the output directory ({e.strerror}); choose another path") from None
     try:
         yield tmp
+        if out.is_dir():
+            out.rmdir()
+        os.replace(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConvertError(f"{out}: cannot write the output ({e.strerror}); nothing was left behind") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.is_dir():
-        out.rmdir()
-    os.replace(tmp, out)
 
 
 # --- import -----------------------------------------------------------------------------------------
@@ -248,7 +261,7 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> None:
     check_output(out)  # before any work
     sdir = committed_step_dir(src)
     ck.verify_step(sdir)
-    state = ck.TrainerState(**json.loads((sdir / STATE).read_text()))
+    state = ck.read_state(sdir)
     m = saved_model(state)
     family = state.extra.get("source", {}).get("family") or maps.family_of_model(m)
     maps.check_model(family, m)

@@ -8,15 +8,25 @@ groups tensors into shards of at most ``max_shard_bytes`` and writes the index t
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from kilocard.base.safe_read import (
+    FileReadError,
+    expect_shape,
+    is_regular,
+    read_json,
+    require_regular,
+    type_name,
+)
 from kilocard.convert.maps import ConvertError
 
 INDEX = "model.safetensors.index.json"
@@ -37,37 +47,98 @@ class Header:
     file: Path
 
 
-def read_config(hf_dir: Path) -> dict:
-    """``config.json`` of a Hugging Face model directory."""
-    path = hf_dir / CONFIG
-    if not path.is_file():
-        raise ConvertError(f"{hf_dir}: no {CONFIG}; expected a Hugging Face model directory (save_pretrained)")
+#: The ``config.json`` fields kilocard reads and the types each may hold (``None``: absent or null).
+CONFIG_SHAPE: dict[str, tuple[type, ...]] = {
+    "model_type": (str,),
+    "num_attention_heads": (int, type(None)),
+    "num_key_value_heads": (int, type(None)),
+    "hidden_size": (int, type(None)),
+    "head_dim": (int, type(None)),
+    "rope_theta": (int, float, type(None)),
+    "rope_scaling": (dict, type(None)),
+    "rope_parameters": (dict, type(None)),
+}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file through the safe reader (``ConvertError`` naming the file otherwise)."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+        return read_json(path, dict)
+    except FileReadError as e:
+        raise ConvertError(str(e)) from None
+
+
+def read_config(hf_dir: Path) -> dict:
+    """``config.json`` of a Hugging Face model directory, its fields checked against ``CONFIG_SHAPE``."""
+    path = hf_dir / CONFIG
+    if not path.exists() and not path.is_symlink():
+        raise ConvertError(f"{hf_dir}: no {CONFIG}; expected a Hugging Face model directory (save_pretrained)")
+    doc = _read_json(path)
+    for key, types in CONFIG_SHAPE.items():
+        if key == "model_type" or key in doc:
+            try:
+                expect_shape(path, doc.get(key), types, f"field {key!r}")
+            except FileReadError as e:
+                raise ConvertError(str(e)) from None
+    return doc
+
+
+def inside(hf_dir: Path, name: object, index: Path) -> Path:
+    """The shard ``name`` of the index, when it is a file name inside ``hf_dir`` (a path that leaves the
+    model directory, ``../../etc/passwd``, is refused; the name is not echoed past 80 characters)."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        shown = repr(name)[:80] if isinstance(name, str) else type_name(name)
+        raise ConvertError(f"{index}: weight_map names {shown}, not a shard file inside {hf_dir}")
+    path = hf_dir / name
+    if not path.resolve().is_relative_to(hf_dir.resolve()):
+        raise ConvertError(f"{index}: weight_map entry {name!r} leads outside {hf_dir} (a symlink)")
+    return path
 
 
 def shard_files(hf_dir: Path) -> list[Path]:
-    """The safetensors files of the model, in index order."""
+    """The safetensors files of the model, in index order (each a regular file inside ``hf_dir``)."""
     index = hf_dir / INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        files = list(dict.fromkeys(weight_map.values()))
-        missing = [f for f in files if not (hf_dir / f).is_file()]
+    if index.exists() or index.is_symlink():
+        doc = _read_json(index)
+        if not isinstance(doc.get("weight_map"), dict):
+            raise ConvertError(
+                f"{index}: field 'weight_map' holds {type_name(doc.get('weight_map'))}, expected a mapping"
+            )
+        files = [inside(hf_dir, f, index) for f in dict.fromkeys(doc["weight_map"].values())]
+        missing = [f.name for f in files if not is_regular(f)]
         if missing:
-            raise ConvertError(f"{index}: shard file(s) {', '.join(missing)} are missing from {hf_dir}")
-        return [hf_dir / f for f in files]
-    if (hf_dir / SINGLE).is_file():
+            raise ConvertError(
+                f"{index}: shard file(s) {', '.join(missing)} are missing from {hf_dir} (or not regular files)"
+            )
+        return files
+    if (hf_dir / SINGLE).exists():
         return [hf_dir / SINGLE]
     raise ConvertError(f"{hf_dir}: neither {INDEX} nor {SINGLE}; only safetensors weights are read")
+
+
+@contextlib.contextmanager
+def _shard(f: Path) -> Iterator[Any]:
+    """A shard opened with safetensors after the safe reader's regular-file check; a truncated or
+    foreign file is a ``ConvertError`` naming it."""
+    try:
+        require_regular(f)
+    except FileReadError as e:
+        raise ConvertError(str(e)) from None
+    try:
+        with safe_open(str(f), framework="pt") as s:
+            yield s
+    except SafetensorError as e:
+        reason = str(e).split(":")[-1].strip()[:80] or type(e).__name__
+        raise ConvertError(
+            f"{f}: not a readable safetensors file ({reason}); the download is truncated or damaged"
+        ) from None
 
 
 def headers(files: list[Path]) -> dict[str, Header]:
     """Every tensor's header, read without loading data; a tensor stored twice is refused."""
     out: dict[str, Header] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as s:
+        with _shard(f) as s:
             for name in s.keys():
                 if name in out:
                     raise ConvertError(f"{f}: tensor {name} is stored again (first in {out[name].file.name})")
@@ -87,12 +158,21 @@ def torch_dtype(h: Header) -> torch.dtype:
 
 
 def stream(files: list[Path], names: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` for the tensors in ``names``, shard by shard, one tensor at a time."""
+    """Yield ``(name, tensor)`` for the tensors in ``names``, shard by shard, one tensor at a time.
+
+    A tensor holding NaN or an infinity is refused: imported weights must be finite (a training run
+    from them would produce NaN losses from the first step)."""
     for f in files:
-        with safe_open(str(f), framework="pt") as s:
+        with _shard(f) as s:
             for name in s.keys():
                 if name in names:
-                    yield name, s.get_tensor(name)
+                    t = s.get_tensor(name)
+                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        raise ConvertError(
+                            f"{f.name}: tensor {name} holds NaN or infinite values; refusing to import "
+                            "weights that are not finite (re-download or re-export the model)"
+                        )
+                    yield name, t
 
 
 def parse_size(text: str) -> int:

@@ -17,6 +17,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.tokenizers import MegatronTokenizerBase
 from torch.utils.data import Dataset
 
+from kilocard.base.safe_read import FileReadError, require_regular
 from kilocard.config.schema import RunConfig
 from kilocard.data.errors import DataError
 from kilocard.data.paths import DATA_TYPES, parse_blend
@@ -88,7 +89,13 @@ def gpt_dataset_config(
 
 
 def _prefix_documents(prefix: str) -> int:
-    """Documents in the indexed dataset ``prefix``."""
+    """Documents in the indexed dataset ``prefix`` (its ``.bin``/``.idx`` memory-mapped by Megatron-Core,
+    so each is checked to be a regular file first)."""
+    for suffix in (".bin", ".idx"):
+        try:
+            require_regular(f"{prefix}{suffix}")
+        except FileReadError as err:
+            raise DataError(f"data.data_path: {err}; fix: a prefix of a .bin/.idx pair") from None
     return len(IndexedDataset(prefix).document_indices) - 1
 
 

@@ -13,13 +13,13 @@ end of document; decoding drops special tokens.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy
 from tokenizers import Tokenizer
 
+from kilocard.base.safe_read import FileReadError, read_json
 from kilocard.data.errors import DataError
 from kilocard.data.file_tokenizer import FileTokenizer
 
@@ -32,12 +32,12 @@ CONFIG_FILE = "tokenizer_config.json"
 def _configured_tokens(path: Path) -> dict[str, str]:
     """``eos_token``/``pad_token`` of the ``tokenizer_config.json`` beside ``path`` (a string or ``{"content"}``)."""
     config_path = path.with_name(CONFIG_FILE)
-    if not config_path.is_file():
+    if not config_path.exists() and not config_path.is_symlink():
         return {}
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise DataError(f"data.tokenizer: cannot read {config_path} ({err}); fix: a valid JSON file or none") from err
+        config = read_json(config_path, dict)
+    except FileReadError as err:
+        raise DataError(f"data.tokenizer: {err}; fix: a valid JSON file or none") from None
     out = {}
     for key in ("eos_token", "pad_token"):
         value = config.get(key) if isinstance(config, dict) else None

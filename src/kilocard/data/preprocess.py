@@ -30,6 +30,7 @@ import numpy
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 from tqdm import tqdm
 
+from kilocard.base.safe_read import FileReadError, open_regular, require_regular
 from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.errors import DataError
 from kilocard.data.record import DataRecord, record_path, tokenizer_sha256, write_record
@@ -57,6 +58,8 @@ class PreprocessResult:
     """Token ids written, EODs included."""
     seconds: float
     """Wall time of reading, tokenizing and writing."""
+    workers: int = 1
+    """Tokenizer processes used (``--workers``, capped at the CPUs this process may use)."""
 
     @property
     def documents_per_second(self) -> float:
@@ -65,18 +68,27 @@ class PreprocessResult:
 
 
 def require_input(path: Path) -> Path:
-    """``path`` if it is a file; ``DataError`` naming ``--input`` otherwise."""
-    if not path.is_file():
-        raise DataError(
-            f'--input: {path} does not exist or is not a file; fix: pass a JSONL file, one {{"text": ...}} per line'
-        )
-    return path
+    """``path`` if it is a regular file (the safe reader's check); ``DataError`` naming ``--input`` otherwise."""
+    try:
+        return require_regular(path)
+    except FileReadError as err:
+        raise DataError(f'--input: {err}; fix: pass a JSONL file, one {{"text": ...}} per line') from None
 
 
 def read_lines(path: Path) -> Iterator[Line]:
-    """``(line_number, line)`` for every non-blank line."""
-    with path.open("r", encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    """``(line_number, line)`` for every non-blank line; a line that is not UTF-8 is a ``DataError``
+    naming the line and the byte offset in the file (never the line's bytes)."""
+    offset = 0
+    with open_regular(path, limit=None) as lines:
+        for number, raw in enumerate(lines, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(
+                    f"{path}:{number}: not UTF-8 text (bad byte at offset {offset + err.start}); "
+                    "fix: save the input as UTF-8 JSONL"
+                ) from None
+            offset += len(raw)
             if line.strip():
                 yield number, line
 
@@ -96,6 +108,13 @@ def text_of(line: str, path: Path, number: int) -> str:
         raise DataError(
             f'{path}:{number}: "text" is a {kind}, not a string; fix: put the document text in a JSON string'
         )
+    try:
+        record["text"].encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise DataError(
+            f'{path}:{number}: "text" holds a lone surrogate (a \\u{ord(err.object[err.start]):04x} escape without '
+            f"its pair) at character {err.start}; fix: escape whole characters (surrogate pairs) or write UTF-8"
+        ) from None
     return record["text"]
 
 
@@ -162,9 +181,20 @@ def _progress(path: Path) -> tqdm:
     )
 
 
-def _check_workers(workers: int) -> None:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; the CPU count where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _check_workers(workers: int) -> int:
+    """The worker count to use: ``workers`` capped at ``usable_cpus()`` (more processes than CPUs only
+    cost memory; ``--workers 100000`` used to fork 100,000 processes)."""
     if workers < 1:
         raise DataError(f"--workers: {workers} is not a process count; fix: --workers 1 or more (e.g. the CPU count)")
+    return min(workers, usable_cpus())
 
 
 def preprocess_jsonl(
@@ -174,7 +204,7 @@ def preprocess_jsonl(
     workers: int = 1,
 ) -> PreprocessResult:
     """Tokenize ``input_path`` into ``output_prefix + "_text_document"`` ``.bin/.idx`` (atomically)."""
-    _check_workers(workers)
+    workers = _check_workers(workers)
     start = time.perf_counter()
     path = require_input(Path(input_path))
     tok = get_tokenizer(tokenizer)
@@ -187,7 +217,10 @@ def preprocess_jsonl(
         raise DataError(
             f"--output-prefix: cannot create {final[0].parent} ({err.strerror}); fix: a writable folder"
         ) from err
-    builder = IndexedDatasetBuilder(str(tmp[0]), dtype=DType.optimal_dtype(tok.vocab_size))
+    try:
+        builder = IndexedDatasetBuilder(str(tmp[0]), dtype=DType.optimal_dtype(tok.vocab_size))
+    except OSError as err:
+        raise DataError(f"--output-prefix: cannot write {tmp[0]} ({err.strerror}); fix: a writable folder") from None
     documents = tokens = 0
     max_id = -1
     try:
@@ -204,10 +237,15 @@ def preprocess_jsonl(
                     bar.set_postfix_str(f"{rate:.0f} documents/s", refresh=False)
         if documents == 0:
             raise DataError(f'{input_path}: no documents (every line is blank); fix: one {{"text": ...}} per line')
-        builder.finalize(str(tmp[1]))
-        record_path(prefix).unlink(missing_ok=True)  # a record from before never describes the new data
-        for src, dst in zip(tmp, final, strict=True):
-            os.replace(src, dst)
+        try:
+            builder.finalize(str(tmp[1]))
+            record_path(prefix).unlink(missing_ok=True)  # a record from before never describes the new data
+            for src, dst in zip(tmp, final, strict=True):
+                os.replace(src, dst)
+        except OSError as err:
+            raise DataError(
+                f"--output-prefix: cannot write {prefix}.bin/.idx ({err.strerror}); fix: a writable folder with space"
+            ) from None
         record = DataRecord(
             tokenizer=tokenizer,
             tokenizer_sha256=tokenizer_sha256(tokenizer),
@@ -221,4 +259,6 @@ def preprocess_jsonl(
         builder.data_file.close()
         for p in tmp:
             p.unlink(missing_ok=True)
-    return PreprocessResult(prefix=prefix, documents=documents, tokens=tokens, seconds=time.perf_counter() - start)
+    return PreprocessResult(
+        prefix=prefix, documents=documents, tokens=tokens, seconds=time.perf_counter() - start, workers=workers
+    )

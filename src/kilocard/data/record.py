@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from kilocard.base.digest import sha256_file
+from kilocard.base.safe_read import FileReadError, open_regular, read_json
 from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.errors import DataError
 from kilocard.data.paths import find_file
@@ -101,10 +102,10 @@ def read_record(prefix: str) -> DataRecord | None:
     if not path.is_file():
         return None
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_json(path, dict)
         names = {f.name for f in fields(DataRecord)}
         return DataRecord(**{k: v for k, v in raw.items() if k in names})
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError) as err:
+    except (FileReadError, TypeError) as err:
         raise DataError(
             f"data.data_path: {path} is not a kilocard data record ({type(err).__name__}); "
             f"fix: rebuild the data with `kilocard preprocess`, or delete the file"
@@ -122,9 +123,9 @@ def index_documents(prefix: str) -> int | None:
     import struct
 
     try:
-        with open(f"{prefix}.idx", "rb") as f:
+        with open_regular(f"{prefix}.idx", limit=None) as f:
             head = f.read(len(INDEX_HEADER) + 8 + 1 + 8 + 8)
-    except OSError:
+    except (FileReadError, OSError):
         return None
     if len(head) < len(INDEX_HEADER) + 25 or not head.startswith(INDEX_HEADER):
         return None

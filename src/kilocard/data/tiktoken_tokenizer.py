@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy
 
+from kilocard.base.safe_read import open_regular
 from kilocard.data.errors import DataError
 from kilocard.data.file_tokenizer import FileTokenizer
 
@@ -51,7 +52,7 @@ NO_PAD = -1
 def read_ranks(path: Path) -> dict[bytes, int]:
     """Token bytes -> rank from a tiktoken BPE file; every one of the 256 bytes must have a rank."""
     ranks: dict[bytes, int] = {}
-    with path.open("rb") as lines:
+    with open_regular(path) as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

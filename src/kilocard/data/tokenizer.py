@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from kilocard.base.safe_read import FileReadError, open_regular
 from kilocard.data.byte_tokenizer import BYTES_TOKENIZER, ByteTokenizer, MegatronTokenizerBase
 from kilocard.data.errors import DataError
 from kilocard.data.hf_tokenizer import HuggingFaceTokenizer
@@ -37,8 +38,10 @@ _SENTENCEPIECE_FIRST_BYTE = 0x0A  # protobuf field 1 (the pieces), length-delimi
 def tokenizer_type(path: Path) -> str:
     """Megatron-LM's ``--tokenizer-type`` name for the file at ``path``, from its first bytes."""
     try:
-        with path.open("rb") as f:
+        with open_regular(path, limit=None) as f:
             head = f.read(4096)
+    except FileReadError as err:
+        raise DataError(f"data.tokenizer: {err}; fix: a readable tokenizer file") from None
     except OSError as err:
         raise DataError(f"data.tokenizer: cannot read {path} ({err.strerror}); fix: a readable file") from err
     if head.lstrip()[:1] == b"{":

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kilocard.base.shell import ShellValueError, image_reference
 from kilocard.launch.package import PREFLIGHT, mcore_range, pack_checkout, repack_installed
 from kilocard.launch.rundir import RunDirError
 from kilocard.paths import checkout_root, data_dir
@@ -54,6 +55,10 @@ class ImageError(Exception):
 
 def write_build_context(output: str, base: str = DEFAULT_BASE) -> tuple[Path, str]:
     """Write the wheel, ``preflight.py`` and the ``Dockerfile`` into ``output``; return it and the version."""
+    try:
+        image_reference("--base", base)  # a newline here would add a RUN line to the Dockerfile
+    except ShellValueError as e:
+        raise ImageError(str(e)) from None
     out = Path(output).expanduser().resolve()
     if (out / "Dockerfile").exists():
         raise ImageError(f"--output: {out}/Dockerfile exists; choose an empty directory")

@@ -37,6 +37,7 @@ from kilocard import exitcodes
 from kilocard.base.lifeline import parent_death_preexec
 from kilocard.base.net import free_port
 from kilocard.base.quiet import with_launcher_filter
+from kilocard.base.safe_read import MiB, read_tail
 from kilocard.config.schema import RunConfig
 from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
@@ -422,6 +423,9 @@ LOG_NOISE = ("UserWarning", "warnings.warn", "NVML", "pynvml")
 that the NVIDIA management library is missing (every start without a GPU)."""
 
 
+#: How much of the end of the training log ``_print_tail`` reads (a long run's log may be gigabytes).
+TAIL_BYTES = 8 * MiB
+
 OWN_ERROR = re.compile(r"kilocard\.train: (error|crashed|no progress)")
 """The trainer's own line for a rank that fails (``kilocard.train.entry``, the watchdog)."""
 RAISED = re.compile(r"^(\[rank ?\d+\]: )?([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)\b[^:]*: \S")
@@ -432,7 +436,7 @@ that fails before the trainer's own handler (an import, a library's start-up) st
 def _print_tail(log: Path, lines: int = 30) -> None:
     """The ranks' own error lines (once each), else the log's last lines without ``LOG_NOISE`` (torchrun's
     report hides them)."""
-    text = log.read_text(errors="replace").splitlines()
+    text = read_tail(log, TAIL_BYTES).splitlines()
     own = [l for l in text if OWN_ERROR.search(l)]  # the trainer's line says it (its traceback is in the log)
     errors = list(dict.fromkeys(own or [l for l in text if RAISED.match(l)]))
     keep = errors or [l for l in text if not any(noise in l for noise in LOG_NOISE)][-lines:]

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from kilocard.base.safe_read import open_regular
 from kilocard.config import load_run_config
 from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
@@ -109,7 +110,7 @@ class Reader:
         """Complete lines written since the last call, file by file."""
         out: list[str] = []
         for path in log_files(self.run_dir):
-            with path.open("rb") as f:
+            with open_regular(path, limit=None) as f:
                 f.seek(self.offsets.get(path, 0))
                 data = f.read()
             end = data.rfind(b"\n") + 1

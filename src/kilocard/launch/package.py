@@ -26,9 +26,10 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+from kilocard.base.safe_read import FileReadError, read_bytes, read_text
 from kilocard.config.schema import PACKAGING_MODES
 from kilocard.launch.rundir import RunDirError
-from kilocard.paths import checkout_root, data_dir
+from kilocard.paths import checkout_root, data_dir, pyproject_of
 
 PACKAGING = PACKAGING_MODES
 CODE_DIR = "code"
@@ -51,8 +52,8 @@ def _wheel_sources(root: Path) -> tuple[dict, list[tuple[Path, str]]]:
     (or needing) the backend.
     """
     try:
-        pyproject = tomllib.loads((root / "pyproject.toml").read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
+        pyproject = tomllib.loads(read_text(root / "pyproject.toml"))
+    except (FileReadError, tomllib.TOMLDecodeError) as e:
         raise PackageError(f"launcher.packaging=snapshot: cannot read {root / 'pyproject.toml'} ({e})") from None
     project = pyproject.get("project", {})
     target = pyproject.get("tool", {}).get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {})
@@ -116,7 +117,7 @@ def pack_checkout(root: Path, dest: Path) -> Path:
     record = []
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
         for f, arcname in files:
-            data = f.read_bytes()
+            data = read_bytes(f, limit=1 << 30)  # a source file of the checkout: regular files only
             zf.writestr(arcname, data)
             record.append(_record_line(arcname, data))
         for arcname, data in extra.items():
@@ -151,7 +152,7 @@ def declared_requirements() -> list[str]:
     """kilocard's dependencies as declared: the checkout's pyproject.toml, else the installed metadata."""
     root = checkout_root()
     if root is not None:  # an editable install's metadata may predate the checkout's pyproject
-        return list(tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"])
+        return list(pyproject_of(root)["project"]["dependencies"])
     return [r for r in metadata.requires("kilocard") or [] if "extra ==" not in r]
 
 

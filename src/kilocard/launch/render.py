@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kilocard import exitcodes
 from kilocard.base import shell
+from kilocard.base.safe_read import read_text
 from kilocard.base.slurmtime import time_to_seconds
 from kilocard.config.schema import RunConfig
 from kilocard.launch import ftlaunch
@@ -436,4 +437,4 @@ def render_script(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, chain_length:
         "before_next_link": "exclude_from_later_links; " if ftlaunch.in_job(cfg) else "",
         "injob_case": injob_case(cfg),
     }
-    return fill((data_dir("slurm") / TEMPLATE).read_text(), values)
+    return fill(read_text(data_dir("slurm") / TEMPLATE), values)

@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
-import yaml
 from omegaconf import DictConfig
 
+from kilocard.base.safe_read import read_yaml
 from kilocard.config.schema import RunConfig
 from kilocard.launch.abspaths import absolute, absolute_paths
-from kilocard.paths import MAX_NAME_BYTES, checkout_root, data_dir
+from kilocard.paths import MAX_NAME_BYTES, checkout_root, data_dir, shipped_sources
 from kilocard.rundir.freeze import write_frozen
 
 PROVENANCE_FILE = "provenance.json"
@@ -47,13 +47,17 @@ def library_versions() -> dict[str, str | None]:
     return out
 
 
-def code_version() -> dict[str, object]:
+def code_version(src: Path | None = None) -> dict[str, object]:
     """Git commit and dirty flag of the kilocard source tree, when it is a checkout.
+
+    ``dirty`` is true for a change to a tracked file and for an untracked file among the wheel's
+    sources (``untracked`` lists them): ``launcher.packaging=snapshot`` ships those files, so a
+    clean record of a tree whose snapshot holds code no commit has would be false.
 
     Without a usable ``git`` the version is recorded as unknown, with the reason (``git_error``):
     that is no reason to refuse a run, and not the shared filesystem's fault.
     """
-    src = checkout_root()
+    src = src or checkout_root()
     if src is None or not (src / ".git").exists():
         return {"git_commit": None, "dirty": None}
 
@@ -61,9 +65,11 @@ def code_version() -> dict[str, object]:
         return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True, timeout=10).stdout.strip()
 
     try:
+        untracked = git("ls-files", "--others", "--exclude-standard", "--", *shipped_sources(src)).splitlines()
         return {
             "git_commit": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no") or untracked),
+            "untracked": sorted(untracked),
         }
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"git_commit": None, "dirty": None, "git_error": f"git could not be run ({e})"}
@@ -110,7 +116,7 @@ def shipped_value(cluster: str, field: str) -> object:
     path = data_dir("conf") / "cluster" / f"{cluster}.yaml"
     if not path.is_file():
         return None
-    return (yaml.safe_load(path.read_text()) or {}).get(field)
+    return (read_yaml(path, (dict, type(None))) or {}).get(field)
 
 
 def shared_fs_problem(cfg: DictConfig | RunConfig) -> str | None:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kilocard.base import shell
+from kilocard.base.safe_read import read_json, require_field
 
 JOBS_FILE = "jobs.json"
 #: Seconds any Slurm client call may take (a dead controller makes clients retry for minutes).
@@ -94,13 +95,16 @@ def parse_job_id(stdout: str) -> int:
 def run_client(argv: Sequence[str]) -> subprocess.CompletedProcess:
     """Run a Slurm client with a timeout; raise ``SlurmError`` with its stderr when it fails."""
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S)
+        # errors="replace": a client's message in another encoding (latin-1 from a site's job_submit
+        # plugin) must not become a UnicodeDecodeError after the job was queued.
+        proc = subprocess.run(list(argv), capture_output=True, text=True, errors="replace", timeout=CLIENT_TIMEOUT_S)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]}: not found; run on a Slurm login node (or start scripts/slurm-up.sh)") from None
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{argv[0]}: no answer from the Slurm controller within {CLIENT_TIMEOUT_S} s") from None
     if proc.returncode != 0:
-        raise SlurmError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.stdout.strip()} (exit {proc.returncode})")
+        said = " ".join((proc.stderr.strip() or proc.stdout.strip()).split())  # one line
+        raise SlurmError(f"{' '.join(argv)}: {said} (exit {proc.returncode})")
     return proc
 
 
@@ -153,8 +157,12 @@ def submit_chain(script: Path, chain: int, secret_env: Sequence[str] = (), depen
         argv = sbatch_argv(script, secret_env, chain_link=link if chain > 1 else None, dependency=dep)
         try:
             ids.append(parse_job_id(run_client(argv).stdout))
-        except SlurmError as e:
-            raise ChainError(link, chain, e, ids, cancel_jobs(ids)) from None
+        except Exception as e:  # whatever went wrong, the links queued so far are cancelled or reported
+            cause = e if isinstance(e, SlurmError) else SlurmError(f"{argv[0]} failed ({type(e).__name__})")
+            raise ChainError(link, chain, cause, ids, cancel_jobs(ids)) from None
+        except KeyboardInterrupt:
+            cancel_jobs(ids)
+            raise
     return ids
 
 
@@ -164,7 +172,8 @@ def record_jobs(run_dir: Path, ids: Sequence[int], chain: int, argv: Sequence[st
     ``complete=False`` marks a chain that broke off and whose queued links could not be cancelled.
     """
     path = run_dir / JOBS_FILE
-    data = json.loads(path.read_text()) if path.exists() else {"submissions": []}
+    data = read_json(path, dict) if path.exists() else {"submissions": []}
+    require_field(path, data, "submissions", list)
     data["submissions"].append(
         {
             "job_ids": list(ids),

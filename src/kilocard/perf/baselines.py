@@ -18,8 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from kilocard.base.safe_read import FileReadError, read_yaml
 from kilocard.base.table import text_table
 from kilocard.config.schema import (
     ClusterConfig,
@@ -115,21 +114,12 @@ def load_rows(path: str | None = None) -> list[Row]:
     """Rows of a baselines file (default: the shipped ``baselines/published.yaml``)."""
     file = baselines_file(path)
     try:
-        doc = yaml.safe_load(file.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"--file: cannot read {file}: {one_line(e)}") from None
+        doc = read_yaml(file, (dict, list, str, type(None)))
+    except FileReadError as e:
+        raise ValueError(f"--file: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
         raise ValueError(f"--file: {file} has no 'rows:' list (see baselines/published.yaml for the format)")
     return [_row(raw, i, file.name) for i, raw in enumerate(doc["rows"])]
-
-
-def one_line(e: BaseException) -> str:
-    """A read error in one line: a YAML error's problem and where (``line 2, column 1``), else its text."""
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None)
-    if problem and mark is not None:
-        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
-    return " ".join(str(e).split())
 
 
 def _row(raw: Any, i: int, file: str) -> Row:
@@ -447,9 +437,9 @@ def recipe_index() -> dict[str, str]:
     out: dict[str, str] = {}
     for name, path in recipe_catalog().items():
         try:
-            doc = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"recipe {name}: {path} is not valid YAML: {e}") from None
+            doc = read_yaml(path, (dict, type(None))) or {}
+        except FileReadError as e:
+            raise ValueError(f"recipe {name}: {e}") from None
         baseline = (doc.get("recipe") or {}).get("baseline_id") if isinstance(doc, dict) else None
         if baseline:
             out.setdefault(str(baseline), name)

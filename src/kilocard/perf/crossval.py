@@ -15,12 +15,12 @@ sets it to the middle of its physical range.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kilocard.base.safe_read import read_json
 from kilocard.perf.baselines import Comparison, Row
 from kilocard.perf.efficiency import FITTED, with_values
 from kilocard.perf.fit import Target, cold_fit, fit, middles, targets
@@ -55,7 +55,7 @@ def load_fold_fits(baselines_file: Path) -> dict[str, FoldFit]:
     if not path.exists():
         return {}
     try:
-        doc = json.loads(path.read_text())
+        doc = read_json(path, dict)
         return {
             g: FoldFit(
                 frozenset(f["trained_on"]),

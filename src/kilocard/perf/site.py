@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from kilocard.base.safe_read import FileReadError, read_bytes, read_json, read_yaml
 from kilocard.config.schema import RunConfig
 from kilocard.paths import cache_dir
 from kilocard.perf.baselines import _row, baselines_file, load_rows, row_cluster, row_run_config
@@ -160,7 +161,10 @@ def append_row(file: Path, row: dict) -> None:
     damaged file leaves it as it was."""
     doc: dict[str, Any] = {"rows": []}
     if file.exists():
-        doc = yaml.safe_load(file.read_text()) or {"rows": []}
+        try:
+            doc = read_yaml(file, (dict, list, str, type(None))) or {"rows": []}
+        except FileReadError as e:
+            raise ValueError(f"--site: {e}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
             raise ValueError(f"--site: {file} has no 'rows:' list (is it a baselines file?)")
         if any(isinstance(r, dict) and r.get("id") == row["id"] for r in doc["rows"]):
@@ -174,7 +178,7 @@ def append_row(file: Path, row: dict) -> None:
 
 def _key(published: Path, site: Path) -> str:
     h = hashlib.sha256()
-    for part in (published.read_bytes(), site.read_bytes(), repr(FREE).encode(), repr(sorted(flat(FITTED).items()))):
+    for part in (read_bytes(published), read_bytes(site), repr(FREE).encode(), repr(sorted(flat(FITTED).items()))):
         h.update(part if isinstance(part, bytes) else part.encode())
         h.update(b"\0")
     return h.hexdigest()[:24]
@@ -239,8 +243,8 @@ def _cached_refit(key: str, published_file: str | None, rows: Sequence[Target], 
     cached = cache_dir() / f"site-fit-{key}.json"
     if cached.is_file():
         try:
-            return SiteFit(**json.loads(cached.read_text()))
-        except (ValueError, TypeError):
+            return SiteFit(**read_json(cached, dict))
+        except (FileReadError, ValueError, TypeError):
             pass  # a damaged cache entry is recomputed and written again
     result = refit(targets(load_rows(published_file)), rows, site_file)
     cached.parent.mkdir(parents=True, exist_ok=True)

@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from kilocard.base.digest import sha256_file
+from kilocard.base.safe_read import FileReadError, expect_shape, is_regular, read_json, read_text, require_field
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.rundir.freeze import HASH_FILE
-from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, OWNER, TRACKER
+from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, OWNER, STATE, TRACKER
 from kilocard.validate.issues import Issue, error
 
 NON_SHAPE_FIELDS = frozenset(
@@ -112,22 +113,23 @@ def write_manifest(sdir: Path, owner: str | None = None) -> dict[str, Any]:
 
 
 def read_manifest(sdir: Path) -> dict[str, Any]:
-    """The manifest of a step directory, checked for its shape; ``CheckpointError`` naming the file when it is
-    missing, not JSON (torn by a power loss), or not a manifest."""
+    """The ``manifest.json`` of step directory ``sdir``, shape-checked (``{"step": int, "files": {relative path:
+    {"size": int, "sha256": str}}}``, no path leaving the step directory); ``CheckpointError`` naming the file
+    when it is missing, not JSON (torn by a power loss) or not a manifest."""
     mpath = sdir / MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"{sdir}: no {MANIFEST}; the step was never committed")
     try:
-        manifest = json.loads(mpath.read_bytes().decode())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{mpath}: the manifest cannot be read ({type(e).__name__}); torn or damaged") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if (
-        not isinstance(files, dict)
-        or not isinstance(manifest.get("step"), int)
-        or not all(isinstance(m, dict) and isinstance(m.get("size"), int) and "sha256" in m for m in files.values())
-    ):
-        raise CheckpointError(f"{mpath}: not a kilocard manifest (needs step and files with size and sha256); damaged")
+        manifest = read_json(mpath, dict)
+        require_field(mpath, manifest, "step", int)
+        for rel, meta in require_field(mpath, manifest, "files", dict).items():
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise FileReadError(mpath, "lists a file outside its step directory")
+            expect_shape(mpath, meta, dict, "a file entry")
+            require_field(mpath, meta, "size", int)
+            require_field(mpath, meta, "sha256", str)
+    except FileReadError as e:
+        raise CheckpointError(f"{e} (a damaged manifest: the step cannot be verified)") from None
     return manifest
 
 
@@ -137,7 +139,7 @@ def verify_step(sdir: Path) -> None:
     step = manifest["step"]
     for rel, meta in manifest["files"].items():
         p = sdir / rel
-        if not p.is_file():
+        if not is_regular(p):
             raise CheckpointError(f"checkpoint step {step}: file {p} is missing")
         if p.stat().st_size != meta["size"]:
             raise CheckpointError(
@@ -159,9 +161,12 @@ def latest_committed(root: Path) -> int | None:
     t = root / TRACKER
     if not t.is_file():
         return None
-    text = t.read_text().strip()
+    try:
+        text = read_text(t, limit=4096).strip()
+    except FileReadError as e:
+        raise CheckpointError(str(e)) from None
     if not text.isdigit():
-        raise CheckpointError(f"{t}: expected a step number, found {text[:40]!r}")
+        raise CheckpointError(f"{t}: expected a step number, found {len(text)} other characters")
     return int(text)
 
 
@@ -216,10 +221,10 @@ def run_id(run_dir: Path) -> str:
 def read_owner(root: Path) -> str | None:
     """The run recorded in ``root/owner.json`` (``None`` when there is none or it is unreadable)."""
     try:
-        info = json.loads((root / OWNER).read_text())
-    except (OSError, ValueError):
+        info = read_json(root / OWNER, dict)
+    except FileReadError:
         return None
-    return info.get("run") if isinstance(info, dict) and isinstance(info.get("run"), str) else None
+    return info.get("run") if isinstance(info.get("run"), str) else None
 
 
 def has_steps(root: Path) -> bool:
@@ -367,6 +372,33 @@ class TrainerState:
     """sha256 of the run config that wrote the step."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else the loop wants back (e.g. the stop reason)."""
+
+
+#: The type of each ``trainer_state.json`` field (checked before a ``TrainerState`` is built from it).
+STATE_SHAPE: dict[str, tuple[type, ...]] = {
+    "step": (int,),
+    "consumed_samples": (int,),
+    "scheduler": (dict,),
+    "model": (dict,),
+    "layout": (dict,),
+    "padded_vocab_size": (int,),
+    "config_sha256": (str,),
+    "extra": (dict,),
+}
+
+
+def read_state(sdir: Path) -> TrainerState:
+    """A committed step's ``trainer_state.json`` through the safe reader, each field shape-checked;
+    ``CheckpointError`` naming the file otherwise."""
+    path = sdir / STATE
+    try:
+        doc = read_json(path, dict)
+        for key, types in STATE_SHAPE.items():
+            if key in doc or key not in ("config_sha256", "extra"):
+                require_field(path, doc, key, types)
+    except FileReadError as e:
+        raise CheckpointError(f"{e} (a damaged step: it cannot be loaded)") from None
+    return TrainerState(**{k: v for k, v in doc.items() if k in STATE_SHAPE})
 
 
 def model_differences(saved: dict[str, Any], current: ModelConfig) -> list[str]:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kilocard.base.safe_read import RECORDS_LIMIT, read_text, type_name
 from kilocard.rundir.names import EVENTS_FILE
 
 PERSISTENT = "persistent"
@@ -61,10 +62,10 @@ def json_lines(
     ``required``. The text after the last newline is the torn tail of a write a killed rank never
     finished (or one still being written); it is dropped. Any other bad line raises ``BadRecord``, or with
     ``skip_bad`` is left out and its ``BadRecord`` message (naming file and line) passed to ``skip_bad``."""
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
     records = []
-    for n, line in enumerate(path.read_text(errors="replace").split("\n")[:-1], start=1):
+    for n, line in enumerate(read_text(path, RECORDS_LIMIT, errors="replace").split("\n")[:-1], start=1):
         if not line.strip():
             continue
         try:
@@ -84,7 +85,11 @@ def _record(path: Path, n: int, line: str, required: tuple[str, ...]) -> dict[st
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise BadRecord(f"{path} line {n}: not JSON ({e.msg}); the file was edited or damaged") from None
-    missing = [k for k in required if not isinstance(record, dict) or k not in record]
+    if not isinstance(record, dict):
+        raise BadRecord(
+            f"{path} line {n}: {type_name(record)}, not a record (a JSON object); the file was edited or damaged"
+        )
+    missing = [k for k in required if k not in record]
     if missing:
         raise BadRecord(f"{path} line {n}: a record without {', '.join(missing)}; the file was edited or damaged")
     return record

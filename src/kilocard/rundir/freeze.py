@@ -12,8 +12,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from kilocard.base.digest import sha256_file
+from kilocard.base.safe_read import FileReadError, read_text
 from kilocard.config.compose import ComposeError, load_run_config
 from kilocard.config.schema import RunConfig
+from kilocard.config.secrets import refuse_live_text
 
 CONFIG_FILE = "config.yaml"
 HASH_FILE = "config.sha256"
@@ -28,6 +30,7 @@ def frozen_yaml(cfg: DictConfig) -> tuple[str, str]:
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
     container.pop("hydra", None)
+    refuse_live_text(container, CONFIG_FILE)
     text = OmegaConf.to_yaml(OmegaConf.create(container))
     return text, hashlib.sha256(text.encode()).hexdigest()
 
@@ -44,10 +47,13 @@ def load_verified(run_dir: Path) -> tuple[RunConfig, str]:
     """Load the run's config after checking its sha256; raise ``FrozenConfigError`` naming the file."""
     cfg_path, hash_path = run_dir / CONFIG_FILE, run_dir / HASH_FILE
     for p in (cfg_path, hash_path):
-        if not p.is_file():
+        if not p.exists():
             raise FrozenConfigError(f"{p}: missing; is {run_dir} a kilocard run directory?")
-    expected = hash_path.read_text().split()[0]
-    actual = sha256_file(cfg_path)
+    try:
+        expected = (read_text(hash_path, limit=4096).split() or [""])[0]
+        actual = sha256_file(cfg_path)
+    except FileReadError as e:
+        raise FrozenConfigError(str(e)) from None
     if actual != expected:
         raise FrozenConfigError(
             f"{cfg_path}: sha256 {actual[:12]}... does not match {HASH_FILE} ({expected[:12]}...); "

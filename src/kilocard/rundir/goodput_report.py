@@ -27,17 +27,20 @@ of the step's period) and returns a ``RunGoodput``; prints nothing. Definitions:
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kilocard import exitcodes
+from kilocard.base.safe_read import type_name
 from kilocard.layout import world_size
 from kilocard.perf.goodput import Goodput, goodput
 from kilocard.rundir import events
 from kilocard.rundir.freeze import load_verified
 from kilocard.rundir.metrics import read_evals, read_metrics
+from kilocard.rundir.names import EVENTS_FILE, METRICS_FILE
 
 CLEAN_EXITS = frozenset({exitcodes.DONE, exitcodes.RETRY})
 """Exit codes of an attempt that ended as planned (finished, or stopped after a committed save)."""
@@ -162,11 +165,14 @@ class _Attempt:
 
 def report(run_dir: Path) -> RunGoodput:
     """Where the wall time of the run in ``run_dir`` went; raises ``NoRecords`` when it has no events."""
-    evts = sorted(events.read(run_dir), key=lambda e: e["time"])
+    evts = sorted(numbers_checked(events.read(run_dir), run_dir / EVENTS_FILE), key=lambda e: e["time"])
     starts = [e["time"] for e in evts if e["event"] == "start"]
     if not starts:
         raise NoRecords(f"{run_dir} has no launch attempt in events.jsonl (expected a run directory that trained)")
-    records = [r for r in read_metrics(run_dir) if "time" in r]
+    records = numbers_checked([r for r in read_metrics(run_dir) if "time" in r], run_dir / METRICS_FILE)
+    for r in records:
+        if "step_time_s" not in r:
+            raise events.BadRecord(f"{run_dir / METRICS_FILE}: the record of step {r.get('step')} has no step_time_s")
     evals = [r for r in read_evals(run_dir) if "eval_time_s" in r]
     eval_s = sum(r["eval_time_s"] for r in evals)
     attempts = _attempts(starts, evts, records)
@@ -192,6 +198,32 @@ def report(run_dir: Path) -> RunGoodput:
         evals=len(evals),
         **_prediction(run_dir, evts, median_step, median_save, eval_s / len(records) if records else 0.0),
     )
+
+
+#: Record fields the report computes with: each, where present, must be a finite number (``step`` an integer).
+NUMERIC_FIELDS = ("time", "step_time_s", "seconds", "step", "superseded_time", "superseded_step")
+
+
+def numbers_checked(records: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """``records`` when every ``NUMERIC_FIELDS`` value in them is a finite number; else ``BadRecord`` naming
+    the file, the record's position and the field (a null, a string or NaN time would make the
+    figures NaN or a traceback)."""
+    for n, r in enumerate(records, start=1):
+        for key in NUMERIC_FIELDS:
+            if key not in r:
+                continue
+            v = r[key]
+            if v is None and key.startswith("superseded_"):  # a resume that superseded nothing
+                continue
+            integral = key.endswith("step")
+            ok = isinstance(v, int) if integral else isinstance(v, int | float) and math.isfinite(v)
+            if isinstance(v, bool) or not ok:
+                kind = "an integer" if integral else "a finite number"
+                raise events.BadRecord(
+                    f"{path}: record {n} has {key} = {type_name(v) if not isinstance(v, float) else v}, "
+                    f"not {kind}; the file was edited or damaged"
+                )
+    return records
 
 
 def _save_seconds(commits: list[dict[str, Any]], tier: str) -> list[float]:

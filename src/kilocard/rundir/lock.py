@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kilocard.base.safe_read import FileReadError, KiB, read_text
+
 LOCK_FILE = ".lock"
 """The lock file inside a run directory."""
 TOKEN_ENV = "KILOCARD_RUN_LOCK"
@@ -90,8 +92,8 @@ def describe(info: dict) -> str:
 def read_holder(run_dir: Path) -> dict:
     """The holder info in the lock file (empty when none or unreadable)."""
     try:
-        info = json.loads((run_dir / LOCK_FILE).read_text() or "{}")
-    except (OSError, ValueError):
+        info = json.loads(read_text(run_dir / LOCK_FILE, limit=64 * KiB) or "{}")
+    except (FileReadError, ValueError):
         return {}
     return info if isinstance(info, dict) else {}
 

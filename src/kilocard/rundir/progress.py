@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kilocard import exitcodes
+from kilocard.base.safe_read import is_regular, read_text
 from kilocard.rundir.metrics import FLOPS_CONVENTION
 from kilocard.rundir.names import TRACKER
 
@@ -59,7 +60,7 @@ def summary_table(
     validation and test losses of ``evals``, the run's evaluation records); ``ckpt_root``: the run's
     checkpoint directory (``kilocard.rundir.checkpoint.checkpoint_root``)."""
     tracker = ckpt_root / TRACKER
-    committed = tracker.read_text().strip() if tracker.is_file() else None
+    committed = read_text(tracker, limit=4096, errors="replace").strip() if is_regular(tracker) else None
     rows = [
         ("run dir", str(run_dir)),
         ("exit", f"{code} {exitcodes.describe(code)}".strip()),

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kilocard.base.safe_read import open_regular
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.perf.params import padded_vocab_size
@@ -184,7 +185,7 @@ class CheckpointManager:
         from megatron.core import dist_checkpointing
 
         self._watchdog.beat(f"loading {sdir}")
-        state = ck.TrainerState(**json.loads((sdir / STATE).read_text()))
+        state = ck.read_state(sdir)
         self._check_model(sdir, state)
         if state.extra.get(MODEL_ONLY):
             return self._restore_model_only(sdir, state)
@@ -198,7 +199,8 @@ class CheckpointManager:
         self.last_saved = state.step
         saved = Layout.from_json(state.layout)
         if saved.same_ranks(self.layout) and cs.rng_file(sdir, self.rank).is_file():
-            cs.set_rng_state(torch.load(cs.rng_file(sdir, self.rank), weights_only=False))
+            with open_regular(cs.rng_file(sdir, self.rank), limit=None) as f:  # the manifest verified it
+                cs.set_rng_state(torch.load(f, weights_only=False))
             rng = "restored"
         else:
             rng = "re-seeded (layout changed)"

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from kilocard import exitcodes
+from kilocard.base.safe_read import RECORDS_LIMIT, FileReadError, read_text
 from kilocard.config.schema import RunConfig
 from kilocard.perf.memory import checkpoint_bytes
 from kilocard.rundir.names import BLOCKLIST, EXIT_DIR_ENV, FAILED_RANKS, UNHEALTHY_NODES_ENV
@@ -205,10 +206,18 @@ def unrecorded_ranks(exit_dir: Path, world_size: int) -> dict[int, str]:
         if not rank.isdigit() or int(rank) >= world_size:
             continue
         record = exit_dir / f"rank_{rank}"
-        code = record.read_text().strip() if record.exists() else ""
+        code = _small(record) if record.exists() else ""
         if not code.lstrip("-").isdigit():
-            found[int(rank)] = path.read_text().strip()
+            found[int(rank)] = _small(path)
     return found
+
+
+def _small(path: Path, limit: int = 4096) -> str:
+    """A record file's text (stripped; empty when it is not a readable regular file)."""
+    try:
+        return read_text(path, limit, errors="replace").strip()
+    except FileReadError:
+        return ""
 
 
 def leave_node_record(exit_dir: Path, rank: int, node: str) -> None:
@@ -232,7 +241,7 @@ def blame_previous_attempt(run_dir: Path, exit_dir: Path, env: Mapping[str, str]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(f"{node}\t{ranks}\t{env.get('SLURM_JOB_ID', 'local')}\t{attempt}\t{_now()}\n")
-    times = sum(1 for line in path.read_text().splitlines() if line.split("\t", 1)[0] == node)
+    times = sum(1 for line in _small(path, RECORDS_LIMIT).splitlines() if line.split("\t", 1)[0] == node)
     _say(0, f"the failed rank(s) {ranks} of attempt {attempt} ran on {node} ({times} time(s) so far)")
     if times < REPEAT_FAILURES:
         return {}
@@ -251,7 +260,7 @@ def blocklisted(run_dir: Path) -> list[str]:
     path = run_dir / BLOCKLIST
     if not path.exists():
         return []
-    nodes = [line.split("\t", 1)[0] for line in path.read_text().splitlines() if line.strip()]
+    nodes = [line.split("\t", 1)[0] for line in _small(path, RECORDS_LIMIT).splitlines() if line.strip()]
     return list(dict.fromkeys(nodes))
 
 

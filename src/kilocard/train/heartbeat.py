@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kilocard.base.safe_read import FileReadError, read_json
 from kilocard.train.signals import Watchdog
 
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
@@ -119,8 +120,8 @@ def _say(msg: str) -> None:
 def load_state(state_file: Path) -> dict[str, Any] | None:
     """The calibrated timeouts an earlier attempt kept, or ``None`` (none yet, or a torn file)."""
     try:
-        state = json.loads(state_file.read_text())
-    except (OSError, ValueError):
+        state = read_json(state_file, dict, limit=1 << 20)
+    except FileReadError:
         return None
     return state if isinstance(state, dict) else None
 

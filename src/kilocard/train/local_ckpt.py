@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from kilocard.base.digest import sha256_file
+from kilocard.base.safe_read import read_text
 from kilocard.train import ckpt_state as cs
 from kilocard.train.megatron_adapter import UnsupportedConfig
 
@@ -155,7 +156,7 @@ class LocalTier:
             why = None
             if not digest.is_file():
                 why = f"{p} has no {DIGEST_SUFFIX} (torn or foreign)"
-            elif sha256_file(p) != digest.read_text().strip():
+            elif sha256_file(p) != read_text(digest, limit=4096, errors="replace").strip():
                 why = f"{p} fails its sha256 check (corrupted)"
             if why:
                 out.append(why)

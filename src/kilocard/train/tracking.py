@@ -24,8 +24,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from kilocard.base.safe_read import read_yaml
 from kilocard.config.schema import RunConfig
 from kilocard.validate.packages import TRACKERS, install_hint
 
@@ -84,7 +83,7 @@ def frozen_config(run_dir: Path) -> dict[str, Any]:
     """The run's frozen ``config.yaml`` as a plain dict (what W&B records as the run's config)."""
     from kilocard.rundir.freeze import CONFIG_FILE
 
-    data = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+    data = read_yaml(run_dir / CONFIG_FILE, (dict, type(None)))
     return data if isinstance(data, dict) else {}
 
 

@@ -58,7 +58,23 @@ SHELL_NAMES = frozenset(
         "LINENO",
         "OPTIND",
         "OPTARG",
+        "OPTERR",
+        "EXECIGNORE",  # bash skips matching commands: EXECIGNORE='*/srun' is `srun: command not found`
+        "POSIXLY_CORRECT",  # bash and GNU tools switch to POSIX mode
+        "FUNCNEST",
+        "GLOBSORT",
+        "TMOUT",
+        "TMPDIR",  # `kilocard run` gives each run its own; under Slurm the node's own
     }
+)
+#: Prefixes of names the dynamic loader reads (``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LD_AUDIT``...),
+#: plus glibc's own start-up switches.
+LOADER_PREFIXES = ("LD_", "GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "MALLOC_")
+#: ``PYTHON*`` names that only change Python's output or diagnostics; every other ``PYTHON*``
+#: (``PYTHONHOME``, ``PYTHONSTARTUP``, ``PYTHONSAFEPATH``, ``PYTHONINSPECT``...) changes which code
+#: runs or how the interpreter starts, and is reserved.
+PYTHON_VETTED = frozenset(
+    {"PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE", "PYTHONTRACEMALLOC"}
 )
 #: Prefixes of names owned by kilocard, Slurm (job facts and srun/sbatch input variables), the
 #: rendezvous, torchrun, PMI and bash itself (BASH_ENV, BASH_FUNC_*, BASH_XTRACEFD...).
@@ -87,6 +103,12 @@ def reserved_reason(name: str) -> str | None:
     prefix = next((p for p in RESERVED_PREFIXES if name.startswith(p)), None)
     if prefix:
         return f"names starting with {prefix} belong to kilocard, Slurm, the rendezvous or the shell"
+    if name.startswith(LOADER_PREFIXES):
+        return "the dynamic loader (or the C library) reads it when every process of the job starts"
+    if name.startswith("PYTHON") and name not in PYTHON_VETTED:
+        return "it changes how the Python interpreter starts or which code it runs; allowed: " + ", ".join(
+            sorted(PYTHON_VETTED)
+        )
     return None
 
 
