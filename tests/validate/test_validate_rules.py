@@ -119,6 +119,39 @@ CASES = [
     ),
     (
         parallel.rule_layers_per_stage,
+        {
+            **W4,
+            "model.num_layers": 6,
+            P + "pipeline_model_parallel_size": 4,
+            P + "pipeline_model_parallel_layout": "Ett|tt|tt|tL",
+        },
+        "PIPELINE_LAYOUT",
+        {
+            **W4,
+            "model.num_layers": 6,
+            P + "pipeline_model_parallel_size": 4,
+            P + "pipeline_model_parallel_layout": "Ett|tt|tt|L",
+        },
+    ),
+    (
+        parallel.rule_layers_per_stage,
+        {
+            **W4,
+            "model.num_layers": 7,
+            P + "pipeline_model_parallel_size": 4,
+            P + "pipeline_model_parallel_layout": "Ett|tt|tt|L",
+            P + "account_for_loss_in_pipeline_split": True,
+        },
+        "PIPELINE_LAYOUT_CONFLICT",
+        {
+            **W4,
+            "model.num_layers": 7,
+            P + "pipeline_model_parallel_size": 4,
+            P + "account_for_loss_in_pipeline_split": True,
+        },
+    ),
+    (
+        parallel.rule_layers_per_stage,
         {**W4, "model.num_layers": 6, P + "pipeline_model_parallel_size": 4},
         "LAYERS_PP",
         {**W4, "model.num_layers": 8, P + "pipeline_model_parallel_size": 4},

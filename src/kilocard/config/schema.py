@@ -172,6 +172,11 @@ class ParallelConfig:
     """Count the embedding as a layer when splitting layers over pipeline stages."""
     account_for_loss_in_pipeline_split: bool = False
     """Count the loss/output layer as a layer when splitting layers over pipeline stages."""
+    pipeline_model_parallel_layout: str | None = None
+    """Megatron-Core's layer-by-layer pipeline layout (``E`` embedding, ``t`` transformer layer, ``m`` MTP
+    layer, ``L`` loss; ``|`` ends a virtual stage, ``(..)*n`` and ``x*n`` repeat), e.g. ``Et*4|(t*4|)*14tL``
+    for 61 layers over 16 stages; stage ``k`` runs on pipeline rank ``k mod PP``. ``None``: the split the
+    fields above give. Excludes ``num_layers_in_first/last_pipeline_stage`` and the ``account_for_*`` fields."""
     cp_comm_type: str = "p2p"
     """Context-parallel exchange: ``p2p`` (ring), ``all_gather``, ``a2a`` or ``a2a+p2p``."""
     recompute_granularity: str | None = None

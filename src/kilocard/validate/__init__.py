@@ -79,6 +79,8 @@ MCORE_CODES = frozenset(
         "UNEVEN_PP_VP",
         "UNEVEN_PP_MISMATCH",
         "UNEVEN_PP_MIDDLE",
+        "PIPELINE_LAYOUT",
+        "PIPELINE_LAYOUT_CONFLICT",
         "FP16_AND_BF16",
         "FP8_AND_FP4",
         "FP8_PARAM_WITHOUT_FP8",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
-from kilocard.layout import Layout
+from kilocard.layout import Layout, parse_pipeline_layout
 from kilocard.validate.issues import Issue, error
 
 P = "parallel."
@@ -188,6 +188,9 @@ def rule_layers_per_stage(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
     vp = p.virtual_pipeline_model_parallel_size
     vp = vp if vp and vp > 0 and lay.pp > 1 else None
+    if p.pipeline_model_parallel_layout is not None:
+        yield from _layout(cfg, lay)
+        return
     if first is not None or last is not None:
         yield from _uneven(cfg, lay, first, last, vp)
         return
@@ -221,6 +224,72 @@ def rule_layers_per_stage(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             "not enough layers on the first/last stage to count the embedding/loss as a layer",
             "use fewer pipeline stages",
         )
+
+
+def _layout(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``pipeline_model_parallel_layout``: Megatron-Core's checks (``TransformerConfig.__post_init__`` and
+    ``PipelineParallelLayerLayout.validate_layer_layout``, megatron-core 0.16.1), each as one issue."""
+    p, m = cfg.parallel, cfg.model
+    text = p.pipeline_model_parallel_layout or ""
+    field, fix = (
+        P + "pipeline_model_parallel_layout",
+        "write one letter per layer (E embedding, t layer, m MTP, L loss), | between virtual stages, "
+        "e.g. Et*4|(t*4|)*14tL for 61 layers over 16 stages",
+    )
+    others = [
+        name
+        for name in (
+            "num_layers_in_first_pipeline_stage",
+            "num_layers_in_last_pipeline_stage",
+            "account_for_embedding_in_pipeline_split",
+            "account_for_loss_in_pipeline_split",
+        )
+        if getattr(p, name) not in (None, False)
+    ]
+    if others:
+        yield error(
+            "PIPELINE_LAYOUT_CONFLICT",
+            field,
+            text,
+            f"pipeline_model_parallel_layout cannot be combined with {', '.join(others)}",
+            f"use the layout alone: unset {', '.join(P + o for o in others)}",
+        )
+        return
+    problem = layout_problem(text, lay.pp, p.virtual_pipeline_model_parallel_size, m.num_layers, m.mtp_num_layers)
+    if problem:
+        yield error("PIPELINE_LAYOUT", field, text, problem, fix)
+
+
+def layout_problem(text: str, pp: int, vp: int | None, num_layers: int, mtp: int | None) -> str | None:
+    """What Megatron-Core refuses in a layout string, in one line; ``None`` when it accepts it."""
+    stages = parse_pipeline_layout(text)
+    if stages is None:
+        return f"layout {text!r} has a letter other than E (embedding), t (layer), m (MTP), L (loss), | ( ) * digits"
+    if len(stages) % pp:
+        return f"layout has {len(stages)} virtual stages, not a multiple of pp({pp})"
+    chunks = len(stages) // pp
+    if vp is not None and vp != chunks:
+        return f"layout has {chunks} virtual stages per pipeline rank but virtual_pipeline_model_parallel_size is {vp}"
+    flat = "".join(stages)
+    if not flat or flat[0] != "E" or flat[-1] != "L" or flat.count("E") != 1 or flat.count("L") != 1:
+        return "layout must start with the embedding (E) and end with the loss (L), each exactly once"
+    if flat.count("t") != num_layers:
+        return f"layout places {flat.count('t')} transformer layers (t) but num_layers is {num_layers}"
+    if flat.count("m") != (mtp or 0):
+        return f"layout places {flat.count('m')} MTP layers (m) but mtp_num_layers is {mtp}"
+    return _mtp_problem(stages, pp, chunks, flat)
+
+
+def _mtp_problem(stages: list[str], pp: int, chunks: int, flat: str) -> str | None:
+    """Megatron-Core's MTP placement: after every transformer layer, all in one last virtual stage of a rank."""
+    if "m" not in flat:
+        return None
+    if "t" in flat[flat.index("m") :]:
+        return "transformer layers (t) must come before the MTP layers (m)"
+    holders = [k for k, st in enumerate(stages) if "m" in st]
+    if len(holders) > 1 or holders[0] < (chunks - 1) * pp:
+        return "the MTP layers (m) must all sit in one last virtual stage of a pipeline rank"
+    return None
 
 
 def _uneven(cfg: RunConfig, lay: Layout, first: int | None, last: int | None, vp: int | None) -> Iterable[Issue]:
