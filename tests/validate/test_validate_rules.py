@@ -151,6 +151,52 @@ CASES = [
         },
     ),
     (
+        parallel.rule_megatron_fsdp,
+        {P + "data_parallel_sharding_strategy": "optim_grads"},
+        "FSDP_STRATEGY_WITHOUT_FSDP",
+        {P + "data_parallel_sharding_strategy": "optim_grads", P + "use_megatron_fsdp": True},
+    ),
+    (
+        parallel.rule_megatron_fsdp,
+        {P + "data_parallel_sharding_strategy": "zero3", P + "use_megatron_fsdp": True},
+        "FSDP_SHARDING_STRATEGY",
+        {P + "data_parallel_sharding_strategy": "optim_grads_params", P + "use_megatron_fsdp": True},
+    ),
+    (
+        parallel.rule_cpu_offloading,
+        {"model.num_layers": 4, P + "cpu_offloading": True, P + "cpu_offloading_num_layers": 4},
+        "CPU_OFFLOAD_LAYERS",
+        {"model.num_layers": 4, P + "cpu_offloading": True, P + "cpu_offloading_num_layers": 3},
+    ),
+    (
+        parallel.rule_cpu_offloading,
+        {**W4, "model.num_layers": 4, P + "cpu_offloading": True, P + "pipeline_model_parallel_size": 2},
+        "CPU_OFFLOAD_PP",
+        {**W4, "model.num_layers": 4, P + "cpu_offloading": True},
+    ),
+    (
+        parallel.rule_cpu_offloading,
+        {P + "cpu_offloading": True, P + "recompute_granularity": "selective"},
+        "CPU_OFFLOAD_RECOMPUTE",
+        {P + "cpu_offloading": True},
+    ),
+    (
+        optimizer.rule_precision_aware_optimizer,
+        {"optim.exp_avg_dtype": "bfloat16", P + "use_distributed_optimizer": True},
+        "OPTIM_STATE_DTYPE",
+        {
+            "optim.exp_avg_dtype": "bfloat16",
+            "optim.use_precision_aware_optimizer": True,
+            P + "use_distributed_optimizer": True,
+        },
+    ),
+    (
+        optimizer.rule_precision_aware_optimizer,
+        {"optim.use_precision_aware_optimizer": True},
+        "PRECISION_AWARE_OPTIMIZER",
+        {"optim.use_precision_aware_optimizer": True, P + "use_distributed_optimizer": True},
+    ),
+    (
         parallel.rule_layers_per_stage,
         {**W4, "model.num_layers": 6, P + "pipeline_model_parallel_size": 4},
         "LAYERS_PP",

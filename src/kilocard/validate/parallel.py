@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, parse_pipeline_layout
-from kilocard.validate.issues import Issue, error
+from kilocard.validate.issues import Issue, error, warning
 
 P = "parallel."
 SIZE_FIELDS = (
@@ -347,6 +347,76 @@ def _uneven(cfg: RunConfig, lay: Layout, first: int | None, last: int | None, vp
         )
 
 
+SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+"""Megatron-Core's ``DistributedDataParallelConfig.data_parallel_sharding_strategy`` values."""
+
+
+def rule_megatron_fsdp(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """A known sharding strategy, only with Megatron-FSDP (Megatron-Core reads it nowhere else); kilocard's
+    trainer does not build Megatron-FSDP yet (a warning: the estimates count it, a launch refuses)."""
+    p = cfg.parallel
+    strategy = p.data_parallel_sharding_strategy
+    if strategy not in SHARDING_STRATEGIES:
+        yield error(
+            "FSDP_SHARDING_STRATEGY",
+            P + "data_parallel_sharding_strategy",
+            strategy,
+            f"data_parallel_sharding_strategy {strategy!r} is not one of {', '.join(SHARDING_STRATEGIES)}",
+            f"set {P}data_parallel_sharding_strategy=optim_grads_params (or another of those)",
+        )
+    elif strategy != "no_shard" and not p.use_megatron_fsdp:
+        yield error(
+            "FSDP_STRATEGY_WITHOUT_FSDP",
+            P + "data_parallel_sharding_strategy",
+            strategy,
+            f"data_parallel_sharding_strategy {strategy!r} takes effect only with use_megatron_fsdp",
+            f"set {P}use_megatron_fsdp=true, or {P}data_parallel_sharding_strategy=no_shard",
+        )
+    if p.use_megatron_fsdp:
+        yield warning(
+            "MEGATRON_FSDP_NOT_BUILT",
+            P + "use_megatron_fsdp",
+            True,
+            "kilocard's trainer wraps the model in Megatron-Core's DistributedDataParallel, not Megatron-FSDP: "
+            "the memory estimate and the prediction count the sharding, a launch refuses it",
+            f"for a launch, set {P}use_megatron_fsdp=false and {P}use_distributed_optimizer=true",
+        )
+
+
+def rule_cpu_offloading(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """Megatron-Core's activation offloading checks (``TransformerConfig.__post_init__``, 0.16.1): offloaded
+    layers fewer than ``num_layers``, no pipeline parallelism, no recompute."""
+    p, L = cfg.parallel, cfg.model.num_layers
+    if not p.cpu_offloading:
+        return
+    k = p.cpu_offloading_num_layers
+    field = P + "cpu_offloading"
+    if k < 0 or k >= L:
+        yield error(
+            "CPU_OFFLOAD_LAYERS",
+            P + "cpu_offloading_num_layers",
+            k,
+            f"cpu_offloading_num_layers({k}) must be at least 0 and less than num_layers({L})",
+            f"set {P}cpu_offloading_num_layers between 0 and {L - 1}",
+        )
+    if lay.pp > 1:
+        yield error(
+            "CPU_OFFLOAD_PP",
+            field,
+            True,
+            f"activation offloading does not run with pipeline parallelism, but pp({lay.pp})",
+            f"set {field}=false or {P}pipeline_model_parallel_size=1",
+        )
+    if p.recompute_granularity is not None:
+        yield error(
+            "CPU_OFFLOAD_RECOMPUTE",
+            field,
+            True,
+            f"activation offloading does not run with recompute ({p.recompute_granularity})",
+            f"set {field}=false or {P}recompute_granularity=null",
+        )
+
+
 def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
@@ -377,4 +447,6 @@ RULES = (
     rule_experts_ep,
     rule_virtual_pipeline,
     rule_layers_per_stage,
+    rule_megatron_fsdp,
+    rule_cpu_offloading,
 )
