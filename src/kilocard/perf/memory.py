@@ -35,6 +35,13 @@ Where kilocard goes further (each term is zero, or the identity, on Megatron's o
 
 * FP8/FP4 GEMMs: Transformer Engine keeps the inputs of the four linear layers (QKV, attention
   projection, fc1, fc2) for the backward pass in 1 byte instead of 2; those terms are halved.
+* Megatron-FSDP (``use_megatron_fsdp``): ``optim_grads`` shards the gradients and ``optim_grads_params``
+  the weights too over DP*CP (expert ones over expert-DP), each GPU holding its shard plus the layers
+  held whole at once (``FSDP_GATHERED_LAYERS``: two layers' weights, the running and the prefetched one,
+  one layer's gradients);
+* activation offloading (``cpu_offloading``): the offloaded layers' activations leave the count;
+* optimizer-state dtypes (``use_precision_aware_optimizer``): the master copy and the two moments in
+  their own dtypes, the fp32 master of bf16 parameters as 2-byte remainders (``store_param_remainders``).
 
 Not modelled: allocator fragmentation and workspaces (the validator keeps a reserve for those),
 FP8 weight transpose caches.
