@@ -55,3 +55,17 @@ def test_the_performance_model_predicts_the_layout_the_validator_checks(reports)
         inputs = row_inputs(r, str(r.raw["flops_convention"]))
         assert inputs.layout == reports[r.id].layout, r.id
         assert inputs.layout.stage_layers is not None and sum(inputs.layout.stage_layers) == r.raw["model"]["layers"]
+
+
+def test_baselines_prints_each_rows_estimate_against_its_gpus_memory(reports):
+    from kilocard.perf.baselines import compare_row, render_json, render_text
+
+    comps = [compare_row(r, {}) for r in ROWS]
+    for c in comps:  # the validator's estimate, not a second computation
+        assert c.mem_bytes == reports[c.id].estimates.memory.total and c.hbm_bytes == reports[c.id].estimates.hbm_bytes
+    text = render_text(comps)
+    tight = max(comps, key=lambda c: c.mem_bytes / c.hbm_bytes)
+    assert "mem GiB / HBM GiB" in text.splitlines()[0]
+    assert f"{tight.mem_bytes / 2**30:.1f} / {tight.hbm_bytes / 2**30:.1f}" in text
+    assert f"({tight.id}) over 114 rows" in text
+    assert '"mem_bytes"' in render_json(comps)
