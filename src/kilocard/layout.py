@@ -145,13 +145,21 @@ LAYOUT_CHARS = frozenset("ELtm")
 """Megatron-Core's layout letters: embedding, loss, transformer (decoder) layer, MTP layer."""
 
 
+MAX_LAYOUT_LETTERS = 1 << 20
+"""Longest layout kilocard expands (a million layers and stages): a longer one is refused, never built."""
+
+
 def parse_pipeline_layout(text: str) -> list[str] | None:
     """Megatron-Core's ``PipelineParallelLayerLayout.parse_str_to_list`` without Megatron: the virtual
     stages of a layout string, each as its letters (``"Et*2|(tt|)*2L"`` -> ``["Ett", "tt", "tt", "L"]``);
-    ``None`` when a letter is not one of ``E L t m`` (commas are cosmetic, as there)."""
+    ``None`` when a letter is not one of ``E L t m`` (commas are cosmetic, as there) or the expansion would
+    pass ``MAX_LAYOUT_LETTERS``."""
     s = text.replace(",", "")
-    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda x: x.group(1) * int(x.group(2)), s)
-    s = re.sub(r"(.)\*(\d+)", lambda x: x.group(1) * int(x.group(2)), s)
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        grown = sum(len(m.group(1)) * int(m.group(2)) for m in re.finditer(pattern, s))
+        if len(s) + grown > MAX_LAYOUT_LETTERS:
+            return None
+        s = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), s)
     stages = s.split("|")
     return stages if all(set(st) <= LAYOUT_CHARS for st in stages) else None
 

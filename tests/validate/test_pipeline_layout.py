@@ -15,6 +15,7 @@ def test_parse_unrolls_groups_and_repeats_like_megatron_core():
     assert stages == ["Ettt"] + ["tt"] * 29 + ["m", "L"]
     assert parse_pipeline_layout("Et*4|(t*4|)*14tL") == ["Etttt"] + ["tttt"] * 14 + ["tL"]
     assert parse_pipeline_layout("Ex|L") is None
+    assert parse_pipeline_layout("(t*999999|)*999999L") is None  # refused before it is expanded
 
 
 def test_stage_k_runs_on_rank_k_mod_pp():
@@ -42,6 +43,8 @@ def test_layout_fixes_stage_layers_and_the_virtual_stages():
     "text,pp,vp,layers,mtp,words",
     [
         ("Ett|tt|tt|tL", 4, None, 6, None, "places 7 transformer layers"),
+        ("Ex|L", 1, None, 0, None, "does not parse"),
+        ("Et*9999999L", 1, None, 9999999, None, "at most 1048576 letters"),
         ("Ett|tt|tL", 4, None, 5, None, "not a multiple of pp(4)"),
         ("Et|t|t|tL", 2, 4, 4, None, "2 virtual stages per pipeline rank"),
         ("tt|EtL", 2, None, 3, None, "start with the embedding"),

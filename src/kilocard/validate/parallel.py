@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
-from kilocard.layout import Layout, parse_pipeline_layout
+from kilocard.layout import MAX_LAYOUT_LETTERS, Layout, parse_pipeline_layout
 from kilocard.validate.issues import Issue, error, warning
 
 P = "parallel."
@@ -264,7 +264,11 @@ def layout_problem(text: str, pp: int, vp: int | None, num_layers: int, mtp: int
     """What Megatron-Core refuses in a layout string, in one line; ``None`` when it accepts it."""
     stages = parse_pipeline_layout(text)
     if stages is None:
-        return f"layout {text!r} has a letter other than E (embedding), t (layer), m (MTP), L (loss), | ( ) * digits"
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        return (
+            f"layout {shown!r} does not parse: only E (embedding), t (layer), m (MTP), L (loss), | ( ) * and "
+            f"digits, at most {MAX_LAYOUT_LETTERS} letters once expanded"
+        )
     if len(stages) % pp:
         return f"layout has {len(stages)} virtual stages, not a multiple of pp({pp})"
     chunks = len(stages) // pp
