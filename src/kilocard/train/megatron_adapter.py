@@ -225,8 +225,15 @@ def wrap_ddp(run_cfg: RunConfig, config: Any, chunks: list[Any]) -> list[Any]:
 
 
 def build_optimizer(run_cfg: RunConfig, chunks: list[Any]) -> Any:
-    """``get_megatron_optimizer`` with an OptimizerConfig from ``config.optim``."""
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    """``get_megatron_optimizer`` with the run's ``optimizer_config``."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    return get_megatron_optimizer(optimizer_config(run_cfg), chunks)
+
+
+def optimizer_config(run_cfg: RunConfig) -> Any:
+    """The OptimizerConfig of ``config.optim`` (optimizer-state dtype names as torch dtypes)."""
+    from megatron.core.optimizer import OptimizerConfig
 
     kw = megatron_kwargs(run_cfg, OptimizerConfig)
     if run_cfg.optim.use_precision_aware_optimizer and not torch.cuda.is_available():
@@ -235,13 +242,13 @@ def build_optimizer(run_cfg: RunConfig, chunks: list[Any]) -> Any:
             "set optim.use_precision_aware_optimizer=false"
         )
     for name in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
-        kw[name] = _DTYPES[kw[name]]
-    cfg = OptimizerConfig(
+        if name in kw:  # a dtype name -> the torch dtype OptimizerConfig takes
+            kw[name] = _DTYPES[kw[name]]
+    return OptimizerConfig(
         **kw,
         params_dtype=_DTYPES[param_dtype(run_cfg.precision)],
         overlap_param_gather_with_optimizer_step=False,
     )
-    return get_megatron_optimizer(cfg, chunks)
 
 
 def build_scheduler(run_cfg: RunConfig, optimizer: Any) -> Any:
