@@ -23,6 +23,7 @@ ALLOWED_WARNINGS = {
     "STAGE_CROSSES_NODES": "the published layout spans nodes with its pipeline stages, as it ran",
     "MEGATRON_FSDP_NOT_BUILT": "the row ran Megatron-FSDP (or FSDP2); kilocard's trainer does not build it",
     "MEMORY_TIGHT": "the estimate is above 90% of HBM: listed so that a row close to the limit is visible",
+    "HANG_TIMEOUT_SAVE": "the rows state no hang timeout or file system: the default ones meet a large checkpoint",
 }
 
 
