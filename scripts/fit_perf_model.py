@@ -11,7 +11,10 @@ read by ``kilocard baselines``): for each source, ``fit.cold_fit`` of every othe
 middle of the ranges (never from FITTED), with the ids of the rows each was fitted on.
 
     .venv/bin/python scripts/fit_perf_model.py [--file baselines/published.yaml] [--starts 6]
-    .venv/bin/python scripts/fit_perf_model.py --folds [--jobs 2]
+    .venv/bin/python scripts/fit_perf_model.py --folds [--jobs 2] [--refresh]
+
+``--refresh`` refines each stored fold fit with one coordinate search on the current rows instead (for a
+change to the rows' configurations; a fold of a new or regrouped source still gets its cold fit).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 from multiprocessing import get_context
 
 from kilocard.perf.baselines import baselines_file, compare_row, error_stats, load_rows
-from kilocard.perf.crossval import folds_file, source_group
+from kilocard.perf.crossval import fold_values, folds_file, load_fold_fits, source_group
 from kilocard.perf.efficiency import FITTED, with_values
 from kilocard.perf.fit import HOPS, cold_fit, fit, loss, targets
 
@@ -43,14 +46,42 @@ def fold_fit(args: tuple[str | None, str]) -> tuple[str, dict]:
     }
 
 
-def write_folds(file: str | None, jobs: int) -> int:
+def refresh_fold(args: tuple[str | None, str]) -> tuple[str, dict]:
+    """The stored fit of the fold that holds out ``group``, refreshed on the current rows: one coordinate
+    search from its previous stored values (which never saw the held-out rows), as ``kilocard baselines``
+    refines a fold, to the cold fit's tolerance."""
+    file, group = args
+    t0 = time.monotonic()
+    train = [t for t in targets([r for r in load_rows(file) if r.complete]) if source_group(t.row) != group]
+    stored = load_fold_fits(baselines_file(file)).get(group)
+    if stored is None or stored.trained_on != {t.row.id for t in train}:
+        return fold_fit(args)  # a new or regrouped source: no previous fit of these rows to refresh
+    values = fit(train, starts=1, start=fold_values(stored))
+    train_loss = loss(values, train)
+    print(
+        f"{group}: {len(train)} rows, refreshed, loss {train_loss:.4f}, {time.monotonic() - t0:.0f}s", file=sys.stderr
+    )
+    return group, {
+        "trained_on": sorted(t.row.id for t in train),
+        "train_loss": round(train_loss, 6),
+        "values": {k: float(f"{v:.6g}") for k, v in sorted(values.items())},
+    }
+
+
+def write_folds(file: str | None, jobs: int, refresh: bool = False) -> int:
     """Compute every fold's cold fit (``jobs`` in parallel) and write them next to the baselines file."""
     groups = list(dict.fromkeys(source_group(t.row) for t in targets([r for r in load_rows(file) if r.complete])))
     with get_context("spawn").Pool(jobs) as pool:
-        folds = dict(pool.map(fold_fit, [(file, g) for g in groups]))
+        folds = dict(pool.map(refresh_fold if refresh else fold_fit, [(file, g) for g in groups]))
+    how = (
+        "one coordinate search on the current rows from the previous stored fit (scripts/fit_perf_model.py "
+        "--folds --refresh), that fit "
+        if refresh
+        else ""
+    )
     doc = {
         "about": "Cross-validation fold fits of the rows beside this file: for each source group, "
-        f"kilocard.perf.fit.cold_fit (hops={HOPS}, seed 0) of the other groups' rows, from the middle of "
+        f"{how}kilocard.perf.fit.cold_fit (hops={HOPS}, seed 0) of the other groups' rows, from the middle of "
         "every parameter's range. Written by scripts/fit_perf_model.py --folds.",
         "folds": folds,
     }
@@ -66,9 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--starts", type=int, default=6, help="coordinate searches from perturbed starts")
     ap.add_argument("--folds", action="store_true", help="write the cross-validation's fold fits instead")
     ap.add_argument("--jobs", type=int, default=2, help="folds fitted in parallel (with --folds)")
+    ap.add_argument(
+        "--refresh",
+        action="store_true",
+        help="with --folds: refine each stored fold fit on the current rows (one search) instead of a cold fit",
+    )
     args = ap.parse_args(argv)
     if args.folds:
-        return write_folds(args.file, args.jobs)
+        return write_folds(args.file, args.jobs, args.refresh)
     rows = [r for r in load_rows(args.file) if r.complete]
     scored = targets(rows)
     warm = fit(scored, starts=args.starts, log=lambda line: print(line, file=sys.stderr))

@@ -61,6 +61,7 @@ def _try_rank(case: dict, rank: int) -> str | None:
             num_layers_in_last_pipeline_stage=case["last"],
             account_for_embedding_in_pipeline_split=case["acc_emb"],
             account_for_loss_in_pipeline_split=case["acc_loss"],
+            pipeline_model_parallel_layout=case.get("layout"),
             recompute_granularity=case["rg"],
             recompute_method=case["rm"],
             recompute_num_layers=case["rn"],
@@ -83,9 +84,10 @@ def _try_rank(case: dict, rank: int) -> str | None:
             cfg = dataclasses.replace(cfg, context_parallel_size=1)
         spec = get_gpt_layer_local_spec(num_experts=case["experts"])
         pp_rank = ps.get_pipeline_model_parallel_rank()
-        for vp_stage in range(case["vp"] or 1):
+        chunks = cfg.virtual_pipeline_model_parallel_size or 1  # a layout sets it when VP is unset
+        for vp_stage in range(chunks):
             pre = pp_rank == 0 and vp_stage == 0
-            post = pp_rank == case["pp"] - 1 and vp_stage == (case["vp"] or 1) - 1
+            post = pp_rank == case["pp"] - 1 and vp_stage == chunks - 1
             model = GPTModel(
                 cfg,
                 spec,
@@ -93,7 +95,7 @@ def _try_rank(case: dict, rank: int) -> str | None:
                 max_sequence_length=16,
                 pre_process=pre,
                 post_process=post,
-                vp_stage=vp_stage if case["vp"] else None,
+                vp_stage=vp_stage if cfg.virtual_pipeline_model_parallel_size else None,
                 position_embedding_type="rope",
             )
             _moe_forward(model, cfg)

@@ -9,6 +9,7 @@ gpus_per_node`` (the config is the source of truth, never the environment).
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 from typing import Any
@@ -217,9 +218,55 @@ def _exact_div(a: int, b: int) -> int | None:
     return a // b if b > 0 and a % b == 0 else None
 
 
+LAYOUT_CHARS = frozenset("ELtm")
+"""Megatron-Core's layout letters: embedding, loss, transformer (decoder) layer, MTP layer."""
+
+
+MAX_LAYOUT_LETTERS = 1 << 20
+"""Longest layout kilocard expands (a million layers and stages): a longer one is refused, never built."""
+
+
+def parse_pipeline_layout(text: str) -> list[str] | None:
+    """Megatron-Core's ``PipelineParallelLayerLayout.parse_str_to_list`` without Megatron: the virtual
+    stages of a layout string, each as its letters (``"Et*2|(tt|)*2L"`` -> ``["Ett", "tt", "tt", "L"]``);
+    ``None`` when a letter is not one of ``E L t m`` (commas are cosmetic, as there) or the expansion would
+    pass ``MAX_LAYOUT_LETTERS``."""
+    s = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        grown = sum(len(m.group(1)) * int(m.group(2)) for m in re.finditer(pattern, s))
+        if len(s) + grown > MAX_LAYOUT_LETTERS:
+            return None
+        s = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), s)
+    stages = s.split("|")
+    return stages if all(set(st) <= LAYOUT_CHARS for st in stages) else None
+
+
+def layout_stage_layers(text: str, pp: int) -> list[int] | None:
+    """Transformer layers on each pipeline rank of a layout (virtual stage ``k`` runs on rank ``k mod PP``,
+    Megatron-Core's order); ``None`` when the layout does not parse or its stages do not divide by PP."""
+    stages = parse_pipeline_layout(text)
+    if stages is None or pp < 1 or len(stages) % pp:
+        return None
+    out = [0] * pp
+    for k, st in enumerate(stages):
+        out[k % pp] += st.count("t")
+    return out
+
+
+def layout_vp(text: str | None, pp: int) -> int | None:
+    """The virtual stages per rank a layout implies when VP is not set (Megatron-Core's
+    ``TransformerConfig`` takes the layout's when it is more than 1); ``None`` otherwise."""
+    stages = parse_pipeline_layout(text) if text else None
+    if stages is None or len(stages) % pp or len(stages) // pp < 2:
+        return None
+    return len(stages) // pp
+
+
 def stage_layers(cfg: RunConfig) -> list[int] | None:
     """Layers per pipeline stage, as Megatron-Core's ``get_num_layers_to_build`` splits them."""
     p = cfg.parallel
+    if p.pipeline_model_parallel_layout is not None:
+        return layout_stage_layers(p.pipeline_model_parallel_layout, _pos(p.pipeline_model_parallel_size))
     return split_layers(
         cfg.model.num_layers,
         _pos(p.pipeline_model_parallel_size),
@@ -285,7 +332,7 @@ def compute_layout(cfg: RunConfig) -> Layout:
     c, p, t = cfg.cluster, cfg.parallel, cfg.trainer
     tp, pp, cp = _pos(p.tensor_model_parallel_size), _pos(p.pipeline_model_parallel_size), _pos(p.context_parallel_size)
     vp = p.virtual_pipeline_model_parallel_size
-    vp = vp if isinstance(vp, int) and vp >= 1 else None
+    vp = vp if isinstance(vp, int) and vp >= 1 else layout_vp(p.pipeline_model_parallel_layout, pp)
     sizes = of_sizes(
         world_size(c), tp, pp, vp, cp, _pos(p.expert_model_parallel_size), _pos(p.expert_tensor_parallel_size, tp)
     )

@@ -218,6 +218,14 @@ def gpu_spec(name: str) -> GpuSpec | None:
     return GPU_TABLE.get(name)
 
 
+def cluster_hbm_bytes(hbm_bytes: int | None, gpu: str) -> int | None:
+    """Memory per GPU: a cluster's own ``hbm_bytes``, else its GPU's in the table; ``None`` for an unknown GPU."""
+    if hbm_bytes:
+        return int(hbm_bytes)
+    spec = gpu_spec(gpu)
+    return spec.hbm_bytes if spec else None
+
+
 DEVICE_CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 """The variable that limits a GPU to one hardware queue per device when set to ``1``."""
 

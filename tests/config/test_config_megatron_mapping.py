@@ -12,6 +12,7 @@ import dataclasses
 import warnings
 
 import pytest
+import torch
 
 from kilocard.backends import Backend
 from kilocard.config.compose import compose, to_run_config
@@ -27,6 +28,9 @@ ADAPTED = {
     "overlap_p2p_comm",
     "tp_comm_overlap",
     "moe_grouped_gemm",
+    "main_params_dtype",  # dtype names -> torch dtypes (build_optimizer)
+    "exp_avg_dtype",
+    "exp_avg_sq_dtype",
 }
 
 
@@ -57,7 +61,10 @@ def test_adapter_configs_carry_every_mapped_value(recipe: str) -> None:
     checked = 0
     for cls, built in (
         (type(tc), tc),
-        (OptimizerConfig, OptimizerConfig(**megatron_kwargs(cfg, OptimizerConfig))),
+        (
+            OptimizerConfig,
+            OptimizerConfig(**{k: v for k, v in megatron_kwargs(cfg, OptimizerConfig).items() if k not in ADAPTED}),
+        ),
         (
             DistributedDataParallelConfig,
             DistributedDataParallelConfig(**megatron_kwargs(cfg, DistributedDataParallelConfig)),
@@ -92,3 +99,25 @@ def test_attention_backend_reaches_megatron_core_and_a_bad_name_is_one_line() ->
     bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention_backend="sdpa"))
     with pytest.raises(UnsupportedConfig, match=r"^model.attention_backend: 'sdpa' is not one of .*auto"):
         transformer_config(bad, CPU)
+
+
+def test_what_the_cpu_trainer_cannot_build_is_refused_in_one_line() -> None:
+    """Megatron-FSDP, activation offloading and the precision-aware optimizer reach the estimates (the published
+    runs used them) but the trainer builds none of them on CPU ranks: each is refused naming field and fix."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from kilocard.train.megatron_adapter import UnsupportedConfig, optimizer_config, transformer_config, wrap_ddp
+    cfg = to_run_config(compose(["recipe=tiny_gpt"]))
+
+    def with_(group: str, **kw):
+        return dataclasses.replace(cfg, **{group: dataclasses.replace(getattr(cfg, group), **kw)})
+
+    with pytest.raises(UnsupportedConfig, match=r"^parallel.use_megatron_fsdp: .*set parallel.use_megatron_fsdp=false"):
+        wrap_ddp(with_("parallel", use_megatron_fsdp=True), None, [])
+    with pytest.raises(UnsupportedConfig, match=r"^parallel.cpu_offloading: .*set parallel.cpu_offloading=false"):
+        transformer_config(with_("parallel", cpu_offloading=True, cpu_offloading_num_layers=1), CPU)
+    if not torch.cuda.is_available():  # with GPUs Megatron-Core builds it (Transformer Engine's FusedAdam)
+        with pytest.raises(UnsupportedConfig, match=r"^optim.use_precision_aware_optimizer: .*=false"):
+            optimizer_config(with_("optim", use_precision_aware_optimizer=True))
+    built = optimizer_config(cfg)  # the dtype names reach Megatron-Core as torch dtypes
+    assert (built.main_params_dtype, built.exp_avg_dtype, built.exp_avg_sq_dtype) == (torch.float32,) * 3

@@ -8,6 +8,7 @@ divisibility); ``test_config_megatron_names.py`` additionally builds each recipe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -261,3 +262,50 @@ def test_every_recipe_passes_the_validator(all_recipes: dict[str, RunConfig]) ->
 
     failing = {name: [f"{i.code}: {i.message}" for i in validate(rc).errors] for name, rc in all_recipes.items()}
     assert {name: errs for name, errs in failing.items() if errs} == {}
+
+
+#: Where a recipe deliberately runs something other than its published row, by recipe and field, with the
+#: reason its own header states. Everything else of the layout, batch, model shape and precision is compared.
+RECIPE_ROW_DIFFERENCES = {
+    "bridge_llama3_8b_fp8": {
+        "parallel.use_megatron_fsdp": "kilocard's trainer does not build Megatron-FSDP: the distributed optimizer",
+        "parallel.data_parallel_sharding_strategy": "the same",
+    },
+    **{
+        f"sc21_{size}": {"parallel.sequence_parallel": "the 2021 layouts on today's Megatron-Core (the row: 2021's)"}
+        for size in ("3_6b", "7_5b", "18b", "39b", "76b", "145b", "310b", "530b", "1t")
+    },
+}
+SHAPE_FIELDS = (
+    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
+    "vocab_size", "gated_linear_unit", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
+    "share_embeddings_and_output_weights", "position_embedding_type", "mtp_num_layers",
+)  # fmt: skip
+PRECISION_FIELDS = ("bf16", "fp16", "fp8", "fp8_recipe", "fp4")
+
+
+def test_a_recipe_and_its_published_row_make_the_same_run(all_recipes: dict[str, RunConfig]) -> None:
+    """The row's conversion (``perf.baselines.row_run_config``: what ``kilocard baselines`` predicts and the
+    validator checks) and the recipe agree on every parallel field, the batch, the GPUs, the model's shape
+    and the precision, except the differences each recipe states (``RECIPE_ROW_DIFFERENCES``)."""
+    from kilocard.perf.baselines import load_rows, row_run_config
+
+    rows = {r.id: r for r in load_rows()}
+    compared = 0
+    for name, rc in all_recipes.items():
+        row = rows.get(rc.recipe.baseline_id or "")
+        if row is None or not row.complete:
+            continue
+        cfg, allowed = row_run_config(row), RECIPE_ROW_DIFFERENCES.get(name, {})
+        fields = [("parallel", f.name) for f in dataclasses.fields(rc.parallel)]
+        fields += [("model", f) for f in SHAPE_FIELDS] + [("precision", f) for f in PRECISION_FIELDS]
+        fields += [("trainer", "micro_batch_size"), ("trainer", "global_batch_size"), ("cluster", "gpu")]
+        differ = {
+            f"{g}.{f}": (getattr(getattr(rc, g), f), getattr(getattr(cfg, g), f))
+            for g, f in fields
+            if getattr(getattr(rc, g), f) != getattr(getattr(cfg, g), f) and f"{g}.{f}" not in allowed
+        }
+        assert not differ, f"recipe {name} vs row {row.id}: {differ}"
+        assert world(rc) == world(cfg)
+        compared += 1
+    assert compared >= 13

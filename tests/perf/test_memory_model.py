@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from kilocard.config.schema import RunConfig
 from kilocard.layout import compute_layout
 from kilocard.perf.memory import bytes_per_param, estimate_memory
@@ -94,3 +96,43 @@ def test_fp8_keeps_linear_inputs_in_one_byte():
     fp8 = est(parallel__recompute_granularity="selective", precision__fp8="hybrid")
     assert 0.7 * bf16.activations < fp8.activations < 0.9 * bf16.activations
     assert fp8.weights == bf16.weights
+
+
+# --- what published runs used beyond the formula's inputs: Megatron-FSDP, offloading, optimizer-state dtypes ---
+FSDP = dict(parallel__use_megatron_fsdp=True, parallel__use_distributed_optimizer=True)
+
+
+def test_zero3_shards_weights_and_gradients_over_dp_plus_the_layers_held_whole():
+    plain = est(parallel__use_distributed_optimizer=True)
+    zero3 = est(**FSDP, parallel__data_parallel_sharding_strategy="optim_grads_params")
+    # dp = 8: each GPU keeps its 1/8 shard plus the running and the prefetched layer (2 of 16) whole,
+    # and the gradients of the one layer whose reduce-scatter is pending
+    assert zero3.weights == pytest.approx(plain.weights * (1 / 8 + 2 / 16), rel=1e-6)
+    assert zero3.gradients == pytest.approx(plain.gradients * (1 / 8 + 1 / 16), rel=1e-6)
+    assert (zero3.optimizer, zero3.activations) == (plain.optimizer, plain.activations)
+
+
+def test_zero2_shards_gradients_only_and_no_shard_nothing():
+    plain = est(parallel__use_distributed_optimizer=True)
+    zero2 = est(**FSDP, parallel__data_parallel_sharding_strategy="optim_grads")
+    assert zero2.weights == plain.weights and zero2.gradients < plain.gradients / 4
+    assert est(**FSDP).total == plain.total  # no_shard: what the distributed optimizer does already
+
+
+def test_offloaded_layers_activations_leave_the_gpu():
+    full = est().activations
+    assert est(parallel__cpu_offloading=True, parallel__cpu_offloading_num_layers=0).activations == full
+    half = est(parallel__cpu_offloading=True, parallel__cpu_offloading_num_layers=8).activations
+    assert 0.4 * full < half < 0.6 * full  # 8 of 16 layers' activations (the output layer's stay)
+
+
+def test_precision_aware_optimizer_counts_its_state_dtypes():
+    plain = est().optimizer  # fp32 master + two fp32 moments = 12 bytes per parameter
+    pao = dict(optim__use_precision_aware_optimizer=True, parallel__use_distributed_optimizer=True)
+    bf16 = dict(optim__exp_avg_dtype="bfloat16", optim__exp_avg_sq_dtype="bfloat16")
+    dist = est(parallel__use_distributed_optimizer=True).optimizer
+    # bf16 parameters: the fp32 master is kept as 16-bit remainders (2 bytes) unless that is switched off
+    assert est(**pao).optimizer == pytest.approx(dist * 10 / 12, rel=1e-6)
+    assert est(**pao, optim__store_param_remainders=False).optimizer == pytest.approx(dist, rel=1e-6)
+    assert est(**pao, **bf16).optimizer == pytest.approx(dist * 6 / 12, rel=1e-6)
+    assert plain == pytest.approx(dist * 8, rel=1e-5)

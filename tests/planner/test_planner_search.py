@@ -86,6 +86,26 @@ def test_uneven_pipeline_split_is_kept_or_evened_per_pp():
         assert compute_layout(apply(cfg, c)).stage_layers is not None, c
 
 
+def test_a_pipeline_layout_stays_only_on_candidates_with_its_stages():
+    """A config's pipeline_model_parallel_layout names every stage: kept where PP and VP are the config's,
+    dropped (the planner's own split) elsewhere, so no candidate is refused for a layout it cannot hold."""
+    layout = "Et*4|(t*4|)*14tL"
+    base = to_run_config(compose(["recipe=deepseek_v3"]))
+    par = dataclasses.replace(
+        base.parallel,
+        pipeline_model_parallel_layout=layout,
+        num_layers_in_first_pipeline_stage=None,
+        num_layers_in_last_pipeline_stage=None,
+    )
+    cfg = dataclasses.replace(base, parallel=par)
+    assert apply(cfg, current_candidate(cfg)).parallel.pipeline_model_parallel_layout == layout
+    for c in itertools.islice(enumerate_candidates(cfg, 1024), 0, None, 97):
+        out = apply(cfg, c)
+        assert compute_layout(out).stage_layers is not None, c
+        kept = out.parallel.pipeline_model_parallel_layout is not None
+        assert kept == ((c.pp, c.vp) == (16, None) and c.first_stage_layers is None and c.last_stage_layers is None)
+
+
 def test_override_line_selects_the_layout(llama70b):
     _, result = llama70b
     best = result.top[0].candidate

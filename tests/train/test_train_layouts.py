@@ -19,6 +19,14 @@ LAYOUTS = {
         "parallel.virtual_pipeline_model_parallel_size=2",
         "parallel.overlap_p2p_comm=true",
     ],
+    # Megatron-Core builds the stages a pipeline layout names (4 layers: 2 + 0 | 1 + 1 over PP2 x VP2)
+    "pp2_layout": [
+        "recipe=tiny_gpt",
+        "parallel.pipeline_model_parallel_size=2",
+        "parallel.virtual_pipeline_model_parallel_size=2",
+        "parallel.overlap_p2p_comm=true",
+        "parallel.pipeline_model_parallel_layout='Ett|t|t|L'",
+    ],
     "ep2_moe": ["recipe=tiny_moe", "parallel.expert_model_parallel_size=2"],
     "tp2_ep2_moe": [
         "recipe=tiny_moe",
@@ -35,6 +43,7 @@ def losses(run_dir):
     return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # 4-rank training
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_trains_and_loss_falls(kilocard_run, name):
     code, out, run_dir = kilocard_run(*LAYOUTS[name], "data=tiny_corpus", "trainer.train_iters=6", "--nproc", "4")

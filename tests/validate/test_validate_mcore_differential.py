@@ -48,6 +48,8 @@ def _case(rng: random.Random) -> dict:
         else None
     )
     rn = (rng.choice([None, 1, 2]) if rng.random() < 0.3 else (1 if rg == "full" else None)) if rg else None
+    split_set = first is not None or last is not None
+    layout = _layout(rng, layers, pp, vp) if rng.random() < (0.05 if split_set else 0.15) else None
     return dict(
         world=world,
         tp=tp,
@@ -64,8 +66,9 @@ def _case(rng: random.Random) -> dict:
         experts=experts,
         first=first,
         last=last,
-        acc_emb=rng.random() < 0.08 and first is None,
-        acc_loss=rng.random() < 0.08 and last is None,
+        acc_emb=rng.random() < (0.02 if layout else 0.08) and first is None,
+        acc_loss=rng.random() < (0.02 if layout else 0.08) and last is None,
+        layout=layout,
         rg=rg,
         rm=rm,
         rn=rn,
@@ -73,6 +76,19 @@ def _case(rng: random.Random) -> dict:
         fp16=rng.random() < 0.03,
         tp_pp_dp=rng.random() < 0.25,  # Megatron-LM's --use-tp-pp-dp-mapping order
     )
+
+
+def _layout(rng: random.Random, layers: int, pp: int, vp: int | None) -> str:
+    """A ``pipeline_model_parallel_layout`` near the valid region: ``layers`` transformer layers cut at random
+    into PP x VP virtual stages (empty ones allowed), the embedding first and the loss last; now and then
+    one stage too many or too few, a layer too many or too few, or the embedding or loss missing."""
+    chunks = max(1, pp * (vp or 1) + (rng.choice([-1, 1]) if rng.random() < 0.1 else 0))
+    n = max(0, layers + (rng.choice([-1, 1]) if rng.random() < 0.1 else 0))
+    cuts = sorted(rng.randint(0, n) for _ in range(chunks - 1))
+    stages = ["t" * (b - a) for a, b in zip([0, *cuts], [*cuts, n], strict=True)]
+    stages[0] = ("" if rng.random() < 0.05 else "E") + stages[0]
+    stages[-1] += "" if rng.random() < 0.05 else "L"
+    return "|".join(stages)
 
 
 def _run_config(c: dict) -> RunConfig:
@@ -101,6 +117,7 @@ def _run_config(c: dict) -> RunConfig:
             num_layers_in_last_pipeline_stage=c["last"],
             account_for_embedding_in_pipeline_split=c["acc_emb"],
             account_for_loss_in_pipeline_split=c["acc_loss"],
+            pipeline_model_parallel_layout=c["layout"],
             recompute_granularity=c["rg"],
             recompute_method=c["rm"],
             recompute_num_layers=c["rn"],
@@ -139,5 +156,9 @@ def test_validator_agrees_with_megatron_core(tmp_path):
         f"{len(cases)} layouts: Megatron-Core accepted {accepted}, rejected {len(cases) - accepted}; "
         f"{len(disagreements)} disagreements; rejections by code: {dict(codes)}"
     )
+    split = [(c, v) for c, v in zip(cases, verdicts, strict=False) if c["layout"] or c["acc_emb"] or c["acc_loss"]]
+    split_accepted = sum(v is None for _, v in split)
+    print(f"pipeline-split settings (layout, embedding/loss accounting): {len(split)}, accepted {split_accepted}")
     assert not disagreements, "\n".join(map(str, disagreements[:10]))
     assert 0.2 * len(cases) < accepted < 0.8 * len(cases)
+    assert split_accepted >= 5 and len(split) - split_accepted >= 5  # both verdicts on the split settings

@@ -174,6 +174,11 @@ class ParallelConfig:
     """Count the embedding as a layer when splitting layers over pipeline stages."""
     account_for_loss_in_pipeline_split: bool = False
     """Count the loss/output layer as a layer when splitting layers over pipeline stages."""
+    pipeline_model_parallel_layout: str | None = None
+    """Megatron-Core's layer-by-layer pipeline layout (``E`` embedding, ``t`` transformer layer, ``m`` MTP
+    layer, ``L`` loss; ``|`` ends a virtual stage, ``(..)*n`` and ``x*n`` repeat), e.g. ``Et*4|(t*4|)*14tL``
+    for 61 layers over 16 stages; stage ``k`` runs on pipeline rank ``k mod PP``. ``None``: the split the
+    fields above give. Excludes ``num_layers_in_first/last_pipeline_stage`` and the ``account_for_*`` fields."""
     cp_comm_type: str = "p2p"
     """Context-parallel exchange: ``p2p`` (ring), ``all_gather``, ``a2a`` or ``a2a+p2p``."""
     recompute_granularity: str | None = None
@@ -182,6 +187,17 @@ class ParallelConfig:
     """With full recompute: ``uniform`` or ``block``."""
     recompute_num_layers: int | None = None
     """With full recompute: layers per recompute unit (uniform) or recomputed layers (block)."""
+    cpu_offloading: bool = False
+    """Offload the activations of the first ``cpu_offloading_num_layers`` layers to host memory in the
+    forward pass and reload them for the backward (Megatron-Core; PP 1, no recompute; CUDA only)."""
+    cpu_offloading_num_layers: int = 0
+    """With ``cpu_offloading``: layers whose activations are offloaded (0 to ``num_layers - 1``)."""
+    use_megatron_fsdp: bool = False
+    """Wrap the model in Megatron-FSDP instead of DistributedDataParallel (Megatron-Core's
+    ``DistributedDataParallelConfig.use_megatron_fsdp``); what it shards is ``data_parallel_sharding_strategy``."""
+    data_parallel_sharding_strategy: str = "no_shard"
+    """With ``use_megatron_fsdp``: what is sharded over the data-parallel ranks, ``no_shard``, ``optim``
+    (ZeRO-1), ``optim_grads`` (ZeRO-2) or ``optim_grads_params`` (ZeRO-3: weights gathered layer by layer)."""
     use_tp_pp_dp_mapping: bool = False
     """Rank order ``tp-cp-ep-pp-dp`` (pipeline stages inside, data-parallel replicas outermost) instead of
     Megatron-Core's default ``tp-cp-ep-dp-pp``: Megatron-LM's ``--use-tp-pp-dp-mapping``, the order the
@@ -246,6 +262,18 @@ class OptimConfig:
     """Steps over which the LR decays; ``None`` means trainer.train_iters."""
     lr_decay_style: str = "cosine"
     """``constant``, ``linear``, ``cosine`` or ``WSD``."""
+    use_precision_aware_optimizer: bool = False
+    """Keep the optimizer state in the dtypes below (Megatron-Core with Transformer Engine's FusedAdam;
+    needs the distributed optimizer, Adam and GPUs)."""
+    main_params_dtype: str = "float32"
+    """With ``use_precision_aware_optimizer``: the master copy of the parameters, ``float32`` or ``float16``."""
+    exp_avg_dtype: str = "float32"
+    """With ``use_precision_aware_optimizer``: Adam's first moment, ``float32``, ``float16`` or ``bfloat16``."""
+    exp_avg_sq_dtype: str = "float32"
+    """With ``use_precision_aware_optimizer``: Adam's second moment, ``float32``, ``float16`` or ``bfloat16``."""
+    store_param_remainders: bool = True
+    """With ``use_precision_aware_optimizer``, bf16 parameters and an fp32 master copy: keep only the 16 bits
+    of each fp32 master value that its bf16 parameter does not hold (2 bytes instead of 4)."""
 
 
 @dataclass(kw_only=True)

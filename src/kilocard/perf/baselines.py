@@ -8,7 +8,7 @@ the Megatron-LM of 2021 (unfused attention with dropout 0.1, no sequence paralle
 communication overlap, gradients all-reduced in fp16 for fp16 runs); every other row runs today's
 Megatron-Core defaults for performance (flash attention, sequence parallelism, the distributed
 optimizer, gradient/parameter/TP/pipeline overlap). A row may override either with a
-``software:`` mapping of ParallelConfig/ModelConfig/PrecisionConfig field names.
+``software:`` mapping of ParallelConfig/ModelConfig/PrecisionConfig/OptimConfig field names.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kilocard.base.table import text_table
 from kilocard.config.schema import (
     ClusterConfig,
     ModelConfig,
+    OptimConfig,
     ParallelConfig,
     PrecisionConfig,
     RunConfig,
@@ -31,8 +32,10 @@ from kilocard.config.schema import (
 from kilocard.paths import data_dir
 from kilocard.perf.efficiency import FITTED, PerfModelParams
 from kilocard.perf.flops import CONVENTIONS, flops_per_iteration
+from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import PredictionInputs, predict_prepared, prepare, require_gpu
 from kilocard.perf.unstated import INTERLEAVED, apply_policy
+from kilocard.topology import GiB, cluster_hbm_bytes
 
 #: Per-GPU network bandwidth (one direction) of the DGX system of each GPU: one NIC per GPU.
 DGX_NETWORK_GBS: dict[str, float] = {
@@ -253,6 +256,8 @@ def row_run_config(row: Row) -> RunConfig:
         overlap_param_gather=modern,
         tp_comm_overlap=modern and tp > 1,
         overlap_p2p_comm=modern and bool(vp),
+        use_megatron_fsdp=bool(p.get("fsdp")),
+        data_parallel_sharding_strategy="optim_grads_params" if p.get("fsdp") else "no_shard",
         recompute_granularity=None if raw["recompute"] in ("none", "op") else raw["recompute"],
         recompute_method="uniform" if raw["recompute"] == "full" else None,
         recompute_num_layers=1 if raw["recompute"] == "full" else None,
@@ -269,16 +274,20 @@ def row_run_config(row: Row) -> RunConfig:
         fp8_param=prec == "fp8" and bool((raw.get("torchtitan") or {}).get("enable_fsdp_float8_all_gather")),
     )
     software = dict(raw.get("software") or {})
+    optim = OptimConfig()
     for key in list(software):
         if hasattr(model, key):
             model = replace(model, **{key: software.pop(key)})
         elif hasattr(precision, key):
             precision = replace(precision, **{key: software.pop(key)})
+        elif hasattr(optim, key):
+            optim = replace(optim, **{key: software.pop(key)})
     par.update(software)
     return RunConfig(
         model=model,
         parallel=ParallelConfig(**par),
         precision=precision,
+        optim=optim,
         cluster=row_cluster(raw),
         trainer=TrainerConfig(micro_batch_size=int(b["mbs"]), global_batch_size=int(b["gbs"])),
     )
@@ -378,6 +387,11 @@ class Comparison:
     cv_rel_error: float | None = None
     """The same error when the row's source is held out of the fit (``kilocard.perf.crossval``);
     ``None`` when not cross-validated."""
+    mem_bytes: int | None = None
+    """Estimated memory per GPU of the row's configuration (``kilocard.perf.memory``, what ``validate``
+    checks); ``None`` for a row that is not scored."""
+    hbm_bytes: int | None = None
+    """Memory per GPU of the row's GPU."""
 
 
 def published(row: Row) -> tuple[float | None, float | None, float | None]:
@@ -418,10 +432,18 @@ def compare_row(row: Row, recipes: dict[str, str], params: PerfModelParams = FIT
     if not row.complete or conv not in CONVENTIONS or pub_tf is None:
         note = row.excluded or "unverified/missing: " + ", ".join(row.missing or ["flops_convention"])
         return Comparison(**base, predicted_tflops_per_gpu=None, predicted_mfu=None, rel_error=None, note=note)
-    pred = predict_prepared(row_inputs(row, conv), params)
+    inputs = row_inputs(row, conv)
+    pred = predict_prepared(inputs, params)
     rel = (pred.tflops_per_gpu - pub_tf) / pub_tf
+    cfg = row_run_config(row)
     return Comparison(
-        **base, predicted_tflops_per_gpu=pred.tflops_per_gpu, predicted_mfu=pred.mfu, rel_error=rel, note=""
+        **base,
+        predicted_tflops_per_gpu=pred.tflops_per_gpu,
+        predicted_mfu=pred.mfu,
+        rel_error=rel,
+        note="",
+        mem_bytes=estimate_memory(cfg, inputs.layout).total,
+        hbm_bytes=cluster_hbm_bytes(cfg.cluster.hbm_bytes, cfg.cluster.gpu),
     )
 
 
@@ -486,6 +508,7 @@ def render_text(comps: list[Comparison]) -> str:
         "peak",
         "error",
         "CV error",
+        "mem GiB / HBM GiB",
     )
     lines = [header] + [
         (
@@ -499,6 +522,7 @@ def render_text(comps: list[Comparison]) -> str:
             _fmt(c.peak_tflops, ".0f"),
             _fmt(c.rel_error, "+.1%") if c.rel_error is not None else "excluded",
             _fmt(c.cv_rel_error, "+.1%"),
+            headroom(c),
         )
         for c in comps
     ]
@@ -511,10 +535,31 @@ def render_text(comps: list[Comparison]) -> str:
         f"FLOPs convention; MFU = TFLOP/s over the dense peak of the row's GEMM dtype)"
     )
     out.append(held_out_line(stats))
+    out.append(memory_line(comps))
     for c in comps:
         if c.note:
             out.append(f"excluded from the statistics: {c.id} ({c.note})")
     return "\n".join(out)
+
+
+def headroom(c: Comparison) -> str:
+    """``mem / HBM`` in GiB: the memory estimate of the row's configuration against its GPU's memory."""
+    if c.mem_bytes is None or not c.hbm_bytes:
+        return "-"
+    return f"{c.mem_bytes / GiB:.1f} / {c.hbm_bytes / GiB:.1f}"
+
+
+def memory_line(comps: list[Comparison]) -> str:
+    """The rows closest to and furthest from their GPU's memory (estimate over HBM)."""
+    fits = [c for c in comps if c.mem_bytes is not None and c.hbm_bytes]
+    if not fits:
+        return "memory:    no row scored"
+    share = {c.id: c.mem_bytes / c.hbm_bytes for c in fits if c.mem_bytes is not None and c.hbm_bytes}
+    hi, lo = max(share, key=share.__getitem__), min(share, key=share.__getitem__)
+    return (
+        f"memory:    estimate / HBM from {share[lo]:.0%} ({lo}) to {share[hi]:.0%} ({hi}) over {len(share)} rows "
+        "(`kilocard validate` refuses a layout above HBM less 3% and 1 GiB)"
+    )
 
 
 def held_out_line(stats: dict[str, float]) -> str:
@@ -544,6 +589,8 @@ def render_json(comps: list[Comparison]) -> str:
                 "predicted_mfu": c.predicted_mfu,
                 "rel_error": c.rel_error,
                 "cv_rel_error": c.cv_rel_error,
+                "mem_bytes": c.mem_bytes,
+                "hbm_bytes": c.hbm_bytes,
                 "excluded": c.note or None,
             }
             for c in comps

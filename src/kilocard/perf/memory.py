@@ -35,6 +35,13 @@ Where kilocard goes further (each term is zero, or the identity, on Megatron's o
 
 * FP8/FP4 GEMMs: Transformer Engine keeps the inputs of the four linear layers (QKV, attention
   projection, fc1, fc2) for the backward pass in 1 byte instead of 2; those terms are halved.
+* Megatron-FSDP (``use_megatron_fsdp``): ``optim_grads`` shards the gradients and ``optim_grads_params``
+  the weights too over DP*CP (expert ones over expert-DP), each GPU holding its shard plus the layers
+  held whole at once (``FSDP_GATHERED_LAYERS``: two layers' weights, the running and the prefetched one,
+  one layer's gradients);
+* activation offloading (``cpu_offloading``): the offloaded layers' activations leave the count;
+* optimizer-state dtypes (``use_precision_aware_optimizer``): the master copy and the two moments in
+  their own dtypes, the fp32 master of bf16 parameters as 2-byte remainders (``store_param_remainders``).
 
 Not modelled: allocator fragmentation and workspaces (the validator keeps a reserve for those),
 FP8 weight transpose caches.
@@ -46,7 +53,7 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from kilocard.config.dtypes import main_grads_fp32, mixed_precision, param_bytes
+from kilocard.config.dtypes import main_grads_fp32, mixed_precision, param_bytes, param_dtype
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.layout import Layout, compute_layout, megatron_sizes
 from kilocard.perf.megatron_lm import megatron_lm_args
@@ -115,11 +122,17 @@ def megatron_memory_args(cfg: RunConfig, layout: Layout | None = None) -> Simple
         world_size=lay.world_size,
         data_parallel_size=lay.dp_cp,
         seq_length=m.seq_length // max(1, lay.cp),
-        activation_num_layers=_inflight_layers(lay) if first is not None else m.num_layers,
+        activation_num_layers=(_inflight_layers(lay) if first is not None else m.num_layers) - _offloaded_layers(cfg),
         activation_ffn_hidden_size=_effective_ffn(m),
         fp8_linear_inputs=cfg.precision.fp8 is not None or cfg.precision.fp4 is not None,
     )
     return args
+
+
+def _offloaded_layers(cfg: RunConfig) -> int:
+    """Layers whose activations Megatron-Core's ``cpu_offloading`` keeps in host memory (PP 1 only)."""
+    p = cfg.parallel
+    return min(max(0, p.cpu_offloading_num_layers), cfg.model.num_layers) if p.cpu_offloading else 0
 
 
 def _inflight_layers(lay: Layout) -> int:
@@ -302,12 +315,22 @@ class BytesPerParam:
 
 def bytes_per_param(cfg: RunConfig) -> BytesPerParam:
     """Per-parameter bytes for this precision and optimizer (Megatron: 2 + 4 + 12 for bf16 Adam)."""
-    pr = cfg.precision
+    pr, o = cfg.precision, cfg.optim
     weight = 1.0 if pr.fp8_param else float(param_bytes(pr))
     grad = 4.0 if main_grads_fp32(pr) else 2.0
     master = 4.0 if mixed_precision(pr) else 0.0
-    moments = 4.0 if cfg.optim.optimizer == "sgd" else 8.0
+    moments = 4.0 if o.optimizer == "sgd" else 8.0
+    if o.use_precision_aware_optimizer and o.optimizer == "adam":
+        moments = float(STATE_BYTES.get(o.exp_avg_dtype, 4) + STATE_BYTES.get(o.exp_avg_sq_dtype, 4))
+        if master:
+            master = float(STATE_BYTES.get(o.main_params_dtype, 4))
+            if master == 4 and o.store_param_remainders and param_dtype(pr) == "bfloat16" and not pr.fp8_param:
+                master = 2.0  # the fp32 master's low 16 bits; the bf16 parameter holds the rest
     return BytesPerParam(weight=weight, grad=grad, optim=master + moments)
+
+
+STATE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+"""Bytes per element of an optimizer-state dtype (``optim.*_dtype``)."""
 
 
 def checkpoint_bytes(cfg: RunConfig) -> int:
@@ -443,19 +466,57 @@ def optimizer_shards(cfg: RunConfig, lay: Layout) -> tuple[int, int]:
     return lay.dp_cp, lay.expert_dp or 1
 
 
-def estimate_memory(cfg: RunConfig, layout: Layout | None = None) -> MemoryEstimate:
-    """Bytes per GPU on the most loaded pipeline stage of ``cfg`` (see the module docstring)."""
-    lay = layout or compute_layout(cfg)
-    a = megatron_memory_args(cfg, lay)
+FSDP_SHARDS = {"optim_grads": ("grads",), "optim_grads_params": ("grads", "params")}
+"""What Megatron-FSDP shards over the data-parallel ranks besides the optimizer state, per strategy."""
+
+FSDP_GATHERED_LAYERS = {"params": 2, "grads": 1}
+"""Layers held unsharded at once under Megatron-FSDP: the weights of the layer running and of the one
+prefetched (``fsdp_double_buffer``, which Megatron-Bridge's Megatron-FSDP recipes set), the gradients of
+the layer whose reduce-scatter is pending."""
+
+
+def fsdp_sharded(cfg: RunConfig, what: str) -> bool:
+    """Whether Megatron-FSDP shards ``what`` (``params`` or ``grads``) over the data-parallel ranks."""
+    p = cfg.parallel
+    return p.use_megatron_fsdp and what in FSDP_SHARDS.get(p.data_parallel_sharding_strategy, ())
+
+
+def _fsdp_held(params: float, ranks: int | None, gathered: float) -> float:
+    """Parameters (or gradients) one GPU holds of ``params`` sharded over ``ranks``: its shard plus the
+    ``gathered`` share held whole at once; all of them when nothing shards them."""
+    if not ranks or ranks <= 1:
+        return params
+    return min(params, params / ranks + params * gathered)
+
+
+def _state_bytes(cfg: RunConfig, lay: Layout, a: SimpleNamespace) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer, parameters) on one GPU of the most loaded stage, unrounded."""
     sp = stage_params(cfg, lay, a)
     bpp = bytes_per_param(cfg)
     dense_shard, expert_shard = optimizer_shards(cfg, lay)
     params = sp.dense + sp.expert
     optim = sp.dense * bpp.optim / dense_shard + sp.expert * bpp.optim / expert_shard
+    state = []
+    for what, per in (("params", bpp.weight), ("grads", bpp.grad)):
+        if not fsdp_sharded(cfg, what):
+            state.append(params * per)
+            continue
+        layers = max(1, max(lay.stage_layers or [cfg.model.num_layers // max(1, lay.pp)]))
+        gathered = min(1.0, FSDP_GATHERED_LAYERS[what] / layers)
+        held = sum(_fsdp_held(n, ranks, gathered) for n, ranks in ((sp.dense, lay.dp_cp), (sp.expert, lay.expert_dp)))
+        state.append(held * per)
+    return state[0], state[1], optim, params
+
+
+def estimate_memory(cfg: RunConfig, layout: Layout | None = None) -> MemoryEstimate:
+    """Bytes per GPU on the most loaded pipeline stage of ``cfg`` (see the module docstring)."""
+    lay = layout or compute_layout(cfg)
+    a = megatron_memory_args(cfg, lay)
+    weights, grads, optim, params = _state_bytes(cfg, lay, a)
     act = activation_bytes(cfg, a, lay.num_microbatches)
     return MemoryEstimate(
-        weights=_round(params * bpp.weight),
-        gradients=_round(params * bpp.grad),
+        weights=_round(weights),
+        gradients=_round(grads),
         optimizer=_round(optim),
         activations=_round(act),
         params_on_stage=_round(params),
@@ -465,13 +526,8 @@ def estimate_memory(cfg: RunConfig, layout: Layout | None = None) -> MemoryEstim
 def weight_and_optimizer_bytes(cfg: RunConfig, layout: Layout | None = None) -> float:
     """Unrounded weights + gradients + optimizer bytes (what Megatron's formula returns)."""
     lay = layout or compute_layout(cfg)
-    a = megatron_memory_args(cfg, lay)
-    sp = stage_params(cfg, lay, a)
-    bpp = bytes_per_param(cfg)
-    dense_shard, expert_shard = optimizer_shards(cfg, lay)
-    per_dense = bpp.weight + bpp.grad + bpp.optim / dense_shard
-    per_expert = bpp.weight + bpp.grad + bpp.optim / expert_shard
-    return sp.dense * per_dense + sp.expert * per_expert
+    weights, grads, optim, _ = _state_bytes(cfg, lay, megatron_memory_args(cfg, lay))
+    return weights + grads + optim
 
 
 def _round(x: float) -> int:

@@ -118,10 +118,15 @@ def _value(v: object) -> str:
 
 
 def apply(cfg: RunConfig, c: Candidate) -> RunConfig:
-    """``cfg`` with the candidate's parallel and micro-batch choices."""
+    """``cfg`` with the candidate's parallel and micro-batch choices; the config's own pipeline layout
+    stays only on a candidate with its PP, VP and no end-stage sizes (it names every stage)."""
     full = c.recompute == "full"
+    p = cfg.parallel
+    same_stages = (c.pp, c.vp) == (p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size)
+    keep_layout = same_stages and c.first_stage_layers is None and c.last_stage_layers is None
     par = dataclasses.replace(
         cfg.parallel,
+        pipeline_model_parallel_layout=p.pipeline_model_parallel_layout if keep_layout else None,
         **{name: getattr(c, k) for k, name in MEGATRON_NAMES.items()},
         sequence_parallel=c.tp > 1,
         recompute_granularity=None if c.recompute == "none" else c.recompute,

@@ -109,6 +109,10 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
     cls = MLATransformerConfig if m.multi_latent_attention else TransformerConfig
     act, gated = _activation(m.activation)
     dtype = _DTYPES[param_dtype(pr)]
+    if p.cpu_offloading and not backend.is_cuda:
+        raise UnsupportedConfig(
+            "parallel.cpu_offloading: activation offloading needs GPUs; set parallel.cpu_offloading=false"
+        )
     if pr.fp8 and not (backend.is_cuda and not backend.local_spec):
         raise UnsupportedConfig(f"precision.fp8: {pr.fp8!r} needs Transformer Engine on GPUs; set precision.fp8=null")
     interleaved_overlap = p.overlap_p2p_comm and p.virtual_pipeline_model_parallel_size is not None
@@ -202,6 +206,11 @@ def wrap_ddp(run_cfg: RunConfig, config: Any, chunks: list[Any]) -> list[Any]:
     """Megatron-Core DistributedDataParallel around each chunk, with the overlap options."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
+    if run_cfg.parallel.use_megatron_fsdp:
+        raise UnsupportedConfig(
+            "parallel.use_megatron_fsdp: kilocard's trainer does not build Megatron-FSDP; "
+            "set parallel.use_megatron_fsdp=false and parallel.use_distributed_optimizer=true"
+        )
     kw = megatron_kwargs(run_cfg, DistributedDataParallelConfig)
     kw.update(grad_reduce_in_fp32=main_grads_fp32(run_cfg.precision), check_for_nan_in_grad=False)
     ddp_cfg = DistributedDataParallelConfig(**kw)
@@ -212,15 +221,30 @@ def wrap_ddp(run_cfg: RunConfig, config: Any, chunks: list[Any]) -> list[Any]:
 
 
 def build_optimizer(run_cfg: RunConfig, chunks: list[Any]) -> Any:
-    """``get_megatron_optimizer`` with an OptimizerConfig from ``config.optim``."""
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    """``get_megatron_optimizer`` with the run's ``optimizer_config``."""
+    from megatron.core.optimizer import get_megatron_optimizer
 
-    cfg = OptimizerConfig(
-        **megatron_kwargs(run_cfg, OptimizerConfig),
+    return get_megatron_optimizer(optimizer_config(run_cfg), chunks)
+
+
+def optimizer_config(run_cfg: RunConfig) -> Any:
+    """The OptimizerConfig of ``config.optim`` (optimizer-state dtype names as torch dtypes)."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    kw = megatron_kwargs(run_cfg, OptimizerConfig)
+    if run_cfg.optim.use_precision_aware_optimizer and not torch.cuda.is_available():
+        raise UnsupportedConfig(
+            "optim.use_precision_aware_optimizer: needs Transformer Engine's FusedAdam on GPUs; "
+            "set optim.use_precision_aware_optimizer=false"
+        )
+    for name in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        if name in kw:  # a dtype name -> the torch dtype OptimizerConfig takes
+            kw[name] = _DTYPES[kw[name]]
+    return OptimizerConfig(
+        **kw,
         params_dtype=_DTYPES[param_dtype(run_cfg.precision)],
         overlap_param_gather_with_optimizer_step=False,
     )
-    return get_megatron_optimizer(cfg, chunks)
 
 
 def build_scheduler(run_cfg: RunConfig, optimizer: Any) -> Any:

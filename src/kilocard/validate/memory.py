@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
 from kilocard.perf.memory import MemoryEstimate, estimate_memory
-from kilocard.topology import GiB, gpu_spec
+from kilocard.topology import GiB, cluster_hbm_bytes
 from kilocard.validate.issues import Issue, error, warning
 
 #: Share of HBM kept free for the caching allocator's fragmentation. Small, because the estimate
@@ -23,10 +23,7 @@ TIGHT_FRACTION = 0.90
 
 def hbm_bytes(cfg: RunConfig) -> int | None:
     """Memory per GPU: cluster.hbm_bytes, else the GPU table's; ``None`` for an unknown GPU."""
-    if cfg.cluster.hbm_bytes:
-        return int(cfg.cluster.hbm_bytes)
-    gpu = gpu_spec(cfg.cluster.gpu)
-    return gpu.hbm_bytes if gpu else None
+    return cluster_hbm_bytes(cfg.cluster.hbm_bytes, cfg.cluster.gpu)
 
 
 def usable_bytes(hbm: int) -> int:

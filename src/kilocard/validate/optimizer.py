@@ -89,6 +89,50 @@ def rule_lr_order(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
 
 
+STATE_DTYPES = {
+    "main_params_dtype": ("float32", "float16"),
+    "exp_avg_dtype": ("float32", "float16", "bfloat16"),
+    "exp_avg_sq_dtype": ("float32", "float16", "bfloat16"),
+}
+"""The optimizer-state dtypes Megatron-Core 0.16.1 takes under ``use_precision_aware_optimizer``."""
+
+
+def rule_precision_aware_optimizer(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """Optimizer-state dtypes: known names, other than fp32 only with ``use_precision_aware_optimizer``, which
+    needs Adam and the distributed optimizer (Megatron-Core ``OptimizerConfig.__post_init__``)."""
+    o = cfg.optim
+    for name, allowed in STATE_DTYPES.items():
+        value = getattr(o, name)
+        if value not in allowed:
+            yield error(
+                "OPTIM_STATE_DTYPE",
+                f"optim.{name}",
+                value,
+                f"{name} {value!r} is not one of {', '.join(allowed)}",
+                f"set optim.{name}=float32 (or another of those)",
+            )
+        elif value != "float32" and not o.use_precision_aware_optimizer:
+            yield error(
+                "OPTIM_STATE_DTYPE",
+                f"optim.{name}",
+                value,
+                f"{name} {value!r} takes effect only with use_precision_aware_optimizer (Megatron-Core asserts fp32)",
+                f"set optim.use_precision_aware_optimizer=true, or optim.{name}=float32",
+            )
+    if not o.use_precision_aware_optimizer:
+        return
+    if o.optimizer != "adam" or not cfg.parallel.use_distributed_optimizer:
+        yield error(
+            "PRECISION_AWARE_OPTIMIZER",
+            "optim.use_precision_aware_optimizer",
+            True,
+            f"use_precision_aware_optimizer needs optimizer adam ({o.optimizer}) and the distributed optimizer "
+            f"(use_distributed_optimizer={cfg.parallel.use_distributed_optimizer})",
+            "set optim.optimizer=adam and parallel.use_distributed_optimizer=true, or "
+            "optim.use_precision_aware_optimizer=false",
+        )
+
+
 def rule_adam_betas(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """``ADAM_BETA``: 0 <= ``optim.adam_beta1``, ``optim.adam_beta2`` < 1 (``torch.optim.Adam`` raises at
     start-up otherwise; a beta of 1 never forgets the first gradient)."""
@@ -169,4 +213,5 @@ RULES = (
     rule_overlap_param_gather,
     rule_overlap_p2p,
     rule_tp_comm_overlap,
+    rule_precision_aware_optimizer,
 )

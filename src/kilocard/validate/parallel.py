@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
-from kilocard.layout import Layout
-from kilocard.validate.issues import Issue, error
+from kilocard.layout import MAX_LAYOUT_LETTERS, Layout, parse_pipeline_layout
+from kilocard.validate.issues import Issue, error, warning
 
 P = "parallel."
 SIZE_FIELDS = (
@@ -188,6 +188,9 @@ def rule_layers_per_stage(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
     vp = p.virtual_pipeline_model_parallel_size
     vp = vp if vp and vp > 0 and lay.pp > 1 else None
+    if p.pipeline_model_parallel_layout is not None:
+        yield from _layout(cfg, lay)
+        return
     if first is not None or last is not None:
         yield from _uneven(cfg, lay, first, last, vp)
         return
@@ -221,6 +224,76 @@ def rule_layers_per_stage(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             "not enough layers on the first/last stage to count the embedding/loss as a layer",
             "use fewer pipeline stages",
         )
+
+
+def _layout(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``pipeline_model_parallel_layout``: Megatron-Core's checks (``TransformerConfig.__post_init__`` and
+    ``PipelineParallelLayerLayout.validate_layer_layout``, megatron-core 0.16.1), each as one issue."""
+    p, m = cfg.parallel, cfg.model
+    text = p.pipeline_model_parallel_layout or ""
+    field, fix = (
+        P + "pipeline_model_parallel_layout",
+        "write one letter per layer (E embedding, t layer, m MTP, L loss), | between virtual stages, "
+        "e.g. Et*4|(t*4|)*14tL for 61 layers over 16 stages",
+    )
+    others = [
+        name
+        for name in (
+            "num_layers_in_first_pipeline_stage",
+            "num_layers_in_last_pipeline_stage",
+            "account_for_embedding_in_pipeline_split",
+            "account_for_loss_in_pipeline_split",
+        )
+        if getattr(p, name) not in (None, False)
+    ]
+    if others:
+        yield error(
+            "PIPELINE_LAYOUT_CONFLICT",
+            field,
+            text,
+            f"pipeline_model_parallel_layout cannot be combined with {', '.join(others)}",
+            f"use the layout alone: unset {', '.join(P + o for o in others)}",
+        )
+        return
+    problem = layout_problem(text, lay.pp, p.virtual_pipeline_model_parallel_size, m.num_layers, m.mtp_num_layers)
+    if problem:
+        yield error("PIPELINE_LAYOUT", field, text, problem, fix)
+
+
+def layout_problem(text: str, pp: int, vp: int | None, num_layers: int, mtp: int | None) -> str | None:
+    """What Megatron-Core refuses in a layout string, in one line; ``None`` when it accepts it."""
+    stages = parse_pipeline_layout(text)
+    if stages is None:
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        return (
+            f"layout {shown!r} does not parse: only E (embedding), t (layer), m (MTP), L (loss), | ( ) * and "
+            f"digits, at most {MAX_LAYOUT_LETTERS} letters once expanded"
+        )
+    if len(stages) % pp:
+        return f"layout has {len(stages)} virtual stages, not a multiple of pp({pp})"
+    chunks = len(stages) // pp
+    if vp is not None and vp != chunks:
+        return f"layout has {chunks} virtual stages per pipeline rank but virtual_pipeline_model_parallel_size is {vp}"
+    flat = "".join(stages)
+    if not flat or flat[0] != "E" or flat[-1] != "L" or flat.count("E") != 1 or flat.count("L") != 1:
+        return "layout must start with the embedding (E) and end with the loss (L), each exactly once"
+    if flat.count("t") != num_layers:
+        return f"layout places {flat.count('t')} transformer layers (t) but num_layers is {num_layers}"
+    if flat.count("m") != (mtp or 0):
+        return f"layout places {flat.count('m')} MTP layers (m) but mtp_num_layers is {mtp}"
+    return _mtp_problem(stages, pp, chunks, flat)
+
+
+def _mtp_problem(stages: list[str], pp: int, chunks: int, flat: str) -> str | None:
+    """Megatron-Core's MTP placement: after every transformer layer, all in one last virtual stage of a rank."""
+    if "m" not in flat:
+        return None
+    if "t" in flat[flat.index("m") :]:
+        return "transformer layers (t) must come before the MTP layers (m)"
+    holders = [k for k, st in enumerate(stages) if "m" in st]
+    if len(holders) > 1 or holders[0] < (chunks - 1) * pp:
+        return "the MTP layers (m) must all sit in one last virtual stage of a pipeline rank"
+    return None
 
 
 def _uneven(cfg: RunConfig, lay: Layout, first: int | None, last: int | None, vp: int | None) -> Iterable[Issue]:
@@ -278,6 +351,76 @@ def _uneven(cfg: RunConfig, lay: Layout, first: int | None, last: int | None, vp
         )
 
 
+SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+"""Megatron-Core's ``DistributedDataParallelConfig.data_parallel_sharding_strategy`` values."""
+
+
+def rule_megatron_fsdp(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """A known sharding strategy, only with Megatron-FSDP (Megatron-Core reads it nowhere else); kilocard's
+    trainer does not build Megatron-FSDP yet (a warning: the estimates count it, a launch refuses)."""
+    p = cfg.parallel
+    strategy = p.data_parallel_sharding_strategy
+    if strategy not in SHARDING_STRATEGIES:
+        yield error(
+            "FSDP_SHARDING_STRATEGY",
+            P + "data_parallel_sharding_strategy",
+            strategy,
+            f"data_parallel_sharding_strategy {strategy!r} is not one of {', '.join(SHARDING_STRATEGIES)}",
+            f"set {P}data_parallel_sharding_strategy=optim_grads_params (or another of those)",
+        )
+    elif strategy != "no_shard" and not p.use_megatron_fsdp:
+        yield error(
+            "FSDP_STRATEGY_WITHOUT_FSDP",
+            P + "data_parallel_sharding_strategy",
+            strategy,
+            f"data_parallel_sharding_strategy {strategy!r} takes effect only with use_megatron_fsdp",
+            f"set {P}use_megatron_fsdp=true, or {P}data_parallel_sharding_strategy=no_shard",
+        )
+    if p.use_megatron_fsdp:
+        yield warning(
+            "MEGATRON_FSDP_NOT_BUILT",
+            P + "use_megatron_fsdp",
+            True,
+            "kilocard's trainer wraps the model in Megatron-Core's DistributedDataParallel, not Megatron-FSDP: "
+            "the memory estimate and the prediction count the sharding, a launch refuses it",
+            f"for a launch, set {P}use_megatron_fsdp=false and {P}use_distributed_optimizer=true",
+        )
+
+
+def rule_cpu_offloading(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """Megatron-Core's activation offloading checks (``TransformerConfig.__post_init__``, 0.16.1): offloaded
+    layers fewer than ``num_layers``, no pipeline parallelism, no recompute."""
+    p, L = cfg.parallel, cfg.model.num_layers
+    if not p.cpu_offloading:
+        return
+    k = p.cpu_offloading_num_layers
+    field = P + "cpu_offloading"
+    if k < 0 or k >= L:
+        yield error(
+            "CPU_OFFLOAD_LAYERS",
+            P + "cpu_offloading_num_layers",
+            k,
+            f"cpu_offloading_num_layers({k}) must be at least 0 and less than num_layers({L})",
+            f"set {P}cpu_offloading_num_layers between 0 and {L - 1}",
+        )
+    if lay.pp > 1:
+        yield error(
+            "CPU_OFFLOAD_PP",
+            field,
+            True,
+            f"activation offloading does not run with pipeline parallelism, but pp({lay.pp})",
+            f"set {field}=false or {P}pipeline_model_parallel_size=1",
+        )
+    if p.recompute_granularity is not None:
+        yield error(
+            "CPU_OFFLOAD_RECOMPUTE",
+            field,
+            True,
+            f"activation offloading does not run with recompute ({p.recompute_granularity})",
+            f"set {field}=false or {P}recompute_granularity=null",
+        )
+
+
 def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
@@ -324,4 +467,6 @@ RULES = (
     rule_moe_bias_etp,
     rule_virtual_pipeline,
     rule_layers_per_stage,
+    rule_megatron_fsdp,
+    rule_cpu_offloading,
 )
