@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kilocard.base.safe_read import read_json
+from kilocard.base.safe_read import FileReadError, read_json
 from kilocard.perf.baselines import Comparison, Row
 from kilocard.perf.efficiency import FITTED, with_values
 from kilocard.perf.fit import Target, cold_fit, fit, middles, targets
@@ -64,7 +64,7 @@ def load_fold_fits(baselines_file: Path) -> dict[str, FoldFit]:
             )
             for g, f in doc["folds"].items()
         }
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (FileReadError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(
             f"{path}: not a fold-fits file ({type(e).__name__}: {e}); rewrite it with "
             f"scripts/fit_perf_model.py --file {baselines_file} --folds, or delete it"
