@@ -149,12 +149,12 @@ def commands(block: Block) -> list[Command]:
 
 def _exit_of(text: str) -> int:
     """The ``# exit N`` a command's trailing comment states, else 0."""
-    comment = _comment(text)
+    comment = command_comment(text)
     m = EXIT.search(comment) if comment else None
     return int(m.group(1)) if m else 0
 
 
-def _comment(text: str) -> str:
+def command_comment(text: str) -> str:
     """The trailing ``# ...`` of a command line (outside quotes), or ''."""
     quote: str | None = None
     for k, ch in enumerate(text):

@@ -26,6 +26,7 @@ from docblocks import (
     ROOT,
     Command,
     blocks,
+    command_comment,
     commands,
     doc_pages,
     files,
@@ -50,7 +51,7 @@ def _marks(cmd: Command) -> list[pytest.MarkDecorator]:
     argv = cmd.argv()
     slurm = "--submit" in argv or "--test-only" in argv or "slurm-" in cmd.text or argv[0] in {"sbatch", "srun"}
     verb = argv[1] if argv[0] == "kilocard" and len(argv) > 1 else None
-    slow = slurm or verb in SLOW_VERBS or "<run>" in cmd.text or argv[0] not in {"kilocard", "export", "unset"}
+    slow = slurm or verb in SLOW_VERBS or "<run>" in " ".join(argv) or argv[0] not in {"kilocard", "export", "unset"}
     return [pytest.mark.slurm] * slurm + [pytest.mark.slow] * slow
 
 
@@ -95,7 +96,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Page]:
 
 
 def _substitute(cmd: Command, page: Page) -> str:
-    """The command with ``<run>`` replaced by the page's latest run directory."""
+    """The command with ``<run>`` replaced by the page's latest run directory (its comment left as shown)."""
 
     def one(m: re.Match[str]) -> str:
         if m[1] != "run":
@@ -104,7 +105,9 @@ def _substitute(cmd: Command, page: Page) -> str:
             pytest.fail(f"{cmd.where}: <run> before any command of this page printed a run directory")
         return page.run_dir
 
-    return PLACEHOLDER.sub(one, cmd.text)
+    comment = command_comment(cmd.text)
+    code = cmd.text[: len(cmd.text) - len(comment)] if comment else cmd.text
+    return PLACEHOLDER.sub(one, code) + comment
 
 
 def _in_process(argv: list[str], page: Page, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
@@ -162,12 +165,12 @@ def test_documented_command(
     page = pages[cmd.block.page]
     text = _substitute(cmd, page)
     argv = shlex.split(text, comments=True)
-    code = text.split(" #", 1)[0]
+    code = text[: len(text) - len(command_comment(text))]
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     if argv[0] in ("export", "unset"):
         _export(argv, page)
         rc, out = 0, ""
-    elif argv[0] == "kilocard" and not SHELL_SYNTAX.search(shlex.join(argv)) and not SHELL_SYNTAX.search(code):
+    elif argv[0] == "kilocard" and not SHELL_SYNTAX.search(code):
         rc, out = _in_process(argv[1:], page, monkeypatch)
     else:
         rc, out = _in_shell(text, page)
