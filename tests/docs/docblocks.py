@@ -31,7 +31,7 @@ SHELL_TAGS = {"bash", "sh", "shell", "console"}
 OPT_OUT = "# not run by the docs test:"
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<info>[^`]*)$")
 EXIT = re.compile(r"#.*?\bexit (\d+)\b")
-FILE_COMMENT = re.compile(r"^#\s+(?P<path>[\w.-]+(?:/[\w.-]+)+\.ya?ml)\b")
+FILE_COMMENT = re.compile(r"^#\s+(?P<path>[\w-]+(?:/[\w.-]+)*\.ya?ml)\b")
 LOOKS_LIKE_COMMAND = re.compile(r"^(\$ |kilocard |\.venv/|python |python3 |bash |pip |export |sbatch |srun )")
 
 
