@@ -62,10 +62,10 @@ def build_ours(run_dir: Path) -> Any:
     import torch.distributed as dist
 
     from kilocard.backends import select
-    from kilocard.config.freeze import load_verified
+    from kilocard.rundir.freeze import load_verified
+    from kilocard.rundir.metrics import MetricsWriter
     from kilocard.train import entry
     from kilocard.train.dist_env import resolve
-    from kilocard.train.metrics import MetricsWriter
     from kilocard.train.signals import StopFlag, Watchdog
 
     env = resolve(os.environ)
@@ -103,8 +103,8 @@ def build_bare(run_dir: Path) -> Callable[[int], list[Stamp]]:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from kilocard.config.freeze import load_verified
     from kilocard.data.iterator import build_train_iterator
+    from kilocard.rundir.freeze import load_verified
 
     rc, _ = load_verified(run_dir)
     m, p, t, o = rc.model, rc.parallel, rc.trainer, rc.optim

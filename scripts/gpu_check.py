@@ -96,7 +96,7 @@ def run_one(args: argparse.Namespace, precision: str, gpu: str | None, work: Pat
     """Train one configuration; return its figures or the reason it failed."""
     from kilocard.config.compose import compose
     from kilocard.launch.rundir import create_run_dir
-    from kilocard.train.metrics import read_metrics
+    from kilocard.rundir.metrics import read_metrics
 
     reason = why_not(precision, args.cpu_smoke)
     if reason:

@@ -42,7 +42,7 @@ def tracker(run_dir: Path) -> int | None:
     return int(t.read_text()) if t.exists() else None
 
 
-LAUNCHERS = ("torch.distributed.run", "fault_tolerance.launcher")
+LAUNCHERS = ("torch.distributed.run", "fault_tolerance.launcher", "kilocard.launch.ftlaunch")
 """Modules of the launchers whose command lines also name ``kilocard.train`` (torchrun, NVRx ft_launcher)."""
 
 

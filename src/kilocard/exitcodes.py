@@ -5,16 +5,9 @@ next chain link to continue), anything in NO_RETRY stops the chain and leaves th
 second job on a run directory another job is writing) ends only that job: no requeue and no FAILED
 marker, since the run directory belongs to the writer that holds its lock.
 
-| code | name       | meaning                                                           | Slurm action        |
-|------|------------|-------------------------------------------------------------------|---------------------|
-| 0    | DONE       | trained to trainer.train_iters (or found the run already finished) | none; chain ends    |
-| 75   | RETRY      | stopped at a step boundary after a committed save (USR1/TERM)     | requeue / next link |
-| 76   | FAULT      | a rank died or hung; the last committed step is intact            | requeue / next link |
-| 77   | BAD_NODE   | a node failed its health check (``kilocard.train.health``)        | exclude, requeue    |
-| 2    | BAD_CONFIG | frozen config missing/altered, or a resume with a changed model    | fail, do not retry  |
-| 3    | BAD_CKPT   | the checkpoint to resume from failed its integrity check           | fail, do not retry  |
-| 4    | BUSY       | another writer holds the run directory's lock (kilocard.runlock)  | end this job only   |
-| 1    | CRASH      | any other error (a bug, NaN loss, disk full): a person must look   | fail, do not retry  |
+``TABLE`` below is the one list of codes: the batch script's comment block and its ``EXIT_*``
+variables (``kilocard.launch.render``), the run summary (``kilocard.rundir.progress``) and the
+verbs' help (``kilocard.commands.exits``) take their names from it.
 
 In-job restarts (``launcher.max_restarts`` > 0): a restarting launcher (NVRx ``ft_launcher``,
 torchrun) restarts every rank after any non-zero exit and reports only 0 or 1 itself. So each rank
@@ -31,6 +24,8 @@ batch script of an in-job run excludes the listed nodes from the job and requeue
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 DONE = 0
 CRASH = 1
 BAD_CONFIG = 2
@@ -46,6 +41,79 @@ RESTART_IN_JOB = frozenset({FAULT})
 """Codes on which a restarting launcher should restart the ranks inside the allocation."""
 INJOB_ENV = "KILOCARD_INJOB_RESTARTS"
 """Set (to ``launcher.max_restarts``) for ranks under a restarting launcher: see the module docstring."""
+
+
+@dataclass(frozen=True)
+class ExitCode:
+    """One row of the exit-code contract."""
+
+    code: int
+    """The process exit status."""
+    name: str
+    """Its name (the module constant of the same name holds ``code``)."""
+    meaning: str
+    """What ended the run with it."""
+    script: str
+    """What the batch script does on it."""
+    note: str = ""
+    """A few words the run summary adds to the name (empty: the name says it)."""
+
+
+TABLE = (
+    ExitCode(
+        DONE, "DONE", "trained to trainer.train_iters, or the run was already complete", "DONE marker, chain ends"
+    ),
+    ExitCode(
+        RETRY,
+        "RETRY",
+        "stopped at a step boundary after a committed save (USR1/TERM)",
+        "requeue / next link",
+        "stopped after a committed save",
+    ),
+    ExitCode(FAULT, "FAULT", "a rank died or hung; the last committed step is intact", "requeue / next link"),
+    ExitCode(
+        BAD_CONFIG,
+        "BAD_CONFIG",
+        "frozen config missing/altered, or resume with a changed model",
+        "FAILED marker, no retry",
+    ),
+    ExitCode(
+        BAD_CKPT, "BAD_CKPT", "the checkpoint to resume from failed its integrity check", "FAILED marker, no retry"
+    ),
+    ExitCode(
+        BUSY,
+        "BUSY",
+        "another job holds the run directory's lock",
+        "this job ends, no marker",
+        "another writer holds the run directory",
+    ),
+    ExitCode(CRASH, "CRASH", "any other error (bug, NaN loss, disk full)", "FAILED marker, no retry"),
+    ExitCode(
+        BAD_NODE,
+        "BAD_NODE",
+        "a node failed its health check (kilocard/train/health.py)",
+        "exclude the blocklist's nodes, requeue / next link",
+        "a node failed its health check",
+    ),
+)
+"""Every code of the contract, in the order the batch script's comment block lists them."""
+BY_CODE = {row.code: row for row in TABLE}
+"""``TABLE`` by code."""
+
+
+def describe(code: int) -> str:
+    """``NAME`` or ``NAME (note)`` for a code of the table; ``""`` for any other status."""
+    row = BY_CODE.get(code)
+    if row is None:
+        return ""
+    return f"{row.name} ({row.note})" if row.note else row.name
+
+
+def listing() -> str:
+    """``0 DONE, 75 RETRY, ...``: every code of the table by number and name."""
+    return ", ".join(f"{row.code} {row.name}" for row in TABLE)
+
+
 SEVERITY = (BAD_CONFIG, BAD_CKPT, BUSY, BAD_NODE, CRASH, FAULT, RETRY)
 """Which rank's code wins, first first, when ranks end differently."""
 

@@ -9,11 +9,25 @@ gpus_per_node`` (the config is the source of truth, never the environment).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
+from typing import Any
 
-from kilocard.config.schema import RunConfig
-from kilocard.topology import GroupPlacement, place_group
+from kilocard.config.schema import ClusterConfig, RunConfig
+from kilocard.topology import GroupPlacement, place_group, rank_order
+
+MEGATRON_NAMES = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "vp": "virtual_pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+}
+"""``Layout`` degree -> Megatron-Core's name for it (``parallel.*`` in the config, the keyword of
+``initialize_model_parallel``): the one rename between kilocard's short names and Megatron's."""
+RANK_FIELDS = ("world_size", "tp", "pp", "vp", "cp", "ep", "etp")
+"""What decides which rank holds which shard: per-rank state (RNG) maps one-to-one on resume when equal."""
 
 
 @dataclass(frozen=True)
@@ -123,12 +137,75 @@ class Layout:
         """Placement of each group kind (empty when DP is not whole; expert groups need a whole expert-DP)."""
         return place_groups(self)
 
-    def to_json(self) -> dict:
-        """A JSON-ready dict (groups as ``{name: {size, stride, within_node, within_nvlink, scope}}``)."""
+    @property
+    def order(self) -> str:
+        """Megatron-Core's rank order string (``tp-cp-ep-dp-pp``, or ``tp-cp-ep-pp-dp`` with the mapping)."""
+        return "-".join(rank_order(self.use_tp_pp_dp_mapping))
+
+    def same_ranks(self, other: Layout) -> bool:
+        """Whether every rank holds the same shard in both layouts (``RANK_FIELDS`` equal)."""
+        return all(getattr(self, k) == getattr(other, k) for k in RANK_FIELDS)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: every field, plus the derived ``groups`` (``{name: {size, stride, within_node,
+        within_nvlink, scope}}``) and ``model_parallel_size`` for readers; ``from_json`` reads it back."""
         out = asdict(self)
         out["groups"] = {k: {**asdict(g), "scope": g.scope} for k, g in self.groups.items()}
         out["model_parallel_size"] = self.model_parallel_size
         return out
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Layout:
+        """The layout ``to_json`` wrote (derived keys ignored), or the older checkpoint form
+        ``{world_size, tp, pp, vp, cp, ep, etp, distributed_optimizer}`` (``trainer_state.json`` before
+        the layout was one object): its degrees and DP are exact; where it has no placement the ranks
+        count as one node (``nodes`` 1, ``gpus_per_node`` = world size), which decides nothing on resume."""
+        if "nodes" in doc:
+            names = {f.name for f in fields(cls)}
+            return cls(**{k: v for k, v in doc.items() if k in names})
+        return of_sizes(
+            int(doc["world_size"]), doc["tp"], doc["pp"], doc.get("vp"), doc["cp"], doc["ep"], doc.get("etp")
+        )
+
+
+def megatron_sizes(lay: Layout) -> dict[str, int | None]:
+    """The layout's degrees under Megatron-Core's names (``MEGATRON_NAMES``): the parallel-size keywords of
+    ``initialize_model_parallel`` and of Megatron-LM's ``args``."""
+    return {name: getattr(lay, k) for k, name in MEGATRON_NAMES.items()}
+
+
+def world_size(cluster: ClusterConfig) -> int:
+    """Ranks of a run: ``cluster.nodes * cluster.gpus_per_node`` (a size below 1 counts 1; the rules report it).
+    The one computation: the layout, the launch plan, the planner and the reports take it from here."""
+    return _pos(cluster.nodes) * _pos(cluster.gpus_per_node)
+
+
+def data_parallel_size(world: int, tp: int, pp: int, cp: int) -> int | None:
+    """DP: ``world / (tp * pp * cp)``, ``None`` when not a whole number (Megatron-Core's rule)."""
+    return _exact_div(world, tp * pp * cp)
+
+
+def of_sizes(
+    world: int, tp: int = 1, pp: int = 1, vp: int | None = None, cp: int = 1, ep: int = 1, etp: int | None = None
+) -> Layout:
+    """A layout from its degrees alone, the ranks on one node (no batch, no stage split): a checkpoint's
+    recorded layout, or a single rank (``of_sizes(1)``)."""
+    etp = etp or tp
+    return Layout(
+        world_size=world,
+        nodes=1,
+        gpus_per_node=world,
+        nvlink_domain_size=world,
+        tp=tp,
+        pp=pp,
+        vp=vp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        dp=data_parallel_size(world, tp, pp, cp),
+        expert_dp=_exact_div(world, etp * ep * pp),
+        num_microbatches=None,
+    )
 
 
 def _pos(x: int | None, default: int = 1) -> int:
@@ -206,32 +283,20 @@ def place_groups(lay: Layout) -> dict[str, GroupPlacement]:
 def compute_layout(cfg: RunConfig) -> Layout:
     """The layout of ``cfg`` (never raises; invalid derived sizes are ``None``)."""
     c, p, t = cfg.cluster, cfg.parallel, cfg.trainer
-    nodes, gpn = _pos(c.nodes), _pos(c.gpus_per_node)
-    world = nodes * gpn
     tp, pp, cp = _pos(p.tensor_model_parallel_size), _pos(p.pipeline_model_parallel_size), _pos(p.context_parallel_size)
-    ep = _pos(p.expert_model_parallel_size)
-    etp = _pos(p.expert_tensor_parallel_size, tp)
-    dp = _exact_div(world, tp * pp * cp)
-    edp = _exact_div(world, etp * ep * pp)
-    mb = _exact_div(t.global_batch_size, _pos(t.micro_batch_size) * dp) if dp else None
-    if mb == 0:
-        mb = None
     vp = p.virtual_pipeline_model_parallel_size
     vp = vp if isinstance(vp, int) and vp >= 1 else None
-    return Layout(
-        world_size=world,
-        nodes=nodes,
-        gpus_per_node=gpn,
+    sizes = of_sizes(
+        world_size(c), tp, pp, vp, cp, _pos(p.expert_model_parallel_size), _pos(p.expert_tensor_parallel_size, tp)
+    )
+    dp = sizes.dp
+    mb = _exact_div(t.global_batch_size, _pos(t.micro_batch_size) * dp) if dp else None
+    return replace(
+        sizes,
+        nodes=_pos(c.nodes),
+        gpus_per_node=_pos(c.gpus_per_node),
         nvlink_domain_size=_pos(c.nvlink_domain_size),
-        tp=tp,
-        pp=pp,
-        vp=vp,
-        cp=cp,
-        ep=ep,
-        etp=etp,
-        dp=dp,
-        expert_dp=edp,
-        num_microbatches=mb,
+        num_microbatches=mb or None,
         stage_layers=stage_layers(cfg) if pp <= 4096 else None,
         use_tp_pp_dp_mapping=bool(p.use_tp_pp_dp_mapping),
         pod_gpus=_pos(c.pod_gpus, 0),

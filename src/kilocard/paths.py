@@ -6,6 +6,7 @@ In an installed wheel they sit inside the package (``kilocard/conf`` ...); in a 
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 
@@ -33,3 +34,12 @@ def data_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"kilocard data folder {name!r} not found in {_PKG} or {_REPO}")
+
+
+def cache_dir() -> Path:
+    """Where kilocard caches what it computed (the recipe table, site refits): ``KILOCARD_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/kilocard``, else ``~/.cache/kilocard``."""
+    if os.environ.get("KILOCARD_CACHE_DIR"):
+        return Path(os.environ["KILOCARD_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kilocard"

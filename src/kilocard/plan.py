@@ -5,9 +5,9 @@ count or an environment variable on its own. The plan is pure: it reads the conf
 environment), and it never changes a parallel size.
 
 Environment, lowest precedence first:
-  1. layout-driven defaults (``CUDA_DEVICE_MAX_CONNECTIONS=1`` when TP or CP > 1 on pre-Blackwell
-     GPUs, so kernels are issued in the order Megatron-Core's communication overlap relies on; NCCL
-     error handling;
+  1. layout-driven defaults (``CUDA_DEVICE_MAX_CONNECTIONS=1`` where ``topology.one_device_connection``
+     says so: TP or CP > 1 on any GPU but a known Blackwell or newer, so kernels are issued in the
+     order Megatron-Core's communication overlap relies on; NCCL error handling;
      the CUDA caching-allocator setting; ``OMP_NUM_THREADS`` per rank),
   2. ``cluster.env`` (site settings: NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...),
   3. ``launcher.env`` (this job).
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
-from kilocard.topology import gpu_spec
+from kilocard.topology import DEVICE_CONNECTIONS_ENV, one_device_connection
 
 CPU_GPU = "cpu"
 #: The caching-allocator setting for GPU ranks: fewer fragmentation OOMs at large scale.
@@ -38,7 +38,7 @@ class LaunchPlan:
     tasks_per_node: int
     """Ranks per node: one per GPU (on ``gpu: cpu`` clusters, one per CPU rank slot)."""
     world_size: int
-    """nodes * tasks_per_node."""
+    """nodes * tasks_per_node: the layout's world size (``kilocard.layout.world_size``)."""
     cpus_per_task: int
     """CPU cores per rank: cluster.cpus_per_node // tasks_per_node (at least 1)."""
     gpus_per_node: int
@@ -58,24 +58,20 @@ class LaunchPlan:
         return self.gpus_per_node > 0
 
     def to_json(self) -> str:
-        """The plan as JSON text (``plan.json`` in the run directory; the layout as its degrees and DP)."""
+        """The plan as JSON text (``plan.json`` in the run directory; ``layout`` as ``Layout.to_json()``, which
+        ``Layout.from_json`` reads back)."""
         doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "layout"}
-        lay = self.layout
-        doc.update(tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, dp=lay.dp, on_gpu=self.on_gpu)
+        doc.update(layout=self.layout.to_json(), on_gpu=self.on_gpu)
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
-def layout_env(cfg: RunConfig, on_gpu: bool, cpus_per_task: int) -> dict[str, str]:
+def layout_env(cfg: RunConfig, lay: Layout, on_gpu: bool, cpus_per_task: int) -> dict[str, str]:
     """Environment the layout and hardware call for (before cluster/launcher settings)."""
-    p = cfg.parallel
     env: dict[str, str] = {"OMP_NUM_THREADS": str(cpus_per_task)}
     if not on_gpu:
         return env
-    spec = gpu_spec(cfg.cluster.gpu)
-    before_blackwell = spec is None or spec.compute_capability < (10, 0)
-    if (p.tensor_model_parallel_size > 1 or p.context_parallel_size > 1) and before_blackwell:
-        # TP/CP communication overlap relies on kernels being queued in issue order (one HW queue)
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    if one_device_connection(cfg.cluster.gpu, lay.tp, lay.cp):
+        env[DEVICE_CONNECTIONS_ENV] = "1"
     env["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF
     # a failed or hung collective raises on every rank (-> exit FAULT) instead of hanging forever
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3"
@@ -89,15 +85,15 @@ def build_plan(cfg: RunConfig, layout: Layout | None = None) -> LaunchPlan:
     """The launch plan of a (validated) config; ``layout`` when the caller computed it already."""
     c, lay = cfg.cluster, layout or compute_layout(cfg)
     on_gpu = c.gpu != CPU_GPU
-    tasks = max(1, c.gpus_per_node)
+    tasks = lay.gpus_per_node  # one rank per GPU (per CPU rank slot on ``gpu: cpu``)
     cpus_per_task = max(1, c.cpus_per_node // tasks)
-    env = layout_env(cfg, on_gpu, cpus_per_task)
+    env = layout_env(cfg, lay, on_gpu, cpus_per_task)
     env.update({str(k): str(v) for k, v in c.env.items()})
     env.update({str(k): str(v) for k, v in cfg.launcher.env.items()})
     return LaunchPlan(
-        nodes=c.nodes,
+        nodes=lay.nodes,
         tasks_per_node=tasks,
-        world_size=c.nodes * tasks,
+        world_size=lay.world_size,
         cpus_per_task=cpus_per_task,
         gpus_per_node=c.gpus_per_node if on_gpu else 0,
         layout=lay,

@@ -21,7 +21,8 @@ from pathlib import Path
 from kilocard.config.compose import ComposeError, compose_each, recipe_catalog, to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.config.searchpath import env_site_dirs
-from kilocard.paths import data_dir
+from kilocard.layout import world_size
+from kilocard.paths import cache_dir, data_dir
 from kilocard.perf.params import count_parameters
 
 
@@ -68,7 +69,7 @@ def recipe_row(name: str, rc: RunConfig) -> RecipeRow:
         model=rc.model.name,
         params=count.total,
         active_params=count.active,
-        gpus=rc.cluster.nodes * rc.cluster.gpus_per_node,
+        gpus=world_size(rc.cluster),
         cluster=rc.cluster.name,
         precision=precision_label(rc),
         baseline=rc.recipe.baseline_id,
@@ -112,14 +113,6 @@ def _cache_key() -> str:
 
 KEEP_CACHED_CATALOGS = 8
 """Catalog files kept in the cache directory (several checkouts may share it)."""
-
-
-def cache_dir() -> Path:
-    """Where the catalog cache lives."""
-    if os.environ.get("KILOCARD_CACHE_DIR"):
-        return Path(os.environ["KILOCARD_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kilocard"
 
 
 def _read_cache(path: Path) -> list[RecipeRow] | None:

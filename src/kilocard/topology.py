@@ -218,6 +218,22 @@ def gpu_spec(name: str) -> GpuSpec | None:
     return GPU_TABLE.get(name)
 
 
+DEVICE_CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
+"""The variable that limits a GPU to one hardware queue per device when set to ``1``."""
+
+
+def one_device_connection(gpu: str, tp: int, cp: int) -> bool:
+    """Whether the ranks need ``CUDA_DEVICE_MAX_CONNECTIONS=1``: TP or CP > 1 on any GPU not known to be an
+    NVIDIA Blackwell or newer (compute capability >= 10); unknown and AMD GPUs included, as Megatron-LM
+    asserts it for every device architecture below 10. TP/CP communication overlaps compute only when
+    kernels are queued in issue order. The one rule: the launch plan sets it, the validator checks only
+    a value the user sets against it."""
+    spec = gpu_spec(gpu)
+    if (tp <= 1 and cp <= 1) or (spec is not None and spec.vendor == "cpu"):
+        return False
+    return spec is None or spec.vendor != "nvidia" or spec.compute_capability < (10, 0)
+
+
 def compute_dtype(bf16: bool, fp16: bool, fp8: str | None, fp4: str | None) -> str:
     """The dtype the GEMMs run in for these precision flags (the peak an MFU divides by)."""
     if fp4:

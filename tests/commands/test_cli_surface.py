@@ -14,7 +14,18 @@ from kilocard import cli, commands
 from kilocard.config.schema import CONFIG_GROUPS, RunConfig
 from kilocard.paths import data_dir
 
-FROZEN_GROUPS = ("model", "parallel", "precision", "optim", "data", "checkpoint", "trainer", "cluster", "launcher")
+FROZEN_GROUPS = (
+    "model",
+    "parallel",
+    "precision",
+    "optim",
+    "data",
+    "checkpoint",
+    "trainer",
+    "cluster",
+    "launcher",
+    "perf",
+)
 FROZEN_TOP_LEVEL_KEYS = ("recipe",) + FROZEN_GROUPS
 FROZEN_VERBS = (
     "recipes",
@@ -29,6 +40,7 @@ FROZEN_VERBS = (
     "logs",
     "convert",
     "goodput",
+    "report",
 )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from kilocard.commands import exits, main
-from kilocard.commands.report import issue_line
+from kilocard.commands.output import issue_line
 from kilocard.config.compose import compose, to_run_config
 from kilocard.validate import validate
 

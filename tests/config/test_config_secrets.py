@@ -53,8 +53,8 @@ def test_canonical_form_becomes_a_secret_name(group):
 
 
 def test_plain_values_and_node_interpolations_stay():
-    cfg = compose(["recipe=tiny_gpt", "+launcher.env.NCCL_DEBUG=INFO", "checkpoint.save=/ck/${launcher.job_name}"])
-    assert extract_secret_refs(cfg) == [] and cfg.checkpoint.save == "/ck/kilocard"
+    cfg = compose(["recipe=tiny_gpt", "+launcher.env.NCCL_DEBUG=INFO", "checkpoint.save=/ck/${recipe.name}"])
+    assert extract_secret_refs(cfg) == [] and cfg.checkpoint.save == "/ck/tiny_gpt"
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ def run_case(case: dict, out_dir: Path, backend) -> None:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from kilocard.config.schema import ModelConfig, ParallelConfig, RunConfig
+    from kilocard.layout import of_sizes
     from kilocard.train import megatron_adapter as ma
 
     sdir = Path(case["ckpt"]) / "step_0000000"
@@ -36,7 +37,7 @@ def run_case(case: dict, out_dir: Path, backend) -> None:
         expert_model_parallel_size=case["ep"],
     )
     run_cfg = dataclasses.replace(RunConfig(), model=ModelConfig(**saved), parallel=parallel)
-    ma.init_parallel_state(run_cfg, timeout_minutes=5)
+    ma.init_parallel_state(of_sizes(dist.get_world_size(), case["tp"], case["pp"], ep=case["ep"]), timeout_minutes=5)
     ma.seed_all(1234)
     config = ma.transformer_config(run_cfg, backend)
     (model,) = ma.build_model_chunks(run_cfg, config, backend)

@@ -44,11 +44,16 @@ def llama_single(tmp_path):
     return path, tensors
 
 
-def test_config_that_disagrees_with_the_recipe_names_the_first_field(tmp_path, capsys) -> None:
-    make("llama", tmp_path / "hf", num_key_value_heads=4)
+def test_config_that_disagrees_with_the_recipe_names_every_field_at_once(tmp_path, capsys) -> None:
+    make("llama", tmp_path / "hf", num_key_value_heads=4, intermediate_size=96, rms_norm_eps=1e-6)
     code, err = convert(capsys, "hf-to-mcore", str(tmp_path / "hf"), str(tmp_path / "out"), "recipe=tiny_llama")
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "config.json: num_key_value_heads is 4, recipe tiny_llama expects 2 (model.num_query_groups=2)" in err
+    assert "rms_norm_eps is 1e-06, recipe tiny_llama expects 1e-05 (model.layernorm_epsilon=1e-05)" in err
+    assert "intermediate_size is 96, recipe tiny_llama expects 128 (model.ffn_hidden_size=128)" in err
+    assert err.rstrip().endswith(
+        "without recipe= (the model then comes from config.json), or override those model fields"
+    )
     assert nothing_written(tmp_path, tmp_path / "out")
 
 
@@ -95,15 +100,13 @@ def test_unsupported_model_type_is_refused(llama_single, tmp_path, capsys) -> No
     assert code == 1 and "model_type 'gpt2' is not supported" in err, err
 
 
-def test_an_existing_output_and_a_missing_recipe_are_refused(llama_single, tmp_path, capsys) -> None:
+def test_an_existing_output_is_refused(llama_single, tmp_path, capsys) -> None:
     path, _ = llama_single
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("x")
     code, err = convert(capsys, "hf-to-mcore", str(path), str(tmp_path / "busy"), "recipe=tiny_llama")
     assert code == 1 and "already exists" in err, err
     assert (tmp_path / "busy" / "keep.txt").read_text() == "x"
-    code, err = convert(capsys, "hf-to-mcore", str(path), str(tmp_path / "out"))
-    assert code == 1 and "needs recipe=NAME" in err, err
 
 
 def test_export_refuses_a_directory_that_is_no_checkpoint(tmp_path, capsys) -> None:

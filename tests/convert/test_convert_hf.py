@@ -18,8 +18,8 @@ import pytest
 import torch
 from tiny_hf import convert_all, hf_tensors, make, model_class, recipe_of
 
-from kilocard.train import checkpoint as ck
-from kilocard.train import names
+from kilocard.rundir import checkpoint as ck
+from kilocard.rundir import names
 
 KINDS = ("llama", "llama31", "mixtral", "qwen2")
 TOLERANCE = 1e-4
@@ -104,7 +104,7 @@ def test_forward_matches_transformers_in_tp1_tp2_pp2_ep2(converted, tmp_path) ->
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     out = tmp_path / "out"
     out.mkdir()
-    from kilocard.train.dist_env import free_port
+    from kilocard.base.net import free_port
 
     worker = Path(__file__).with_name("mcore_forward.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "KILOCARD_BACKEND": "cpu"}

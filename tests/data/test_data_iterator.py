@@ -129,3 +129,31 @@ def test_resume_where_the_first_sample_read_has_padding_keeps_later_masks(tmp_pa
     for expected in full[start:]:
         got = next(resumed)
         assert torch.equal(got["loss_mask"], expected["loss_mask"])
+
+
+@pytest.mark.parametrize("data", ["mock", "tiny_corpus"])
+def test_eval_batches_read_the_validation_split_in_data_parallel_slices(tmp_path: Path, data: str) -> None:
+    """The validation split is not the train split, and two DP ranks read the halves of what one rank reads."""
+    from kilocard.data.iterator import build_eval_dataset, eval_batches
+    from kilocard.data.split import TEST, VALID
+
+    cfg = _cfg(f"data={data}", "trainer.micro_batch_size=2", "trainer.global_batch_size=8", "trainer.eval_interval=3")
+    valid = build_eval_dataset(cfg, VALID, dp_size=1, cache_dir=str(tmp_path))
+    assert valid is not None and build_eval_dataset(cfg, TEST, dp_size=1, cache_dir=str(tmp_path)) is not None
+    one = list(eval_batches(valid, cfg, start=8, rounds=2, dp_rank=0, dp_size=1))
+    assert len(one) == 8 and one[0]["tokens"].shape == (2, cfg.model.seq_length)
+    halves = [list(eval_batches(valid, cfg, start=8, rounds=2, dp_rank=r, dp_size=2)) for r in (0, 1)]
+    assert all(len(h) == 4 for h in halves)
+    for k in range(4):  # micro step k of DP rank r is micro step 2k + r of one rank
+        for r in (0, 1):
+            assert torch.equal(halves[r][k]["tokens"], one[2 * k + r]["tokens"])
+    train = _take(cfg, tmp_path, 1, dp_rank=0, dp_size=1)[0]
+    assert not torch.equal(train["tokens"], one[0]["tokens"])
+
+
+def test_a_test_split_without_documents_is_skipped_not_an_error(tmp_path: Path) -> None:
+    from kilocard.data.iterator import build_eval_dataset
+    from kilocard.data.split import TEST
+
+    cfg = _cfg("data=tiny_corpus", "trainer.eval_interval=3", "data.split='99,1,0'")
+    assert build_eval_dataset(cfg, TEST, dp_size=1, cache_dir=str(tmp_path)) is None

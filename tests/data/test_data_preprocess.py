@@ -48,7 +48,7 @@ def test_shipped_corpus_bin_idx_are_built_from_its_jsonl(tmp_path: Path) -> None
     assert (
         main(["preprocess", "--input", str(CORPUS / "tiny_corpus.jsonl"), "--output-prefix", str(tmp_path / "c")]) == 0
     )
-    for ext in ("bin", "idx"):
+    for ext in ("bin", "idx", "meta.json"):  # the record of what made it too
         built = (tmp_path / f"c_text_document.{ext}").read_bytes()
         assert built == (CORPUS / f"tiny_corpus_text_document.{ext}").read_bytes(), ext
     assert len(IndexedDataset(str(CORPUS / "tiny_corpus_text_document"))) >= 500

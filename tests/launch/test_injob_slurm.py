@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from kilocard.train.names import BLOCKLIST, FAILED_RANKS, UNHEALTHY_NODES_ENV
+from kilocard.rundir.names import BLOCKLIST, FAILED_RANKS, UNHEALTHY_NODES_ENV
 from slurm_runs import (
     ITERS,
     Run,

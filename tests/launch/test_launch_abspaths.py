@@ -7,9 +7,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kilocard.config.compose import compose
-from kilocard.config.freeze import CONFIG_FILE
 from kilocard.launch.rundir import create_run_dir
 from kilocard.paths import data_dir
+from kilocard.rundir.freeze import CONFIG_FILE
 
 
 def _frozen(run_dir: Path):
@@ -35,7 +35,7 @@ def test_relative_paths_are_frozen_absolute_against_the_cwd(tmp_path, monkeypatc
     assert frozen.data.path_to_cache == str(tmp_path / "cache" / "idx")
     assert frozen.cluster.shared_fs == str(tmp_path / "runs")
     assert frozen.cluster.venv == str(tmp_path / "home" / "venv")
-    assert run_dir.parent == Path("runs"), "the path printed to the user stays as given"
+    assert run_dir.parent == tmp_path / "runs", "under the one runs root (kilocard.launch.rundir.runs_root)"
 
 
 def test_data_prefixes_follow_the_trainers_lookup_cwd_then_shipped_root(tmp_path, monkeypatch):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from kilocard.config.compose import compose
-from kilocard.config.freeze import load_verified
 from kilocard.launch.local import rank_env
 from kilocard.launch.rundir import create_run_dir
 from kilocard.launch.slurm import missing_secrets
-from kilocard.runlock import TOKEN_ENV
+from kilocard.rundir.freeze import load_verified
+from kilocard.rundir.lock import TOKEN_ENV
 
 
 def test_rank_env_has_cluster_and_launcher_env_with_the_batch_scripts_precedence(tmp_path, monkeypatch):

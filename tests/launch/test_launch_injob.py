@@ -15,7 +15,6 @@ from pathlib import Path
 
 from kilocard import exitcodes
 from kilocard.config.compose import compose
-from kilocard.config.freeze import load_verified
 from kilocard.launch import ftlaunch
 from kilocard.launch.local import (
     SOCKET_TMPDIR_MAX,
@@ -27,7 +26,8 @@ from kilocard.launch.local import (
     stop_wait_s,
 )
 from kilocard.launch.rundir import create_run_dir
-from kilocard.train import events
+from kilocard.rundir import events
+from kilocard.rundir.freeze import load_verified
 from venvs import REPO, venv_without
 
 NO_NVRX = ("nvidia_resiliency",)
@@ -46,7 +46,7 @@ def test_in_job_restarts_start_ft_launcher_with_the_shared_arguments(tmp_path):
     cfg, _ = load_verified(run_dir)
     cmd = ft_command(run_dir, cfg, 2, 4321, stop_wait_s(cfg))
     shared = ftlaunch.ft_launcher_args(cfg, nnodes="1", nproc=2, rdzv_endpoint="127.0.0.1:4321")
-    assert cmd[1:3] == ["-m", ftlaunch.MODULE]
+    assert cmd[1:3] == ["-m", ftlaunch.TIED_MODULE]  # ft_launcher with its forks tied to it
     assert cmd[3 : 3 + len(shared)] == shared
     assert f"--term-timeout={math.ceil(stop_wait_s(cfg))}" in cmd
     assert cmd[-3:] == ["-m", "kilocard.train", str(run_dir)]
@@ -155,3 +155,22 @@ def test_failed_run_tail_leaves_out_the_missing_nvml_notes(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "failed (exitcode: 1)" in err and "starting workers" in err
     assert "NVML" not in err and "pynvml" not in err
+
+
+def test_a_failed_rank_s_own_error_line_reaches_the_terminal(tmp_path, capsys):
+    """A rank that fails before the trainer's handler (here at import) has no `kilocard.train: error` line: its
+    traceback's last line is shown, not torchrun's summary and boilerplate."""
+    from kilocard.launch.local import _print_tail
+
+    log = tmp_path / "train.log"
+    log.write_text(
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/venv/kilocard/train/__main__.py", line 12, in <module>\n'
+        "[rank1]: ModuleNotFoundError: No module named 'transformer_engine'\n"
+        "E1203 08:00:00 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) local_rank: 1\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "============================================================\n"
+    )
+    _print_tail(log)
+    err = capsys.readouterr().err.splitlines()
+    assert err[1:] == ["[rank1]: ModuleNotFoundError: No module named 'transformer_engine'"], err

@@ -8,7 +8,7 @@ import time
 
 from kilocard.cli import main
 from kilocard.config.compose import compose
-from kilocard.config.freeze import write_frozen
+from kilocard.rundir.freeze import write_frozen
 
 JOB_1 = "[kilocard 2026-01-01T00:00:00Z job 7] start\n 0: step 1 loss 9.1\n12: rank twelve\n 3: step 1\n"
 JOB_2 = "[kilocard 2026-01-01T01:00:00Z job 9] start\n 3: resumed\n 0: step 2\n"
@@ -94,3 +94,68 @@ def test_rank_without_a_readable_frozen_config_is_one_line(tmp_path, capsys):
     assert main(["logs", str(tmp_path), "--rank", "3"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "config.yaml" in err and "--rank needs the run's frozen config" in err
+
+
+LOCAL = """\
+[rank 0] kilocard.train: node health: vm ok (2 ranks in the job, 2 here)
+[    9.9s] kilocard.train: built model (2 micro-batches per step, world 2, backend cpu)
+[rank 1] kilocard.train: node health: vm ok (2 ranks in the job, 2 here)
+[rank1]: Traceback (most recent call last):
+kilocard.train: done at step 3
+"""
+
+
+def local_run_dir(tmp_path, holder: str = ""):
+    """A run directory as ``kilocard run`` leaves it: logs/train.log, the lock file with ``holder``."""
+    tmp_path.mkdir(exist_ok=True)
+    write_frozen(compose(["recipe=tiny_gpt"]), tmp_path)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "train.log").write_text(LOCAL)
+    (tmp_path / ".lock").write_text(holder)
+    return tmp_path
+
+
+def test_a_local_run_is_read_too(tmp_path, capsys):
+    """`kilocard logs` on a `kilocard run` directory printed nothing (exit 0)."""
+    d = local_run_dir(tmp_path)
+    assert main(["logs", str(d)]) == 0
+    assert capsys.readouterr().out == LOCAL
+    assert main(["logs", str(d), "--rank", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "[rank 1] kilocard.train: node health: vm ok (2 ranks in the job, 2 here)",
+        "[rank1]: Traceback (most recent call last):",
+    ]
+
+
+def test_follow_of_a_finished_local_run_returns(tmp_path, capsys):
+    """No holder (the launcher cleared it), or a holder whose process is gone (a killed launcher): ended."""
+    import json
+    import platform
+
+    for holder in ("", json.dumps({"host": platform.node(), "pid": 2**22 + 12345})):
+        d = local_run_dir(tmp_path / f"r{len(holder)}", holder)
+        assert main(["logs", str(d), "--follow"]) == 0
+        assert capsys.readouterr().out == LOCAL
+
+
+def test_follow_of_a_running_local_run_ends_when_its_launcher_lets_go(tmp_path, capsys):
+    """While a live process holds the lock (as `kilocard run` does), --follow reads on; it ends at release."""
+    from kilocard.commands.logs import show
+    from kilocard.rundir import lock as runlock
+
+    d = local_run_dir(tmp_path)
+    held = runlock.acquire(d)
+
+    def launcher():
+        time.sleep(1.0)
+        with (d / "logs" / "train.log").open("a") as f:
+            f.write("[rank 0] kilocard.train: summary written\n")
+        held.release()
+
+    t = threading.Thread(target=launcher)
+    t.start()
+    began = time.monotonic()
+    assert show(d, follow=True, poll_s=0.2) == 0
+    t.join()
+    assert capsys.readouterr().out.splitlines()[-1] == "[rank 0] kilocard.train: summary written"
+    assert 0.9 < time.monotonic() - began < 10

@@ -1,7 +1,7 @@
 """Code delivery (``launcher.packaging``): the snapshot a job runs, its provenance, previews, bad values.
 
-Real wheel builds (pip + hatchling of this checkout, no download) and real interpreters importing
-the unpacked snapshot from outside the repository; no cluster (the Slurm runs are in
+Real snapshots (this checkout's files packed as a wheel, no build backend), a real pip install of one,
+and real interpreters importing the unpacked snapshot from outside the repository; no cluster (the Slurm runs are in
 tests/launch/test_slurm_snapshot.py).
 """
 
@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -101,51 +100,51 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path, capsys):
     root = tmp_path / "runs"
     assert main(["sbatch", *TINY, f"cluster.shared_fs={root}", "launcher.run_name=r1", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"# run dir: {root}/r1 (dry run: nothing written)\n#!/bin/bash\n")
+    assert out.startswith(f"#!/bin/bash\n# run dir: {root}/r1 (dry run: nothing written)\n# kilocard batch script")
     assert f"RUN_DIR={root}/r1" in out and '"$RUN_DIR/preflight.py"' in out
     assert not root.exists()
 
 
-def test_a_failed_wheel_build_is_one_line_and_leaves_no_run_directory(tmp_path):
-    """A checkout pip cannot build: PackageError naming it and the fix; the half-made run dir is removed."""
+def test_snapshot_needs_no_build_backend_and_pip_installs_it(tmp_path):
+    """The snapshot is packed from the checkout's files: no hatchling, no pip at submit time (an install
+    without the test extra, `pip install -e .`, used to fail with "No module named 'hatchling'").
+    The packed wheel is a real one: pip installs it (no dependencies) with its metadata and console script."""
+    probe = (
+        "import sys; sys.modules['hatchling'] = None; sys.modules['pip'] = None\n"
+        "import subprocess; subprocess.run = subprocess.Popen = None  # nothing may be run\n"
+        "from pathlib import Path; from kilocard.launch.package import write_snapshot\n"
+        f"print(write_snapshot(Path({str(tmp_path / 'code')!r})))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    wheel = Path(proc.stdout.strip())
+    assert (tmp_path / "code" / "site" / "kilocard" / "conf" / "config.yaml").is_file()
+    target = tmp_path / "installed"
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target), str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert pip.returncode == 0, pip.stderr
+    meta = "from importlib.metadata import version, entry_points; print(version('kilocard'), "
+    meta += "[e.value for e in entry_points(group='console_scripts') if e.name == 'kilocard'])"
+    got = python_in(target, meta, tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split(None, 1) == ["0.1.0", "['kilocard.cli:_entry']\n"]
+    assert (target / "bin" / "kilocard").is_file()
+
+
+def test_an_unusable_checkout_is_one_line_and_leaves_no_run_directory(tmp_path):
+    """A checkout whose pyproject names no wheel packages: PackageError naming it and the fix; nothing left."""
     from kilocard.config.compose import compose
-    from kilocard.launch.package import PackageError, build_wheel
+    from kilocard.launch.package import PackageError, pack_checkout
     from kilocard.launch.rundir import create_run_dir
 
     bad = tmp_path / "checkout"
     bad.mkdir()
-    (bad / "pyproject.toml").write_text(
-        '[project]\nname = "kilocard"\nversion = "0.0.1"\n[build-system]\nrequires = []\n'
-        'build-backend = "no_such_backend"\n'
-    )
-    with pytest.raises(PackageError, match=r"cannot build the wheel of .*checkout \(.*\); fix the checkout"):
-        build_wheel(bad, tmp_path)
+    (bad / "pyproject.toml").write_text('[project]\nname = "kilocard"\nversion = "0.0.1"\n')
+    with pytest.raises(PackageError, match=r"names no project, version or wheel packages; fix the checkout"):
+        pack_checkout(bad, tmp_path)
     root = tmp_path / "runs"
     with pytest.raises(PackageError):
-        create_run_dir(compose(["recipe=tiny_gpt"]), [], root=root, stage=lambda d: build_wheel(bad, d))
+        create_run_dir(compose(["recipe=tiny_gpt"]), [], root=root, stage=lambda d: pack_checkout(bad, d))
     assert list(root.iterdir()) == []
-
-
-def test_a_sweep_builds_once_and_an_edit_rebuilds(tmp_path, monkeypatch):
-    """checkout_wheel reuses the process's build while the sources are unchanged; any edit rebuilds."""
-    from kilocard.launch import package
-
-    src = tmp_path / "checkout" / "src" / "kilocard"
-    src.mkdir(parents=True)
-    (src / "__init__.py").write_text("V = 1\n")
-    (tmp_path / "checkout" / "pyproject.toml").write_text(
-        '[project]\nname = "kilocard"\nversion = "9.9.9"\n[build-system]\nrequires = ["hatchling"]\n'
-        'build-backend = "hatchling.build"\n[tool.hatch.build.targets.wheel]\npackages = ["src/kilocard"]\n'
-    )
-    builds = []
-    real = package.build_wheel
-    monkeypatch.setattr(package, "build_wheel", lambda root, dest: builds.append(root) or real(root, dest))
-    wheels = []
-    for name in ("a", "b", "c"):
-        (tmp_path / name).mkdir()
-        if name == "c":
-            (src / "__init__.py").write_text("V = 2  # edited\n")
-        wheels.append(package.checkout_wheel(tmp_path / "checkout", tmp_path / name))
-    assert len(builds) == 2  # a and b share one build; c follows the edit
-    read = [zipfile.ZipFile(w).read("kilocard/__init__.py").decode() for w in wheels]
-    assert read == ["V = 1\n", "V = 1\n", "V = 2  # edited\n"]

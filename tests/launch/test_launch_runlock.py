@@ -1,6 +1,6 @@
 """One writer per run directory: a second ``kilocard run --resume``, a second rank 0, a second Slurm job.
 
-The lock holder in these tests is a real second process (``python -c`` taking ``kilocard.runlock``'s
+The lock holder in these tests is a real second process (``python -c`` taking ``kilocard.rundir.lock``'s
 flock), as a concurrent ``kilocard run`` would be.
 """
 
@@ -23,7 +23,7 @@ from kilocard.config.compose import compose, to_run_config
 from kilocard.launch.render import render_script
 from kilocard.launch.rundir import create_run_dir
 from kilocard.plan import build_plan
-from kilocard.runlock import LOCK_FILE, LockUnsupported, RunDirBusy, acquire, claim, read_holder
+from kilocard.rundir.lock import LOCK_FILE, LockUnsupported, RunDirBusy, acquire, claim, read_holder
 
 TINY = ["recipe=tiny_gpt", "trainer.train_iters=2", "trainer.tensorboard=false"]
 
@@ -40,7 +40,7 @@ def holder(run_dir):
     code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from kilocard.runlock import acquire
+        from kilocard.rundir.lock import acquire
         lock = acquire(Path({str(run_dir)!r}))
         print("held", flush=True)
         time.sleep(600)

@@ -238,3 +238,33 @@ def test_submit_refuses_missing_secret_before_calling_sbatch(tmp_path, capsys, m
     )
     assert rc == 1 and "KC_TEST_SECRET not set" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_script_mounts_the_frozen_absolute_checkpoint_dir_into_the_container(tmp_path, capsys, monkeypatch):
+    """A relative ``checkpoint.save`` with a container image: the script is rendered from the frozen config,
+    so the directory it saves to is mounted (rendered from the config as typed it mounted only the runs
+    directory, and the checkpoints went to the container's scratch space)."""
+    monkeypatch.chdir(tmp_path)
+    image = ["cluster.container_image=/lustre/images/kilocard.sqsh", "launcher.packaging=image"]
+    rc, out, err = run_cli([*TINY, f"cluster.shared_fs={tmp_path / 'runs'}", "checkpoint.save=ckpt", *image], capsys)
+    assert rc == 0, err
+    run_dir = Path(dict(line.split(": ", 1) for line in out.strip().splitlines())["run dir"])
+    assert f"save: {tmp_path / 'ckpt'}" in (run_dir / "config.yaml").read_text()
+    text = (run_dir / "submit.sbatch").read_text()
+    mounts = next(a for a in text.split() if a.startswith("--container-mounts=")).split("=", 1)[1].strip("'")
+    assert f"{tmp_path / 'ckpt'}:{tmp_path / 'ckpt'}" in mounts.split(","), mounts
+
+
+def test_preview_and_written_run_share_one_runs_root(tmp_path, capsys, monkeypatch):
+    """A relative ``cluster.shared_fs``: ``--dry-run`` names the directory the written run then gets
+    (``kilocard.launch.rundir.runs_root``: absolute against the cwd), and the script's paths agree."""
+    monkeypatch.chdir(tmp_path)
+    args = [*TINY, "cluster.shared_fs=runs", "launcher.run_name=exp"]
+    rc, out, err = run_cli([*args, "--dry-run"], capsys)
+    assert rc == 0, err
+    assert out.startswith(f"# run dir: {tmp_path / 'runs' / 'exp'} (dry run: nothing written)\n")
+    rc, out, err = run_cli(args, capsys)
+    assert rc == 0, err
+    run_dir = tmp_path / "runs" / "exp"
+    assert f"run dir: {run_dir}\n" in out
+    assert f"\nRUN_DIR={run_dir}\n" in (run_dir / "submit.sbatch").read_text()

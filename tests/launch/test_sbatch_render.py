@@ -152,12 +152,29 @@ def test_cpu_cluster_requests_no_gpus():
 
 def test_blackwell_does_not_force_one_connection():
     """GB200 (compute capability 10) needs no CUDA_DEVICE_MAX_CONNECTIONS from the layout."""
-    rc = to_run_config(
-        compose(["recipe=deepseek_v3", "cluster=gb200_nvl72", "~cluster.env.CUDA_DEVICE_MAX_CONNECTIONS"])
-    )
+    rc = to_run_config(compose(["recipe=deepseek_v3", "cluster=gb200_nvl72"]))
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in build_plan(rc).env
-    rc = to_run_config(compose(["recipe=deepseek_v3", "cluster=h100_dgx", "~cluster.env.CUDA_DEVICE_MAX_CONNECTIONS"]))
+    rc = to_run_config(compose(["recipe=deepseek_v3", "cluster=h100_dgx"]))
     assert build_plan(rc).env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm5-80gb", "mi300x", "a-gpu-kilocard-does-not-know", "b200-sxm-180gb"])
+def test_one_connection_rule_is_one_for_the_plan_and_the_validator(gpu):
+    """The launch plan and the validator apply ``topology.one_device_connection`` alike, for an unknown or
+    AMD GPU too; a variable the plan sets itself is never a warning; a user's other value is."""
+    from kilocard.topology import one_device_connection
+    from kilocard.validate import validate
+
+    base = ["recipe=llama3_8b", "cluster=h100_dgx", f"cluster.gpu={gpu}", "parallel.tensor_model_parallel_size=2"]
+    rc = to_run_config(compose(base))
+    wanted = one_device_connection(gpu, 2, 1)
+    assert wanted == (gpu != "b200-sxm-180gb")
+    assert build_plan(rc).env.get("CUDA_DEVICE_MAX_CONNECTIONS") == ("1" if wanted else None)
+    assert not [i for i in validate(rc).issues if i.code == "CUDA_DEVICE_MAX_CONNECTIONS"]
+    other = to_run_config(compose([*base, "+launcher.env.CUDA_DEVICE_MAX_CONNECTIONS=8"]))
+    flagged = [i.field for i in validate(other).issues if i.code == "CUDA_DEVICE_MAX_CONNECTIONS"]
+    assert flagged == (["launcher.env.CUDA_DEVICE_MAX_CONNECTIONS"] if wanted else [])
+    assert build_plan(other).env["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"  # the user's value wins, flagged above
 
 
 def test_env_precedence_launcher_over_cluster():

@@ -161,6 +161,13 @@ def test_basic_run_completes_on_two_nodes(runs):
     assert (run_dir / "DONE").exists()
     assert json.loads((run_dir / "jobs.json").read_text())["job_ids"] == runs["basic"]["ids"]
     assert not runs["pwned"].exists(), "an env value was executed by the batch script"
+    # the job's log ends with the reproduction report, and `kilocard report` reads the Slurm run directory
+    assert "reproduction (kilocard report RUN_DIR" in logs(run_dir) and "measured (median)" in logs(run_dir)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["report", str(run_dir), "--format", "json"]) == 0
+    rep = json.loads(out.getvalue())
+    assert rep["steps_used"] and rep["predicted"]["tflops_per_gpu"] > 0 and rep["measured"]["tflops_per_gpu"] > 0
 
 
 def test_time_limit_requeues_and_matches_uninterrupted_run(runs):

@@ -6,7 +6,7 @@ import json
 from dataclasses import replace
 
 from kilocard.config.compose import compose, to_run_config
-from kilocard.layout import compute_layout
+from kilocard.layout import Layout, compute_layout
 from kilocard.perf.flops import shape_from_model
 from kilocard.perf.predict import features_of, hardware_for, step_time
 from kilocard.perf.steptime import predict_step_time
@@ -18,11 +18,7 @@ PLAN_KEYS = {
     "world_size",
     "cpus_per_task",
     "gpus_per_node",
-    "tp",
-    "pp",
-    "cp",
-    "ep",
-    "dp",
+    "layout",
     "master_port",
     "env",
     "secret_env",
@@ -37,7 +33,8 @@ def test_launch_plan_holds_the_layout_and_plan_json_keeps_its_keys():
     assert plan.layout is lay and build_plan(cfg).layout == lay
     doc = json.loads(plan.to_json())
     assert set(doc) == PLAN_KEYS
-    assert [doc[k] for k in ("tp", "pp", "cp", "ep", "dp")] == [lay.tp, lay.pp, lay.cp, lay.ep, lay.dp]
+    assert Layout.from_json(doc["layout"]) == lay, "plan.json holds the one form, read back whole"
+    assert doc["world_size"] == lay.world_size and doc["nodes"] == lay.nodes
 
 
 def test_enabled_flags_follow_the_degrees():

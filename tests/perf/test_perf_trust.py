@@ -4,6 +4,7 @@ each row predicted by its own source's stored fold fit (a fit that never saw tha
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 
@@ -56,20 +57,24 @@ def test_a_fold_trained_on_its_own_rows_is_not_used(shipped):
 
 def test_band_widens_until_enough_rows_share_the_traits():
     """Width goes first, then the GPU family; dense/MoE is kept to the last (MoE rows are the far-off ones)."""
-    errors = [(("hopper", "MoE", "8-bit"), 0.10)] * 3 + [(("hopper", "MoE", "16-bit"), -0.02)] * 4
-    errors += [(("ampere", "dense", "16-bit"), 0.01)] * MIN_ROWS + [(("blackwell", "MoE", "8-bit"), 0.3)]
+    errors = [(("hopper", "MoE", "8-bit"), 0.10, "a")] * 3 + [(("hopper", "MoE", "16-bit"), -0.02, "b")] * 4
+    errors += [(("ampere", "dense", "16-bit"), 0.01, s) for s in "cdefg"] + [(("blackwell", "MoE", "8-bit"), 0.3, "h")]
     exact = band(("ampere", "dense", "16-bit"), errors, "f")
     assert (exact.kept, exact.rows, exact.mean_abs) == ((0, 1, 2), MIN_ROWS, pytest.approx(0.01))
     wide = band(("hopper", "MoE", "8-bit"), errors, "f")
     assert (wide.kept, wide.rows, wide.max_abs) == ((0, 1), 7, pytest.approx(0.10))
-    assert "(hopper, MoE; fewer than 5 are also 8-bit)" in wide.summary()
+    assert "from 2 sources like this run (hopper, MoE; fewer than 5 are also 8-bit)" in wide.summary()
+    assert "(only 2 sources: the spread is known from few setups)" in wide.summary()
+    assert "only" not in exact.summary().split(";")[0] and exact.sources == 5
     # an MoE run on Ampere: no Ampere MoE row, so every MoE row, never Ampere's dense ones
     moe = band(("ampere", "MoE", "16-bit"), errors, "f")
     assert (moe.kept, moe.rows, moe.max_abs) == ((1,), 8, pytest.approx(0.3))
     assert "(MoE; fewer than 5 are also ampere, 16-bit)" in moe.summary()
     none = band(("cpu", "dense", "32-bit"), errors, "f")
     assert (none.kept, none.rows, none.family_rows, none.all_rows) == ((1,), MIN_ROWS, 0, len(errors))
-    assert none.summary().startswith("no published row ran on cpu; 5 dense rows on other GPUs: mean 1.0%")
+    assert none.summary().startswith(
+        "no published row ran on cpu; 5 dense rows from 5 sources on other GPUs: mean 1.0%"
+    )
     assert none.to_json()["family_rows"] == 0
     assert band(("hopper", "dense", "16-bit"), [], "f") is None
 
@@ -94,10 +99,14 @@ def test_plan_states_the_error_of_rows_like_the_run(shipped, capsys):
     assert got["traits"] == ["hopper", "dense", "16-bit"] and got["rows"] == len(errs)
     assert got["cv_mean_abs_rel_error"] == pytest.approx(sum(errs) / len(errs))
     assert got["cv_max_abs_rel_error"] == pytest.approx(max(errs)) and got["all_rows"] == len(scored)
+    ranked = sorted(errs)
+    assert got["cv_q90_abs_rel_error"] == pytest.approx(ranked[math.ceil(0.9 * len(ranked)) - 1])
+    assert 1 < got["sources"] < got["rows"]
     assert main(["plan", "recipe=llama3_70b", "--top", "2"]) == 0
     text = capsys.readouterr().out
     mean = sum(errs) / len(errs)
-    assert f"  {len(errs)} published rows like this run (hopper, dense, 16-bit): mean {mean:.1%}" in text
+    line = f"  {len(errs)} published rows from {got['sources']} sources like this run (hopper, dense, 16-bit): "
+    assert line + f"mean {mean:.1%}, 90% within {got['cv_q90_abs_rel_error']:.1%}" in text
 
 
 def test_without_stored_fold_fits_the_error_is_unknown_and_a_broken_file_is_one_line(tmp_path):

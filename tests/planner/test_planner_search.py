@@ -186,7 +186,7 @@ def test_too_few_gpus_says_why_and_how_many(capsys):
 def test_plan_without_a_model_error_says_why(llama70b):
     """No stored fold fits (or a broken file): the table still prints, and the error line says why."""
     _, result = llama70b
-    assert "rows like this run (hopper, dense" in render_text(result)
+    assert "sources like this run (hopper, dense" in render_text(result)
     bare = dataclasses.replace(result, model_error=None, model_error_issue="no stored fold fits")
     assert "model error unknown: no stored fold fits" in render_text(bare)
     assert json.loads(render_json(bare))["model_error"] is None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kilocard.config.schema import ModelConfig
-from kilocard.train import checkpoint as ck
+from kilocard.rundir import checkpoint as ck
 
 #: Also run on every other supported megatron-core release (scripts/test.sh, second pass).
 pytestmark = pytest.mark.mcore_range

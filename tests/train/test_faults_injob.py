@@ -25,8 +25,8 @@ import pytest
 from conftest import KilocardRun
 from faults import EVERY, losses, rank_process, records, run_dir_of, tracker, train_log
 from kilocard import exitcodes
-from kilocard.train import checkpoint as ck
-from kilocard.train import events
+from kilocard.rundir import checkpoint as ck
+from kilocard.rundir import events
 from kilocard.train.heartbeat import HEARTBEAT_FILE
 
 pytestmark = pytest.mark.slow

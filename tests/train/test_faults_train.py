@@ -37,7 +37,7 @@ from faults import (
     train_log,
 )
 from kilocard import exitcodes
-from kilocard.train import checkpoint as ck
+from kilocard.rundir import checkpoint as ck
 
 pytestmark = pytest.mark.slow
 

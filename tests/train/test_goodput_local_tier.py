@@ -10,10 +10,10 @@ import pytest
 
 from kilocard.commands import main
 from kilocard.config.compose import compose
-from kilocard.config.freeze import write_frozen
-from kilocard.train import events
-from kilocard.train.goodput_report import report
-from kilocard.train.names import METRICS_FILE
+from kilocard.rundir import events
+from kilocard.rundir.freeze import write_frozen
+from kilocard.rundir.goodput_report import report
+from kilocard.rundir.names import METRICS_FILE
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``kilocard.train.goodput_report`` on hand-written records (a real frozen tiny_gpt config beside them),
+"""``kilocard.rundir.goodput_report`` on hand-written records (a real frozen tiny_gpt config beside them),
 for the cases a real run cannot be made to produce on demand, and the verb's bad input."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 
 from kilocard.commands import main
 from kilocard.config.compose import compose
-from kilocard.config.freeze import write_frozen
-from kilocard.train import events
-from kilocard.train.goodput_report import NoRecords, report
-from kilocard.train.names import METRICS_FILE
+from kilocard.rundir import events
+from kilocard.rundir.freeze import write_frozen
+from kilocard.rundir.goodput_report import NoRecords, report
+from kilocard.rundir.names import METRICS_FILE
 
 
 @pytest.fixture

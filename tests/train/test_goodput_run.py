@@ -14,8 +14,8 @@ import pytest
 
 from faults import EVERY, ITERS, TINY, kill_rank, records, run_until, tracker
 from kilocard import exitcodes
-from kilocard.train import checkpoint as ck
-from kilocard.train import events
+from kilocard.rundir import checkpoint as ck
+from kilocard.rundir import events
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def test_goodput_reports_the_time_a_killed_rank_cost(kilocard_run):
 
     cli = [sys.executable, "-m", "kilocard.cli", "goodput", str(run_dir), "--format", "json"]
     got = json.loads(subprocess.run(cli, capture_output=True, text=True, check=True).stdout)
-    assert set(got) == {"wall_s", "productive_s", "goodput", "checkpoint_s", "faults"}
+    assert set(got) == {"wall_s", "productive_s", "goodput", "checkpoint_s", "eval_s", "faults"}
     assert set(got["checkpoint_s"]) == {"local", "persistent"} and got["checkpoint_s"]["local"] == 0
     assert got["checkpoint_s"]["persistent"] > 0
     assert 0 < got["productive_s"] < got["wall_s"] and got["goodput"] == got["productive_s"] / got["wall_s"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kilocard.train import checkpoint as ck
+from kilocard.rundir import checkpoint as ck
 from kilocard.train import local_ckpt as lc
 
 

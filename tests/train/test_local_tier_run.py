@@ -17,8 +17,8 @@ import pytest
 
 from faults import kill_rank, losses, run_dir_of, train_log
 from kilocard import exitcodes
-from kilocard.train import checkpoint as ck
-from kilocard.train import events
+from kilocard.rundir import checkpoint as ck
+from kilocard.rundir import events
 from kilocard.train import local_ckpt as lc
 
 pytestmark = pytest.mark.slow

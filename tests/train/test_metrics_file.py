@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kilocard.train.metrics import METRICS_FILE, MetricsWriter, read_metrics
+from kilocard.rundir.metrics import METRICS_FILE, MetricsWriter, read_metrics
 
 
 def _records_with_torn_tail(run_dir: Path, steps: int) -> Path:

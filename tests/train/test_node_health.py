@@ -12,10 +12,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kilocard import exitcodes
+from kilocard.base.net import free_port
 from kilocard.config.compose import compose, to_run_config
+from kilocard.rundir.names import BLOCKLIST, EXIT_DIR_ENV, FAILED_RANKS, UNHEALTHY_NODES_ENV
 from kilocard.train import health
-from kilocard.train.dist_env import free_port
-from kilocard.train.names import BLOCKLIST, EXIT_DIR_ENV, FAILED_RANKS, UNHEALTHY_NODES_ENV
 
 
 def test_fault_injection_names_nodes():

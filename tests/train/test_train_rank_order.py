@@ -24,6 +24,7 @@ warnings.simplefilter("ignore")
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from megatron.core import parallel_state as ps
+from kilocard.layout import compute_layout
 from kilocard.train.megatron_adapter import init_parallel_state
 sys.path.insert(0, sys.argv[2])
 from run_configs import cfg_of
@@ -35,7 +36,7 @@ cfg = cfg_of(json.loads(sys.argv[1]))
 out = {}
 for rank in range(8):
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
-    init_parallel_state(cfg, timeout_minutes=1)
+    init_parallel_state(compute_layout(cfg), timeout_minutes=1)
     out[rank] = {
         "pp": dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()),
         "dp": dist.get_process_group_ranks(ps.get_data_parallel_group()),

@@ -11,8 +11,8 @@ import pytest
 from kilocard import exitcodes
 from kilocard.config.compose import compose, to_run_config
 from kilocard.launch.local import torchrun_command
+from kilocard.rundir.metrics import Throughput
 from kilocard.train.dist_env import resolve
-from kilocard.train.metrics import Throughput
 
 
 def test_slurm_variables_are_accepted():
@@ -147,7 +147,7 @@ def test_metrics_writer_tensorboard_scalars_read_back(tmp_path):
     """Every numeric field of a record is a ``train/<key>`` scalar at its step, read by TensorBoard's own reader."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from kilocard.train.metrics import MetricsWriter, read_metrics
+    from kilocard.rundir.metrics import MetricsWriter, read_metrics
 
     w = MetricsWriter(tmp_path, tensorboard=True, resume_step=0)
     for step in (1, 2, 3):
@@ -200,9 +200,10 @@ def test_forked_helpers_die_with_their_rank(guard, tmp_path):
 
 def test_checkpoint_files_and_names_import_without_torch():
     """The launchers and the progress table read what the ranks write (tracker, manifest, metrics, exit
-    codes) by the same names, without importing torch: ``kilocard.train.names`` and the file layer."""
+    codes) by the same names, without importing torch: ``kilocard.rundir.names`` and the file layer."""
     code = (
-        "import sys, kilocard.train.names, kilocard.train.checkpoint, kilocard.train.progress, kilocard.train.signals;"
+        "import sys, kilocard.rundir.names, kilocard.rundir.checkpoint, kilocard.rundir.progress,"
+        " kilocard.rundir.goodput_report, kilocard.rundir.lock, kilocard.train.signals;"
         "print('torch' in sys.modules)"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -211,7 +212,7 @@ def test_checkpoint_files_and_names_import_without_torch():
 
 def test_recorded_exit_code_is_what_the_launcher_reads(tmp_path, monkeypatch):
     """A rank's ``record_exit`` (entry and watchdog alike) lands where ``kilocard run`` looks for it."""
-    from kilocard.train.names import EXIT_DIR_ENV
+    from kilocard.rundir.names import EXIT_DIR_ENV
     from kilocard.train.signals import record_exit
 
     monkeypatch.setenv(EXIT_DIR_ENV, str(tmp_path))

@@ -104,7 +104,7 @@ def test_validate_states_the_model_error_under_the_prediction(capsys):
     text = capsys.readouterr().out
     below = text[text.index("predicted: ") :].splitlines()[1:3]
     assert below[0].strip().startswith("model error on published rows, each predicted by a fit that never saw")
-    assert "rows like this run (hopper, dense, 16-bit): mean " in below[1]
+    assert "sources like this run (hopper, dense, 16-bit): mean " in below[1] and "90% within" in below[1]
     assert main(["validate", "recipe=mixtral_8x7b", "--format", "json"]) == 0
     estimates = json.loads(capsys.readouterr().out)["estimates"]
     band = estimates["model_error"]

@@ -5,7 +5,20 @@ from __future__ import annotations
 import pytest
 
 from kilocard.layout import compute_layout
-from kilocard.validate import batch, launcher, model, optimizer, parallel, precision, recompute, topology, validate
+from kilocard.validate import (
+    batch,
+    dataset,
+    evaluation,
+    launcher,
+    model,
+    optimizer,
+    parallel,
+    precision,
+    recompute,
+    resilience,
+    topology,
+    validate,
+)
 from kilocard.validate.memory import rule_memory_fits
 from run_configs import cfg_of
 
@@ -438,9 +451,9 @@ CASES = [
     ),
     (
         launcher.rule_cuda_device_max_connections,
-        {**H100, "cluster.env": {}, P + "tensor_model_parallel_size": 2},
+        {**H100, "cluster.env": {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}, P + "tensor_model_parallel_size": 2},
         "CUDA_DEVICE_MAX_CONNECTIONS",
-        {**H100, P + "tensor_model_parallel_size": 2},
+        {**H100, "cluster.env": {}, P + "tensor_model_parallel_size": 2},  # unset: the launch plan sets it
     ),
     (
         launcher.rule_cuda_device_max_connections,
@@ -452,6 +465,118 @@ CASES = [
             "launcher.env": {"CUDA_DEVICE_MAX_CONNECTIONS": "32"},
             P + "context_parallel_size": 2,
         },
+    ),
+    # what Megatron-Core and torch reject at start-up, or what would train silently wrong (issue 24)
+    (optimizer.rule_adam_betas, {"optim.adam_beta2": 1.5}, "ADAM_BETA", {"optim.adam_beta2": 0.999}),
+    (optimizer.rule_adam_betas, {"optim.adam_beta1": -0.1}, "ADAM_BETA", {"optim.adam_beta1": 0.0}),
+    (
+        optimizer.rule_adam_betas,
+        {"optim.adam_beta1": 1.0},
+        "ADAM_BETA",
+        {"optim.optimizer": "sgd", "optim.adam_beta1": 1.0},
+    ),
+    (optimizer.rule_adam_eps, {"optim.adam_eps": 0.0}, "ADAM_EPS", {"optim.adam_eps": 1e-8}),
+    (optimizer.rule_clip_grad, {"optim.clip_grad": -1.0}, "CLIP_GRAD", {"optim.clip_grad": 0.0}),
+    (optimizer.rule_lr_schedule, {"optim.lr_decay_style": "foo"}, "LR_DECAY_STYLE", {"optim.lr_decay_style": "WSD"}),
+    (optimizer.rule_lr_schedule, {"optim.lr_warmup_iters": -1}, "LR_WARMUP_ITERS", {"optim.lr_warmup_iters": 0}),
+    (optimizer.rule_lr_schedule, {"optim.lr_decay_iters": -3}, "LR_DECAY_ITERS", {"optim.lr_decay_iters": None}),
+    (
+        optimizer.rule_lr_schedule,
+        {"trainer.train_iters": 20, "optim.lr_warmup_iters": 20},
+        "LR_WARMUP_CLAMPED",
+        {"trainer.train_iters": 20, "optim.lr_warmup_iters": 19},
+    ),
+    (model.rule_model_choices, {"model.normalization": "Foo"}, "MODEL_CHOICE", {"model.normalization": "RMSNorm"}),
+    (model.rule_model_choices, {"model.activation": "relu"}, "MODEL_CHOICE", {"model.activation": "squared_relu"}),
+    (
+        model.rule_model_choices,
+        {"model.position_embedding_type": "alibi"},
+        "MODEL_CHOICE",
+        {"model.position_embedding_type": "none"},
+    ),
+    (
+        model.rule_model_choices,
+        {**MOE, "model.moe_router_score_function": "tanh"},
+        "MODEL_CHOICE",
+        {**MOE, "model.moe_router_score_function": "sigmoid"},
+    ),
+    (
+        model.rule_norm_epsilon,
+        {"model.layernorm_epsilon": -1.0},
+        "LAYERNORM_EPSILON",
+        {"model.layernorm_epsilon": 1e-6},
+    ),
+    (model.rule_norm_epsilon, {"model.layernorm_epsilon": 0.0}, "LAYERNORM_EPSILON", {"model.layernorm_epsilon": 1e-5}),
+    (model.rule_init_method_std, {"model.init_method_std": 0.0}, "INIT_METHOD_STD", {"model.init_method_std": 0.006}),
+    (
+        model.rule_rope,
+        {"model.position_embedding_type": "rope", "model.rotary_percent": 0.0},
+        "ROPE",
+        {"model.position_embedding_type": "rope", "model.rotary_percent": 0.5},
+    ),
+    (
+        model.rule_rope,
+        {"model.position_embedding_type": "rope", "model.rope_scaling": True, "model.rope_scaling_factor": -8.0},
+        "ROPE",
+        {"model.position_embedding_type": "rope", "model.rope_scaling": True, "model.rope_scaling_factor": 8.0},
+    ),
+    (
+        model.rule_moe_aux_loss_coeff,
+        {**MOE, "model.moe_aux_loss_coeff": -0.01},
+        "MOE_AUX_LOSS_COEFF",
+        {**MOE, "model.moe_aux_loss_coeff": 0.01},
+    ),
+    (
+        model.rule_moe_topk1_softmax,
+        {**MOE, "model.moe_router_topk": 1},
+        "MOE_TOPK1_SOFTMAX",
+        {**MOE, "model.moe_router_topk": 1, "model.moe_router_score_function": "sigmoid"},
+    ),
+    (
+        model.rule_model_shape,
+        {**MOE, "model.moe_shared_expert_intermediate_size": 0},
+        "MODEL_SHAPE",
+        {**MOE, "model.moe_shared_expert_intermediate_size": 64},
+    ),
+    (
+        parallel.rule_moe_bias_etp,
+        {
+            **W4,
+            **MOE,
+            "model.add_bias_linear": True,
+            P + "tensor_model_parallel_size": 2,
+            P + "sequence_parallel": True,
+        },
+        "MOE_BIAS_ETP",
+        {
+            **W4,
+            **MOE,
+            "model.add_bias_linear": False,
+            P + "tensor_model_parallel_size": 2,
+            P + "sequence_parallel": True,
+        },
+    ),
+    (dataset.rule_data_type, {"data.type": "parquet"}, "DATA_TYPE", {"data.type": "mock"}),
+    (evaluation.rule_split_form, {"data.type": "indexed", "data.split": "a,b"}, "DATA_SPLIT", {"data.type": "indexed"}),
+    (evaluation.rule_split_form, {"data.type": "indexed", "data.split": "0,1,1"}, "DATA_SPLIT", {"data.split": "1"}),
+    (
+        evaluation.rule_split_form,
+        {"data.type": "indexed", "data.split": "1,-1"},
+        "DATA_SPLIT",
+        {"data.type": "indexed", "data.split": "1, 0"},
+    ),
+    (
+        evaluation.rule_split_form,
+        {"data.type": "indexed", "data.split": "9,1,0,0"},
+        "DATA_SPLIT",
+        {"data.type": "indexed", "data.split": "100"},
+    ),
+    (resilience.rule_hang_timeout, {"trainer.hang_timeout_s": 0.001}, "HANG_TIMEOUT", {"trainer.hang_timeout_s": 0}),
+    (
+        resilience.rule_hang_timeout,
+        {"trainer.hang_timeout_s": 20.0, "checkpoint.expected_save_time_s": 60.0},
+        "HANG_TIMEOUT_SAVE",
+        {"trainer.hang_timeout_s": 300.0, "checkpoint.expected_save_time_s": 60.0},
     ),
 ]
 
@@ -465,10 +590,12 @@ def test_rule_flags_the_bad_config_and_passes_the_fixed_one(rule, bad, code, goo
 def test_every_rule_of_these_modules_is_covered():
     from kilocard.validate import RULES
 
-    mods = {m.__name__ for m in (batch, launcher, model, optimizer, parallel, precision, recompute, topology)}
+    mods = {
+        m.__name__ for m in (batch, launcher, model, optimizer, parallel, precision, recompute, resilience, topology)
+    }
     mine = {r for r in RULES if r.__module__ in mods}
     covered = {c[0] for c in CASES}
-    assert len(mine) >= 27 and mine - covered == set(), [r.__name__ for r in mine - covered]
+    assert len(mine) >= 36 and mine - covered == set(), [r.__name__ for r in mine - covered]
 
 
 def test_messages_print_every_factor():

@@ -4,7 +4,7 @@ A verb module has ``HELP`` (one line), ``add_arguments(parser)`` and ``execute(a
 domain modules it calls return values (a ``Report``, a ``Plan``, a run directory) and print
 nothing. ``COMMANDS`` is the explicit verb table; ``main`` parses the command line, dispatches, and
 turns a ``ComposeError`` into one line and exit 2. Exit codes: ``kilocard.commands.exits``; how an
-issue or an error is printed: ``kilocard.commands.report``.
+issue or an error is printed: ``kilocard.commands.output``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from kilocard import __version__
+from kilocard.base.quiet import quiet_library_warnings
 from kilocard.commands import (
     baselines,
     convert,
@@ -24,12 +26,13 @@ from kilocard.commands import (
     plan,
     preprocess,
     recipes,
+    report,
     run,
     sbatch,
     show,
     validate,
 )
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.config.compose import ComposeError
 
 #: The verb table, in the order ``kilocard --help`` lists it (frozen by tests/commands/test_cli_surface.py).
@@ -46,6 +49,7 @@ COMMANDS: dict[str, ModuleType] = {
     "logs": logs,
     "convert": convert,
     "goodput": goodput,
+    "report": report,
 }
 VERBS = tuple(COMMANDS)
 
@@ -53,10 +57,19 @@ VERBS = tuple(COMMANDS)
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: one subparser per verb, its arguments from the verb's module."""
     ap = argparse.ArgumentParser(prog="kilocard", description="Recipe -> validated Megatron-Core run on Slurm.")
+    ap.add_argument("--version", action="version", version=f"kilocard {__version__}", help="print the version")
     sub = ap.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
     for verb, module in COMMANDS.items():
-        module.add_arguments(sub.add_parser(verb, help=module.HELP))
+        module.add_arguments(
+            sub.add_parser(
+                verb,
+                help=module.HELP,
+                description=module.HELP,
+                epilog="examples:\n" + "\n".join(f"  {e}" for e in module.EXAMPLES),
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+        )
     return ap
 
 
@@ -79,6 +92,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one verb; return its exit code (argparse exits 2 itself on a bad flag)."""
     args = parse_args(list(argv) if argv is not None else sys.argv[1:])
+    quiet_library_warnings()
     try:
         return COMMANDS[args.verb].execute(args)
     except ComposeError as e:

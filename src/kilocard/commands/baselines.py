@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from kilocard.commands import exits
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.perf.baselines import (
     Comparison,
     Row,
@@ -20,20 +21,79 @@ from kilocard.perf.baselines import (
 from kilocard.perf.crossval import folds_file, load_fold_fits, with_cross_validation
 from kilocard.perf.fit import targets
 from kilocard.perf.series import render_series_text, series_checks, series_json
+from kilocard.perf.site import append_row, site_row
 from kilocard.perf.trust import Kind, by_kind, by_kind_lines, kind_json, traits
+from kilocard.rundir import events
+from kilocard.rundir.events import BadRecord
+from kilocard.rundir.freeze import FrozenConfigError, load_verified
+from kilocard.rundir.reproduction import NotSteady
+from kilocard.rundir.reproduction import load as load_reproduction
 
 HELP = "published MFU baselines vs the performance model"
+#: Shown under ``kilocard baselines --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard baselines",
+    "kilocard baselines --format json",
+    "kilocard baselines --site site.yaml --add runs/llama3_8b-20261203-101500",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``--file``, ``--format``."""
+    """``--file``, ``--format``, ``--site FILE --add RUN_DIR``."""
     p.add_argument("--file", default=None, help="a baselines YAML in the same format")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="a table (text) or one JSON document")
+    p.add_argument("--site", metavar="FILE", help="a site baselines file (with --add: the file the run is added to)")
+    p.add_argument("--add", metavar="RUN_DIR", help="add a finished run as a row of --site (created when absent)")
+
+
+def add_run(site: Path, run_dir: Path) -> int:
+    """``--site FILE --add RUN_DIR``: the run's steady-state TFLOP/s per GPU as a row of the site file."""
+    if not run_dir.is_dir():
+        return fail(
+            "baselines", f"--add: {run_dir} is not a directory (expected a kilocard run directory)", exits.USAGE
+        )
+    try:
+        cfg, sha = load_verified(run_dir)
+        rep = load_reproduction(run_dir)
+    except (FrozenConfigError, BadRecord) as e:
+        return fail("baselines", f"--add: {e}", exits.USAGE)
+    except NotSteady as e:
+        return fail("baselines", f"--add: {run_dir} did not reach steady state: {e}; train more steps", exits.INVALID)
+    starts = [e for e in events.read(run_dir) if e.get("event") == "start"]
+    provenance = {
+        "run_dir": str(run_dir.resolve()),
+        "job_id": starts[-1].get("job_id") if starts else None,
+        "code_version": _code_version(run_dir),
+        "config_sha256": sha,
+        "steps_used": len(rep.steps_used),
+        "cpu_ranks": cfg.cluster.gpu == "cpu",
+    }
+    measured = rep.measured.tflops_per_gpu or 0.0
+    row = site_row(cfg, f"site-{run_dir.name}", measured, rep.convention, provenance)
+    try:
+        append_row(site, row)
+    except (ValueError, OSError) as e:
+        return fail("baselines", str(e), exits.USAGE)
+    kind = " (CPU ranks: marked cpu_ranks, a local run)" if provenance["cpu_ranks"] else ""
+    steps = len(rep.steps_used)
+    print(f"added {row['id']} to {site}: {measured:.4g} TFLOP/s per GPU ({rep.convention}) over {steps} steps{kind}")
+    return exits.OK
+
+
+def _code_version(run_dir: Path) -> object:
+    try:
+        return json.loads((run_dir / "provenance.json").read_text())["submit_host"]["code"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def execute(args: argparse.Namespace) -> int:
     """Print the comparison, in sample and cross-validated, and the scaling series; 2 on an unreadable
-    baselines file."""
+    baselines file. With ``--site FILE --add RUN_DIR``: add the run to the site file instead."""
+    if args.add or args.site:
+        if not (args.add and args.site):
+            return fail("baselines", "--site FILE and --add RUN_DIR go together", exits.USAGE)
+        return add_run(Path(args.site), Path(args.add))
     try:
         rows, file = load_rows(args.file), baselines_file(args.file)
         folds = load_fold_fits(file)

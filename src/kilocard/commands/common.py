@@ -9,9 +9,12 @@ from omegaconf import DictConfig
 from kilocard.config.compose import to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.config.secrets import extract_secret_refs
+from kilocard.perf.efficiency import FITTED
+from kilocard.perf.site import SiteFit, site_fit
+from kilocard.rundir.checkpoint import fresh_save_issues
 from kilocard.validate import validate
 from kilocard.validate.inputpaths import input_path_issues
-from kilocard.validate.issues import Report
+from kilocard.validate.issues import Issue, Report, error
 
 
 def add_config_args(p: argparse.ArgumentParser, multirun: bool = True) -> None:
@@ -36,10 +39,26 @@ def check_config(cfg: DictConfig, skip_paths: bool = False) -> tuple[RunConfig, 
     Secret references are moved to ``launcher.secret_env`` (any other resolver spelling is refused)
     before anything resolves ``cfg``; then the pure ``validate`` and the input checks that read
     files (data prefixes, the tokenizer, ``checkpoint.load``; off with ``skip_paths`` or
-    ``cluster.check_paths=false``, said in a warning).
+    ``cluster.check_paths=false``, said in a warning), and that ``checkpoint.save`` holds no other
+    run's steps (one owner per checkpoint directory).
     """
     extract_secret_refs(cfg)
     run_cfg = to_run_config(cfg)
-    report = validate(run_cfg)
+    site, problem = site_calibration(run_cfg)
+    report = validate(run_cfg, site.params if site else FITTED)
     report.issues.extend(input_path_issues(run_cfg, skip_paths))
+    report.issues.extend([problem] if problem else [])
+    report.issues.extend(fresh_save_issues(run_cfg.checkpoint.save))  # a new run owns no committed steps yet
     return run_cfg, report
+
+
+def site_calibration(cfg: RunConfig) -> tuple[SiteFit | None, Issue | None]:
+    """The site refit ``perf.site_baselines`` names (``None`` without one), or the issue that it cannot be used."""
+    file = cfg.perf.site_baselines
+    if not file:
+        return None, None
+    try:
+        return site_fit(file), None
+    except ValueError as e:
+        fix = "kilocard baselines --site FILE --add RUN_DIR writes one; or perf.site_baselines=null"
+        return None, error("SITE_BASELINES", "perf.site_baselines", file, str(e), fix)

@@ -1,6 +1,6 @@
 """``kilocard convert``: Hugging Face checkpoints in (``hf-to-mcore``) and out (``mcore-to-hf``).
 
-``hf-to-mcore HF_DIR OUT_DIR recipe=NAME [overrides]`` writes a committed, model-only kilocard
+``hf-to-mcore HF_DIR OUT_DIR [recipe=NAME] [overrides]`` writes a committed, model-only kilocard
 checkpoint a run starts from with ``checkpoint.load=OUT_DIR``; ``mcore-to-hf CHECKPOINT OUT_DIR``
 writes ``config.json`` and safetensors shards. Exit 0, or 1 with one line naming what is wrong
 (nothing is written then). The work is ``kilocard.convert``.
@@ -14,14 +14,24 @@ from pathlib import Path
 
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 
 HELP = "Hugging Face checkpoint <-> kilocard (Megatron-Core) checkpoint"
+#: Shown under ``kilocard convert --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard convert hf-to-mcore ./Llama-3.2-1B ./ckpt",
+    "kilocard convert hf-to-mcore ./Llama-3.2-1B ./ckpt recipe=llama3_8b",
+    "kilocard convert mcore-to-hf RUN_DIR/checkpoints ./hf-out",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``DIRECTION SRC DST``, overrides (import), ``--max-shard-size`` (export)."""
-    p.add_argument("direction", choices=("hf-to-mcore", "mcore-to-hf"))
+    p.add_argument(
+        "direction",
+        choices=("hf-to-mcore", "mcore-to-hf"),
+        help="import Hugging Face weights, or export a checkpoint to them",
+    )
     p.add_argument("src", help="HF model directory, or a kilocard checkpoint (step) directory")
     p.add_argument("dst", help="output directory (must not exist or be empty)")
     add_config_args(p, multirun=False)
@@ -35,7 +45,7 @@ def execute(args: argparse.Namespace) -> int:
     from kilocard.convert import st_io
     from kilocard.convert.command import hf_to_mcore, mcore_to_hf
     from kilocard.convert.maps import ConvertError
-    from kilocard.train.checkpoint import CheckpointError
+    from kilocard.rundir.checkpoint import CheckpointError
 
     try:
         if args.direction == "hf-to-mcore":

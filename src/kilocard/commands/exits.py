@@ -11,8 +11,7 @@ says the same).
 | 130  | INTERRUPTED | Ctrl-C before anything was started                                         |
 
 ``kilocard run`` returns these until the ranks start; from then on it returns the trainer's own
-codes (``kilocard.exitcodes``: 0 DONE, 75 RETRY, 76 FAULT, 2 BAD_CONFIG, 3 BAD_CKPT, 4 BUSY,
-1 CRASH).
+codes (the one table ``kilocard.exitcodes.TABLE``: ``exitcodes.listing()`` names them all).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """``kilocard goodput RUN_DIR [--format json]``: where a run's wall time went, against Young/Daly.
 
-The figures come from the run's own records (``kilocard.train.goodput_report``); this verb only
+The figures come from the run's own records (``kilocard.rundir.goodput_report``); this verb only
 prints them. ``--format json`` prints exactly ``{"wall_s", "productive_s", "goodput", "checkpoint_s":
-{"local", "persistent"}, "faults": [{"step", "kind", "seconds_to_detect", "seconds_to_resume",
+{"local", "persistent"}, "eval_s", "faults": [{"step", "kind", "seconds_to_detect", "seconds_to_resume",
 "steps_recomputed", "seconds_lost"}]}``.
 """
 
@@ -13,18 +13,20 @@ import json
 from pathlib import Path
 
 from kilocard.commands import exits
-from kilocard.commands.report import fail
-from kilocard.config.freeze import FrozenConfigError
-from kilocard.train.events import BadRecord
-from kilocard.train.goodput_report import NoRecords, RunGoodput, report
+from kilocard.commands.output import fail
+from kilocard.rundir.events import BadRecord
+from kilocard.rundir.freeze import FrozenConfigError
+from kilocard.rundir.goodput_report import NoRecords, RunGoodput, report
 
 HELP = "where a run's time went: steps, checkpoints, each fault; goodput vs the Young/Daly prediction"
+#: Shown under ``kilocard goodput --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = ("kilocard goodput runs/tiny_gpt-20260101-120000",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``RUN_DIR``, ``--format text|json``."""
     p.add_argument("run_dir", help="the run directory")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="a table (text) or one JSON document")
 
 
 def _s(x: float | None) -> str:
@@ -42,6 +44,7 @@ def text_lines(r: RunGoodput) -> list[str]:
         ("productive step time", f"{_s(r.productive_s)} ({r.steps} steps, median {_s(r.median_step_s)})"),
         ("checkpoints (persistent)", f"{_s(r.checkpoint_persistent_s)} (median save {_s(r.median_save_s)})"),
         ("checkpoints (local)", f"{_s(r.checkpoint_local_s)} (median save {_ms(r.median_local_save_s)})"),
+        ("evaluation", f"{_s(r.eval_s)} ({r.evals} evaluations, {r.eval_share:.1%} of step + evaluation time)"),
         ("launch attempts", str(r.attempts)),
         ("faults", str(len(r.faults))),
         ("goodput", f"{r.goodput:.1%}"),

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 
 from kilocard.commands import exits
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.launch.image import DEFAULT_BASE, ImageError, write_build_context
 
 HELP = "write a Dockerfile (+ wheel) for a container image holding kilocard"
+#: Shown under ``kilocard image --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = ("kilocard image --output kilocard-image --tag kilocard:dev",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

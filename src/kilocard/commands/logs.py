@@ -1,10 +1,11 @@
-"""``kilocard logs RUN_DIR [--rank N] [--follow]``: a Slurm run's output, optionally one rank's.
+"""``kilocard logs RUN_DIR [--rank N] [--follow]``: a run's output, optionally one rank's.
 
 The batch script writes every job of a run (requeues and chain links too) to
 ``<run_dir>/logs/slurm-<jobid>.out``; ranks are labelled by ``srun --label``, or with in-job restarts
 by the ``ft_launcher`` of their node (``kilocard.launch.logs``; the frozen config says which).
 ``--rank N`` keeps rank N's lines and the batch script's own; ``--follow`` reads until ``DONE`` or
-``FAILED`` appears.
+``FAILED`` appears. A local run's ``logs/train.log`` is read too; ``--follow`` ends there when its
+``kilocard run`` has exited (``kilocard.launch.logs.ended``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,17 @@ import time
 from pathlib import Path
 
 from kilocard.commands import exits
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 from kilocard.config import ComposeError
-from kilocard.launch.logs import FINISHED, Reader, in_job, select
+from kilocard.launch.logs import Reader, ended, in_job, select
 from kilocard.launch.render import LOG_DIR
 
-HELP = "print (or follow) a Slurm run's output, optionally one rank's"
+HELP = "print (or follow) a run's output (Slurm or local), optionally one rank's"
+#: Shown under ``kilocard logs --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard logs runs/tiny_gpt-20260101-120000",
+    "kilocard logs RUN_DIR --rank 0 --follow",
+)
 POLL_S = 1.0
 
 
@@ -28,13 +34,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """``RUN_DIR``, ``--rank``, ``--follow``."""
     p.add_argument("run_dir", help="the run directory")
     p.add_argument("--rank", type=int, default=None, help="only this rank's lines (and the batch script's)")
-    p.add_argument("-f", "--follow", action="store_true", help="keep reading until DONE or FAILED")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep reading until the run ends (DONE or FAILED; a local run: its kilocard run exits)",
+    )
 
 
 def show(run_dir: Path, rank: int | None = None, follow: bool = False, poll_s: float = POLL_S) -> int:
     """Print the run's output (optionally one rank's); with ``follow``, until DONE or FAILED appears."""
     if not (run_dir / LOG_DIR).is_dir():
-        why = f"{run_dir} has no {LOG_DIR}/ (expected a run directory written by kilocard sbatch)"
+        why = f"{run_dir} has no {LOG_DIR}/ (expected a run directory written by kilocard sbatch or run)"
         return fail("logs", f"RUN_DIR: {why}", exits.USAGE)
     try:
         injob = rank is not None and in_job(run_dir)
@@ -42,7 +53,7 @@ def show(run_dir: Path, rank: int | None = None, follow: bool = False, poll_s: f
         return fail("logs", f"RUN_DIR: {e} (--rank needs the run's frozen config)", exits.USAGE)
     reader = Reader(run_dir)
     while True:
-        finished = any((run_dir / m).exists() for m in FINISHED)  # checked before reading: no line is lost
+        finished = ended(run_dir)  # checked before reading: no line is lost
         sys.stdout.writelines(select(reader.new_lines(), rank, injob))
         sys.stdout.flush()
         if not follow or finished:

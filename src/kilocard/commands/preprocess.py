@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 
 from kilocard.commands import exits
-from kilocard.commands.report import fail
+from kilocard.commands.output import fail
 
 HELP = "turn JSONL text into Megatron .bin/.idx"
+#: Shown under ``kilocard preprocess --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = ("kilocard preprocess --input corpus.jsonl --output-prefix data/corpus --tokenizer kilocard-bytes",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -11,12 +11,17 @@ from kilocard.commands import exits
 from kilocard.recipes import RecipeRow, catalog_rows, human
 
 HELP = "table of the recipes: model, params, GPUs, precision, baseline"
+#: Shown under ``kilocard recipes --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard recipes",
+    "kilocard recipes --format json",
+)
 HEADER = ("recipe", "family", "model", "params", "active", "GPUs", "cluster", "precision", "baseline")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``--format text|json``."""
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="a table (text) or one JSON document")
 
 
 def table_lines(rows: list[RecipeRow]) -> list[str]:

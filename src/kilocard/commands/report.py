@@ -1,44 +1,84 @@
-"""What every verb prints about a problem: one issue printer and one error line.
+"""``kilocard report RUN_DIR [--format json] [--plot FILE]``: measured against predicted against published.
 
-An issue is one line, the same in every verb (``validate`` on stdout as its report; ``sbatch`` and
-``run`` on stderr before refusing)::
-
-    ERROR TP_HEADS: parallel.tensor_model_parallel_size = 3: <message> (fix: <hint>)
-
-A value of a field that holds secrets is never printed. An error that is not about a config field
-is one line on stderr: ``kilocard VERB: error: <what, and the fix>``.
+The figures come from the run's own records and its frozen config (``kilocard.rundir.reproduction``);
+this verb prints them and draws the picture: TFLOP/s per GPU of every step with the predicted and
+published lines, the steps left out of the medians marked. ``--format json`` prints ``measured``,
+``predicted`` and ``published`` (each ``{"tflops_per_gpu", "mfu"}``; ``published`` is null when the
+recipe names no baseline), ``convention``, ``steps_used``, ``excluded``, the two ratios, the measured and
+predicted step time and the prediction's ``breakdown_s``.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
-from typing import TextIO
+import argparse
+import json
+from pathlib import Path
 
-from kilocard.validate.issues import ERROR, Issue
+from kilocard.commands import exits
+from kilocard.commands.output import fail
+from kilocard.rundir.events import BadRecord
+from kilocard.rundir.freeze import FrozenConfigError
+from kilocard.rundir.reproduction import NotSteady, Reproduction, load, text_lines
 
-HIDDEN = "<hidden>"
-
-
-def issue_line(issue: Issue, label: str = "") -> str:
-    """One issue as one line: severity, code, field = value, message and the fix."""
-    value = HIDDEN if "secret" in issue.field else repr(issue.value)
-    return f"{label}{issue.severity.upper()} {issue.code}: {issue.field} = {value}: {issue.message} (fix: {issue.hint})"
-
-
-def count_line(issues: Sequence[Issue]) -> str:
-    """``N error(s), M warning(s)``."""
-    n_err = sum(i.severity == ERROR for i in issues)
-    return f"{n_err} error(s), {len(issues) - n_err} warning(s)"
+HELP = "what a run reproduced: measured vs predicted vs published TFLOP/s per GPU and MFU, with a picture"
+#: Shown under ``kilocard report --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard report runs/tiny_gpt-20261203-101500",
+    "kilocard report runs/tiny_gpt-20261203-101500 --format json --plot tflops.png",
+)
 
 
-def print_issues(issues: Sequence[Issue], label: str = "", file: TextIO | None = None) -> None:
-    """Every issue, one line each (``file`` defaults to stderr)."""
-    for i in issues:
-        print(issue_line(i, label), file=file or sys.stderr)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``RUN_DIR``, ``--format text|json``, ``--plot FILE``."""
+    p.add_argument("run_dir", help="the run directory (local or Slurm)")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    p.add_argument("--plot", metavar="FILE", help="also draw TFLOP/s per step to FILE (.png, .svg, .pdf)")
 
 
-def fail(verb: str, message: str, code: int) -> int:
-    """Print ``kilocard VERB: error: MESSAGE`` on stderr and return ``code``."""
-    print(f"kilocard {verb}: error: {message}", file=sys.stderr)
-    return code
+def plot(rep: Reproduction, out: Path) -> None:
+    """TFLOP/s per GPU of each step; predicted and published lines; left-out steps hollow and labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    used = [(s, v) for s, v in rep.per_step if s not in rep.excluded]
+    ax.plot(*zip(*used, strict=True), "o", color="tab:blue", label="measured (steady state)")
+    for why, marker in (("warm-up", "s"), ("checkpoint", "D"), ("evaluation", "^")):
+        pts = [(s, v) for s, v in rep.per_step if rep.excluded.get(s) == why]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker, mfc="none", color="tab:gray", label=f"left out: {why}")
+    ax.axhline(rep.measured.tflops_per_gpu or 0, color="tab:blue", ls=":", label="measured median")
+    if rep.predicted and rep.predicted.tflops_per_gpu:
+        ax.axhline(rep.predicted.tflops_per_gpu, color="tab:orange", ls="--", label="predicted")
+    if rep.published and rep.published.tflops_per_gpu:
+        ax.axhline(rep.published.tflops_per_gpu, color="tab:green", ls="-.", label=f"published {rep.baseline_id or ''}")
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"TFLOP/s per GPU ({rep.convention})")
+    ax.set_ylim(bottom=0)
+    ax.set_title("measured vs predicted vs published")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """``kilocard report``."""
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        return fail("report", f"RUN_DIR: {run_dir} is not a directory (expected a kilocard run directory)", exits.USAGE)
+    try:
+        rep = load(run_dir)
+    except (FrozenConfigError, BadRecord) as e:
+        return fail("report", f"RUN_DIR: {e}", exits.USAGE)
+    except NotSteady as e:
+        return fail("report", f"{run_dir}: {e}; train more steps", exits.INVALID)
+    if args.plot:
+        out = Path(args.plot)
+        if not out.parent.is_dir():
+            return fail("report", f"--plot: {out.parent} is not a directory", exits.USAGE)
+        plot(rep, out)
+    print(json.dumps(rep.to_json(), indent=1) if args.format == "json" else "\n".join(text_lines(rep)))
+    return exits.OK

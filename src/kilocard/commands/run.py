@@ -14,15 +14,21 @@ from pathlib import Path
 
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
-from kilocard.commands.report import count_line, fail, print_issues
+from kilocard.commands.output import count_line, fail, print_issues
 from kilocard.config.compose import compose
-from kilocard.config.freeze import FrozenConfigError, load_verified
 from kilocard.launch.local import launch, unavailable
 from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import missing_secrets
+from kilocard.layout import world_size
+from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.validate.packages import local_package_issues
 
 HELP = "validate, write a run dir and train on local ranks (torchrun)"
+#: Shown under ``kilocard run --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard run recipe=tiny_gpt cluster=local_cpu --nproc 2 trainer.train_iters=5",
+    "kilocard run --resume runs/tiny_gpt-20260101-120000",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,9 +64,17 @@ def new_run(overrides: list[str], skip_paths: bool = False) -> Path | int:
     if problem:
         return fail("run", problem, exits.USAGE)
     try:
-        return create_run_dir(cfg, overrides)
+        return shown(create_run_dir(cfg, overrides))
     except RunDirError as e:
         return fail("run", str(e), exits.USAGE)
+
+
+def shown(run_dir: Path) -> Path:
+    """``run_dir`` (absolute) relative to the cwd when it lies under it (``runs/kilocard-...``), else as is."""
+    try:
+        return run_dir.relative_to(Path.cwd())
+    except ValueError:
+        return run_dir
 
 
 def unwritable(run_dir: Path) -> str | None:
@@ -109,7 +123,7 @@ def execute(args: argparse.Namespace) -> int:
     problem = unavailable(frozen) if args.resume else None  # a new run: new_run checked
     if problem:
         return fail("run", problem, exits.USAGE)
-    world = frozen.cluster.nodes * frozen.cluster.gpus_per_node
+    world = world_size(frozen.cluster)
     if args.resume and args.nproc is not None and args.nproc != world:
         return fail(
             "run",

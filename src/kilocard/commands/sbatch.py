@@ -17,11 +17,11 @@ from omegaconf import DictConfig
 from kilocard.base import shell
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
-from kilocard.commands.report import fail, print_issues
+from kilocard.commands.output import fail, print_issues
 from kilocard.config.compose import compose_many
 from kilocard.launch import preview
-from kilocard.launch.rundir import RunDirError
-from kilocard.launch.sbatch import Prepared, dry_render_issues, with_slurm_launcher, write_run
+from kilocard.launch.rundir import RunDirError, shared_fs_problem
+from kilocard.launch.sbatch import Prepared, as_frozen, dry_render_issues, with_slurm_launcher, write_run
 from kilocard.launch.slurm import (
     ChainError,
     SlurmError,
@@ -36,6 +36,11 @@ from kilocard.plan import build_plan
 from kilocard.validate.issues import ERROR, Issue
 
 HELP = "validate and render (optionally submit) a Slurm batch script"
+#: Shown under ``kilocard sbatch --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard sbatch recipe=llama3_70b cluster=h100_dgx cluster.shared_fs=/lustre/me/runs --submit",
+    "kilocard sbatch recipe=llama3_8b --dry-run > job.sh",
+)
 NOTHING_DONE = "nothing written, nothing submitted"
 
 
@@ -58,7 +63,7 @@ def prepare(
     if any(i.severity == ERROR for i in issues):
         return None, issues
     plan = build_plan(run_cfg, report.layout)
-    issues += dry_render_issues(run_cfg, plan, chain)
+    issues += dry_render_issues(cfg, plan, chain)
     if any(i.severity == ERROR for i in issues):
         return None, issues
     return Prepared(overrides, cfg, run_cfg, plan), issues
@@ -116,7 +121,7 @@ def chain_failure(e: ChainError, script: Path, chain: int, argv: list[str]) -> s
 
 def preview_runs(prepared: list[Prepared], chain: int, dry_run: bool) -> int:
     """``--dry-run`` prints each script; ``--test-only`` asks slurmctld. Nothing written or submitted."""
-    runs = [(p.run_cfg, p.plan) for p in prepared]
+    runs = [(as_frozen(p.cfg), p.plan) for p in prepared]
     if dry_run:
         print(preview.dry_run(runs, chain), end="")
         return exits.OK
@@ -149,6 +154,9 @@ def execute(args: argparse.Namespace) -> int:
         return fail("sbatch", f"{'; '.join(problems)}; {NOTHING_DONE}", exits.INVALID)
     if args.dry_run or args.test_only:
         return preview_runs(prepared, args.chain, args.dry_run)
+    roots = list(dict.fromkeys(problem for p in prepared if (problem := shared_fs_problem(p.run_cfg))))
+    if roots:  # before any run directory of the sweep is written
+        return fail("sbatch", f"{'; '.join(roots)}; {NOTHING_DONE}", exits.USAGE)
     status = exits.OK
     for p in prepared:
         try:

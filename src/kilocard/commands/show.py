@@ -11,6 +11,11 @@ from kilocard.commands.common import add_config_args
 from kilocard.config.compose import ComposeError, compose, expand_sweeps
 
 HELP = "print the composed config"
+#: Shown under ``kilocard show --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard show recipe=llama3_8b",
+    "kilocard show recipe=tiny_gpt --package model",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -10,8 +10,8 @@ import argparse
 import json
 
 from kilocard.commands import exits
-from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
-from kilocard.commands.report import count_line, issue_line
+from kilocard.commands.common import add_config_args, add_path_check_arg, check_config, site_calibration
+from kilocard.commands.output import count_line, issue_line
 from kilocard.config.compose import compose_many
 from kilocard.config.schema import RunConfig
 from kilocard.perf.trust import model_error, model_error_json, model_error_lines
@@ -19,6 +19,11 @@ from kilocard.topology import GiB
 from kilocard.validate.issues import Report
 
 HELP = "check layout, batch, precision, topology and memory"
+#: Shown under ``kilocard validate --help`` (each parsed by tests/commands/test_cli_help.py).
+EXAMPLES = (
+    "kilocard validate recipe=llama3_70b cluster=h100_dgx cluster.nodes=8",
+    "kilocard validate recipe=tiny_gpt --format json",
+)
 MEMORY_ROWS = ("weights", "gradients", "optimizer", "activations", "total")
 
 
@@ -26,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Overrides, ``-m``, ``--format``."""
     add_config_args(p)
     add_path_check_arg(p)
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--format", choices=("text", "json"), default="text", help="the report as text or as one JSON document"
+    )
 
 
 def _scope_text(g) -> str:
@@ -85,6 +92,11 @@ def memory_lines(report: Report) -> list[str]:
             f"MFU {pred.mfu:.1%} ({pred.convention}, peak {pred.peak_flops / 1e12:.4g} "
             f"TFLOP/s {pred.peak_dtype})"
         )
+        if pred.eval_interval:
+            out.append(
+                f"predicted evaluation: {pred.eval_time_s:.3g} s every {pred.eval_interval} steps "
+                f"({pred.eval_s_per_step:.3g} s/step, forward-only micro-batches)"
+            )
     return out
 
 
@@ -104,10 +116,13 @@ def issue_lines(report: Report) -> list[str]:
 
 
 def model_error_line(cfg: RunConfig, report: Report) -> list[str]:
-    """Under a prediction, how far to trust it: the model's held-out error on published rows like ``cfg``."""
+    """Under a prediction, how far to trust it: the model's held-out error on published rows like ``cfg``
+    (and with ``perf.site_baselines``, the site rows' leave-one-out error of the refit it used)."""
     if report.estimates.prediction is None:
         return []
-    return model_error_lines(*model_error(cfg), indent="  ")
+    site, _ = site_calibration(cfg)
+    extra = [f"  predictions use the site refit; {site.summary()}"] if site else []
+    return model_error_lines(*model_error(cfg), indent="  ") + extra
 
 
 def render_text(report: Report, cfg: RunConfig | None = None) -> str:
@@ -122,6 +137,8 @@ def report_dict(cfg: RunConfig, report: Report) -> dict:
     d = report.to_dict()
     if report.estimates.prediction is not None:
         d["estimates"].update(model_error_json(*model_error(cfg)))
+        site, _ = site_calibration(cfg)
+        d["estimates"]["site_fit"] = site.to_json() if site else None
     return d
 
 

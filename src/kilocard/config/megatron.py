@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kilocard.config.schema import KILOCARD_OWN_FIELDS, RunConfig
+from kilocard.config.schema import KILOCARD_OWN_FIELDS, ModelConfig, RunConfig
 
 #: Config groups whose fields are Megatron-Core config fields (kilocard's own ones aside).
 MEGATRON_GROUPS = ("model", "parallel", "precision", "optim")
@@ -32,3 +32,15 @@ def megatron_kwargs(cfg: RunConfig, target: type) -> dict[str, Any]:
     """The Megatron fields of ``cfg`` that the dataclass ``target`` (e.g. ``TransformerConfig``) takes."""
     names = {f.name for f in dataclasses.fields(target)}
     return {k: v for k, v in megatron_fields(cfg).items() if k in names}
+
+
+def vocab_multiple(m: ModelConfig, tp: int = 1) -> int:
+    """What the embedding's rows are padded to a multiple of: ``make_vocab_size_divisible_by * tp`` (Megatron-LM)."""
+    return m.make_vocab_size_divisible_by * tp
+
+
+def padded_vocab_size(m: ModelConfig, tp: int = 1) -> int:
+    """Rows of the embedding Megatron builds: ``model.vocab_size`` rounded up to ``vocab_multiple``. The one
+    computation: the trainer, its checkpoints, the data checks, the validator and the FLOPs take it from here."""
+    multiple = vocab_multiple(m, tp)
+    return ((m.vocab_size + multiple - 1) // multiple) * multiple

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PACKAGING_MODES = ("snapshot", "image", "none")
+WANDB_MODES = ("online", "offline")
+"""``trainer.wandb_mode`` values (``wandb.init(mode=...)``)."""
 BYTES_TOKENIZER = "kilocard-bytes"
 """``data.tokenizer`` naming kilocard's built-in UTF-8 byte tokenizer (``kilocard.data.byte_tokenizer``)."""
 """How a Slurm job gets kilocard's code (``launcher.packaging``): a wheel in the run directory, the
@@ -314,6 +316,16 @@ class TrainerConfig:
     """Sequences per optimizer step across all data-parallel ranks."""
     train_iters: int = 20
     """Optimizer steps to train."""
+    eval_interval: int | None = None
+    """Evaluate on the validation split every N steps, and once more at the end of training (Megatron-LM
+    ``--eval-interval``); the test split is evaluated once at the end when ``data.split`` gives it documents.
+    ``None``: no evaluation."""
+    eval_iters: int = 10
+    """Rounds of ``global_batch_size`` validation samples per evaluation (Megatron-LM ``--eval-iters``): forward
+    only, through the same pipeline schedule as training."""
+    skip_train: bool = False
+    """Evaluate the loaded checkpoint on the validation and test splits and stop, without training or saving
+    (Megatron-LM ``--skip-train``); needs ``trainer.eval_interval``."""
     log_interval: int = 1
     """Print a progress line every N steps (metrics.jsonl gets every step)."""
     seed: int = 1234
@@ -328,9 +340,26 @@ class TrainerConfig:
     """Every N steps the ranks all-gather their own step times (one small collective): metrics get the
     slowest rank and the median, and a persistently slower rank is named in a warning (0 = off)."""
     wandb: bool = False
-    """Also log the TensorBoard scalars to Weights & Biases, offline, under ``<run_dir>/wandb`` (needs wandb)."""
+    """Also log the TensorBoard scalars to Weights & Biases, and the frozen config as the W&B run's config
+    (needs the ``wandb`` extra)."""
+    wandb_project: str = "kilocard"
+    """W&B project (Megatron-LM ``--wandb-project``)."""
+    wandb_entity: str | None = None
+    """W&B entity, the team or user owning the project (Megatron-LM ``--wandb-entity``); ``None``: the
+    account's default."""
+    wandb_exp_name: str | None = None
+    """W&B run name (Megatron-LM ``--wandb-exp-name``); ``None``: the run directory's name."""
+    wandb_tags: list[str] = field(default_factory=list)
+    """W&B run tags (``[llama3, ablation-lr]``)."""
+    wandb_mode: str = "offline"
+    """``offline``: written under ``<run_dir>/wandb``, ``wandb sync`` later; ``online``: streamed to the W&B
+    server (the API key from the submitting shell: ``launcher.secret_env=[WANDB_API_KEY]``)."""
     mlflow: bool = False
-    """Also log the TensorBoard scalars to MLflow, a local file store ``<run_dir>/mlruns`` (needs mlflow)."""
+    """Also log the TensorBoard scalars to MLflow (needs the ``mlflow`` extra)."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking URI (``http://mlflow.example:5000``); ``None``: a file store ``<run_dir>/mlruns``."""
+    mlflow_experiment: str | None = None
+    """MLflow experiment name; ``None``: the recipe's name (``recipe.name``)."""
     profile_steps: list[int] = field(default_factory=list)
     """``[a, b]``: trace steps a..b with torch's profiler into ``<run_dir>/profile/`` (one file per rank);
     empty: no tracing."""
@@ -401,10 +430,10 @@ class LauncherConfig:
     """``local`` (torchrun on this machine) or ``slurm``."""
     nproc: int = 1
     """Local ranks for ``kilocard run`` (torchrun ``--nproc-per-node``)."""
-    job_name: str = "kilocard"
-    """Slurm job name and run-directory prefix."""
+    job_name: str | None = None
+    """Slurm job name and run-directory prefix; ``None`` means the recipe's name (``recipe.name``)."""
     run_name: str | None = None
-    """Run directory name; ``None`` means ``<job_name>-<timestamp>``."""
+    """Run directory name; ``None`` means ``<job_name>-<timestamp>`` (``llama3_8b-20260101-120000``)."""
     time: str = "04:00:00"
     """Slurm wall-clock limit."""
     signal_lead_s: int = 300
@@ -462,6 +491,16 @@ class RecipeInfo:
 
 
 @dataclass(kw_only=True)
+class PerfConfig:
+    """The performance model's calibration (kilocard's own: Megatron-Core has no performance model)."""
+
+    site_baselines: str | None = None
+    """A site baselines file (``kilocard baselines --site FILE --add RUN_DIR`` writes it): ``plan`` and
+    ``validate`` then predict with parameters refitted on the published rows plus these rows, and quote
+    the site rows' own leave-one-out error; ``null``: the shipped fit."""
+
+
+@dataclass(kw_only=True)
 class RunConfig:
     """The whole run: one field per Hydra config group."""
 
@@ -485,16 +524,33 @@ class RunConfig:
     """Target machine."""
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     """Launch method."""
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    """Performance-model calibration."""
 
 
 #: Config groups, in composition order; frozen by tests/commands/test_cli_surface.py.
-CONFIG_GROUPS = ("model", "parallel", "precision", "optim", "data", "checkpoint", "trainer", "cluster", "launcher")
+CONFIG_GROUPS = (
+    "model",
+    "parallel",
+    "precision",
+    "optim",
+    "data",
+    "checkpoint",
+    "trainer",
+    "cluster",
+    "launcher",
+    "perf",
+)
 
 #: Fields of model/parallel/precision that are not Megatron-Core config fields, with the reason.
 KILOCARD_OWN_FIELDS: dict[str, str] = {
     "trainer.rank_time_interval": "kilocard's straggler report (kilocard.train.straggler); Megatron-LM has none",
     "trainer.wandb": "kilocard's optional tracker (offline W&B); Megatron-LM's --wandb-project takes a project name",
-    "trainer.mlflow": "kilocard's optional tracker (a local MLflow file store); Megatron-LM has none",
+    "trainer.mlflow": "kilocard's optional tracker (MLflow); Megatron-LM has none",
+    "trainer.wandb_tags": "W&B run tags (wandb.init(tags=...)); Megatron-LM has none",
+    "trainer.wandb_mode": "W&B online/offline (wandb.init(mode=...)); Megatron-LM always logs online",
+    "trainer.mlflow_tracking_uri": "mlflow.set_tracking_uri(...); Megatron-LM has no MLflow",
+    "trainer.mlflow_experiment": "mlflow.set_experiment(...); Megatron-LM has no MLflow",
     "trainer.profile_steps": "torch profiler window; Megatron-LM's --profile-step-start/--profile-step-end as one list",
     "trainer.nsys": "kilocard's switch for the sbatch nsys wrapper (Megatron-LM leaves nsys to the user's command)",
     "model.name": "a label for tables and run names",

@@ -1,13 +1,16 @@
 """Hugging Face checkpoints in (``hf-to-mcore``) and out (``mcore-to-hf``).
 
-``hf-to-mcore HF_DIR OUT_DIR recipe=NAME [overrides]`` writes a committed kilocard checkpoint
+``hf-to-mcore HF_DIR OUT_DIR [recipe=NAME] [overrides]`` writes a committed kilocard checkpoint
 (``OUT_DIR/step_0000000`` in torch_dist + ``trainer_state.json`` marked model-only + manifest, and
 ``OUT_DIR/latest_committed.txt``) that a run starts from with ``checkpoint.load=OUT_DIR``.
 ``mcore-to-hf CHECKPOINT OUT_DIR`` writes ``config.json`` and safetensors shards from a committed step
 (a step directory, or a checkpoint directory meaning its newest committed step).
 
-The model shape always comes from the recipe (import) or the checkpoint's saved model config
-(export); a ``config.json`` or a tensor that disagrees is refused with one line naming it. Output is
+On import the model comes from the recipe, every field a ``config.json`` disagrees with named in one line;
+without ``recipe=`` it is derived from ``config.json`` (Llama, Mixtral, Qwen2), as Megatron-Bridge's
+AutoBridge does, and ``model.yaml`` plus ``recipe.yaml`` (a recipe of that model starting from the
+imported weights: ``kilocard run recipe=OUT_DIR/recipe.yaml``) are written beside the checkpoint. On export
+the model comes from the checkpoint's saved model config; a tensor that disagrees is refused. Output is
 written into a hidden sibling directory and renamed into place only when complete, so a failed
 conversion leaves nothing behind and a partial output never looks committed. The verb is ``kilocard.commands.convert``.
 """
@@ -28,8 +31,9 @@ import torch
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.convert import maps, st_io
 from kilocard.convert.maps import ConvertError, Slot
-from kilocard.train import checkpoint as ck
-from kilocard.train.names import MANIFEST, MODEL_ONLY, STATE, TRACKER
+from kilocard.layout import compute_layout, of_sizes
+from kilocard.rundir import checkpoint as ck
+from kilocard.rundir.names import MANIFEST, MODEL_ONLY, STATE, TRACKER
 
 _WIDENING = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
 """Casts that are exact for every value."""
@@ -38,9 +42,21 @@ _WIDENING = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
 # --- output directory -----------------------------------------------------------------------------
 
 
+def check_output(out: Path) -> None:
+    """Refuse an output inside a checkpoint step or any checkpoint directory (``ck.checkpoint_tree_of``): a file
+    added there fails the step's verification, and a run's checkpoint tree holds only its commits."""
+    tree = ck.checkpoint_tree_of(out)
+    if tree is not None:
+        raise ConvertError(
+            f"{out}: lies inside the checkpoint directory {tree}; nothing but committed steps may be written "
+            f"there (a stray file fails verification); choose an output directory outside it"
+        )
+
+
 @contextlib.contextmanager
 def staging(out: Path) -> Iterator[Path]:
     """A hidden sibling of ``out`` to write into; renamed to ``out`` on success, removed on failure."""
+    check_output(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConvertError(f"{out}: already exists and is not an empty directory; choose a new output directory")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -60,12 +76,50 @@ def staging(out: Path) -> Iterator[Path]:
 # --- import -----------------------------------------------------------------------------------------
 
 
-def _run_config(overrides: Sequence[str]) -> RunConfig:
+BASE_RECIPES = {"llama": "tiny_llama", "mixtral": "tiny_mixtral", "qwen2": "tiny_qwen2"}
+"""Without ``recipe=``: the family's tiny recipe gives what ``config.json`` does not say (norm, activation,
+router settings, a local CPU profile, mock data); every shape field comes from ``config.json``."""
+RECIPE_FILE = "recipe.yaml"
+"""Written beside an import without ``recipe=``: a recipe (``recipe=OUT/recipe.yaml``) of the derived model
+that starts from the imported weights (``checkpoint.load``)."""
+MODEL_FILE = "model.yaml"
+"""Written beside it too: the derived model alone, a ``model/<name>.yaml`` for a site config directory."""
+
+
+def _value(v: Any) -> str:
+    """A Hydra override value: JSON's spelling for numbers, booleans and null."""
+    return json.dumps(v)
+
+
+def derived_overrides(hf_cfg: dict[str, Any], family: str, name: str) -> list[str]:
+    """The overrides of a run whose model is the one ``config.json`` describes (no recipe given)."""
+    fields = {"name": name, **maps.model_from_config(hf_cfg, family)}
+    return [f"recipe={BASE_RECIPES[family]}", *(f"model.{k}={_value(v)}" for k, v in fields.items())]
+
+
+def _run_config(overrides: Sequence[str], hf_cfg: dict[str, Any], family: str, name: str) -> tuple[RunConfig, bool]:
+    """The run config of the import and whether its model was derived from ``config.json``."""
     from kilocard.config.compose import compose, to_run_config
 
-    if not any(o.startswith("recipe=") for o in overrides):
-        raise ConvertError("hf-to-mcore needs recipe=NAME: the model shape comes from the recipe")
-    return to_run_config(compose(list(overrides)))
+    derived = not any(o.startswith("recipe=") for o in overrides)
+    base = derived_overrides(hf_cfg, family, name) if derived else []
+    return to_run_config(compose([*base, *overrides])), derived
+
+
+def write_recipe(tmp: Path, out: Path, run_cfg: RunConfig, family: str, hf_dir: Path) -> None:
+    """``MODEL_FILE`` and ``RECIPE_FILE`` of a derived model into the staging directory ``tmp`` (final: ``out``)."""
+    import yaml
+
+    model = dataclasses.asdict(run_cfg.model)
+    note = f"# Written by kilocard convert hf-to-mcore from {hf_dir.resolve()}/config.json ({family}).\n"
+    (tmp / MODEL_FILE).write_text(note + yaml.safe_dump(model, sort_keys=False))
+    recipe = {
+        "defaults": [{"override /cluster": "local_cpu"}, {"override /data": "mock"}, "_self_"],
+        "recipe": {"name": model["name"], "family": "converted", "description": f"{family} from {hf_dir.name}"},
+        "model": model,
+        "checkpoint": {"load": str(out.resolve())},
+    }
+    (tmp / RECIPE_FILE).write_text("# @package _global_\n" + note + yaml.safe_dump(recipe, sort_keys=False))
 
 
 def check_tensors(slots: list[Slot], found: dict[str, st_io.Header], recipe: str) -> None:
@@ -131,16 +185,17 @@ def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
     from kilocard.convert import model as mm
     from kilocard.perf.params import padded_vocab_size
 
-    run_cfg = _run_config(overrides)
-    m, recipe = run_cfg.model, run_cfg.recipe.name
+    check_output(out)  # before any work
     hf_cfg = st_io.read_config(hf_dir)
     family = maps.family_of_config(hf_cfg)
+    run_cfg, derived = _run_config(overrides, hf_cfg, family, out.resolve().name)
+    m, recipe = run_cfg.model, run_cfg.recipe.name
     maps.check_model(family, m)
     maps.check_config(hf_cfg, family, m, recipe)
     files = st_io.shard_files(hf_dir)
     slots = maps.slots(family, m)
     check_tensors(slots, st_io.headers(files), recipe)
-    padded = padded_vocab_size(m, run_cfg.parallel.tensor_model_parallel_size)
+    padded = padded_vocab_size(m, compute_layout(run_cfg).tp)
     one = mm.single_rank_config(run_cfg, padded)
     with staging(out) as tmp, mm.single_rank():
         model = mm.build(one)
@@ -153,12 +208,14 @@ def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
             consumed_samples=0,
             scheduler={},
             model=dataclasses.asdict(m),
-            layout=ck.layout_of(one, 1),
+            layout=of_sizes(1).to_json(),
             padded_vocab_size=padded,
             extra={MODEL_ONLY: True, "source": source},
         )
         (sdir / STATE).write_text(json.dumps(dataclasses.asdict(state), indent=1) + "\n")
         ck.commit_step(tmp, 0, keep_last=1)  # manifest (every file), then the tracker
+        if derived:
+            write_recipe(tmp, out, run_cfg, family, hf_dir)
 
 
 # --- export -----------------------------------------------------------------------------------------
@@ -188,6 +245,7 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> None:
     """
     from kilocard.convert import model as mm
 
+    check_output(out)  # before any work
     sdir = committed_step_dir(src)
     ck.verify_step(sdir)
     state = ck.TrainerState(**json.loads((sdir / STATE).read_text()))

@@ -191,20 +191,59 @@ def _lookup(c: dict[str, Any], key: str) -> Any:
 
 
 def check_config(hf_config: dict[str, Any], family: str, m: ModelConfig, recipe: str) -> None:
-    """Refuse a ``config.json`` that disagrees with the recipe's model, naming the first differing field."""
+    """Refuse a ``config.json`` that disagrees with the recipe's model, naming every differing field at once."""
     c = normalized(hf_config)
+    fixed, fields = [], []
     for e in expected_config(family, m):
         got = _lookup(c, e.key)
         same = got == e.value or (isinstance(e.value, float) and isinstance(got, int | float) and got == e.value)
         if same:
             continue
         if e.field is None:
-            raise ConvertError(f"config.json: {e.key} is {got!r}; kilocard's {family} model needs {e.value!r}")
+            fixed.append(f"{e.key} is {got!r}; kilocard's {family} model needs {e.value!r}")
+        else:
+            fields.append(
+                f"{e.key} is {got!r}, recipe {recipe} expects {e.value!r} (model.{e.field}={getattr(m, e.field)!r})"
+            )
+    if fixed:
+        raise ConvertError("config.json: " + "; ".join(fixed + fields))
+    if fields:
         raise ConvertError(
-            f"config.json: {e.key} is {got!r}, recipe {recipe} expects {e.value!r} "
-            f"(model.{e.field}={getattr(m, e.field)!r}); convert with a recipe for this model or override "
-            f"model.{e.field}"
+            "config.json: " + "; ".join(fields) + "; convert with a recipe for this model, without recipe= (the "
+            "model then comes from config.json), or override those model fields"
         )
+
+
+def model_from_config(hf_config: dict[str, Any], family: str) -> dict[str, Any]:
+    """The ``model.*`` fields a ``config.json`` of ``family`` decides (what ``expected_config`` compares),
+    as Megatron-Bridge's AutoBridge derives a model from it; ``seq_length`` is the context, at most 8192."""
+    c = normalized(hf_config)
+    rope = c["rope_parameters"]
+    out: dict[str, Any] = {
+        "num_layers": c["num_hidden_layers"],
+        "hidden_size": c["hidden_size"],
+        "num_attention_heads": c["num_attention_heads"],
+        "num_query_groups": c["num_key_value_heads"],
+        "kv_channels": c["head_dim"],
+        "vocab_size": c["vocab_size"],
+        "layernorm_epsilon": float(c.get("rms_norm_eps", 1e-6)),
+        "share_embeddings_and_output_weights": bool(c["tie_word_embeddings"]),
+        "rotary_base": int(rope["rope_theta"]),  # an integer field (Megatron-LM --rotary-base)
+        "rope_scaling": rope["rope_type"] == "llama3",
+        "ffn_hidden_size": c["intermediate_size"],
+        "add_qkv_bias": family == "qwen2",
+        "max_position_embeddings": c.get("max_position_embeddings") or 4096,
+    }
+    out["seq_length"] = min(out["max_position_embeddings"], 8192)
+    if out["rope_scaling"]:
+        out["rope_scaling_factor"] = float(rope.get("factor", 8.0))
+    if family == "mixtral":
+        out["moe_ffn_hidden_size"] = c["intermediate_size"]
+        out["num_moe_experts"] = c["num_local_experts"]
+        out["moe_router_topk"] = c["num_experts_per_tok"]
+        if "router_aux_loss_coef" in c:
+            out["moe_aux_loss_coeff"] = float(c["router_aux_loss_coef"])
+    return out
 
 
 def hf_config(family: str, m: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def single_rank() -> Iterator[None]:
     from megatron.core import parallel_state as ps
 
     from kilocard.backends import cpu
-    from kilocard.train.dist_env import free_port
+    from kilocard.base.net import free_port
 
     cpu()  # the CPU shim, before any Megatron-Core model is built
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)

@@ -42,11 +42,17 @@ create_attention_mask=True) -> TrainIterator``
   anywhere.
 * The padded vocabulary (``model.vocab_size`` rounded up to ``make_vocab_size_divisible_by * TP``)
   must cover the tokenizer's ids.
+* Evaluation (``trainer.eval_interval``): ``build_eval_dataset(run_cfg, split, dp_size=...)`` builds the
+  validation or test split of ``data.split`` (``kilocard.data.split``: Megatron-Core's arithmetic, and
+  how many samples each split must hold), and ``eval_batches(dataset, run_cfg, start=..., rounds=...,
+  dp_rank=..., dp_size=...)`` yields ``rounds`` global batches of it from global sample ``start`` in the
+  same order and slices as training reads its split.
 * Bad input raises ``DataError`` (one line: field, value, fix), never a bare traceback.
 
 Modules (import each where it is used: the package itself imports nothing, so the torch-free
 ones, ``paths`` and ``errors``, stay light for the validator): ``iterator`` (``build_train_iterator``,
-``TrainIterator``), ``tokenizer`` (``get_tokenizer(name)``: ``kilocard-bytes``, or a local Hugging
+``TrainIterator``, ``build_eval_dataset``, ``eval_batches``), ``split`` (``data.split`` arithmetic),
+``tokenizer`` (``get_tokenizer(name)``: ``kilocard-bytes``, or a local Hugging
 Face ``tokenizer.json``, SentencePiece model or tiktoken BPE file), ``preprocess``
 (``preprocess_jsonl``, called by the ``kilocard preprocess`` verb), ``paths``
 (``resolve_data_prefix(prefix)``), ``errors`` (``DataError``).

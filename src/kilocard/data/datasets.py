@@ -1,4 +1,4 @@
-"""Build the training split with Megatron-Core: ``GPTDataset`` (indexed) or ``MockGPTDataset`` (mock).
+"""Build the train, validation and test splits with Megatron-Core: ``GPTDataset`` or ``MockGPTDataset`` (mock).
 
 Everything goes through Megatron-Core's ``BlendedMegatronDatasetBuilder`` and ``GPTDatasetConfig``;
 kilocard only maps its config onto them and checks the input first, so that a bad path or an
@@ -7,6 +7,7 @@ empty split is one clear ``DataError`` instead of an assertion (or an endless lo
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
@@ -18,9 +19,8 @@ from torch.utils.data import Dataset
 
 from kilocard.config.schema import RunConfig
 from kilocard.data.errors import DataError
-from kilocard.data.paths import parse_blend
-
-DATA_TYPES = ("mock", "indexed")
+from kilocard.data.paths import DATA_TYPES, parse_blend
+from kilocard.data.split import SPLITS, TEST, TRAIN, split_documents, split_weights, valid_samples
 
 
 class _MockCacheNotice(logging.Filter):
@@ -55,12 +55,13 @@ def gpt_dataset_config(
     cache_dir: str | None = None,
     create_attention_mask: bool = True,
 ) -> GPTDatasetConfig:
-    """Megatron-Core's ``GPTDatasetConfig`` for ``run_cfg``, restricted to the train split."""
+    """Megatron-Core's ``GPTDatasetConfig`` for ``run_cfg`` (all three splits of ``data.split``)."""
     data = run_cfg.data
     if data.type not in DATA_TYPES:
         raise DataError(
             f"data.type: {data.type!r} is not one of {', '.join(DATA_TYPES)}; fix: data=mock or data=tiny_corpus"
         )
+    split_weights(data.split)  # one line naming data.split instead of Megatron's assertion
     blend: tuple[list[str], list[float] | None] | None = None
     if data.type == "indexed":
         blend = parse_blend(data.data_path)
@@ -81,23 +82,35 @@ def gpt_dataset_config(
         raise DataError(
             f"data.split: {data.split!r} is not a valid split ({err}); fix: e.g. data.split='969,30,1'"
         ) from err
-    if config.split_matrix[0] is None:
+    if config.split_matrix[TRAIN] is None and not run_cfg.trainer.skip_train:
         raise DataError(f"data.split: {data.split!r} gives the train split no share; fix: a positive first weight")
-    # Only the train split is built here: the valid/test book-ends are dropped.
-    config.split_matrix = [config.split_matrix[0]] + [None] * (len(config.split_matrix) - 1)
     return config
 
 
-def _check_train_documents(config: GPTDatasetConfig) -> None:
-    """Every prefix must put at least one document in the train split (Megatron loops forever otherwise)."""
-    beg, end = config.split_matrix[0]
-    for prefix in config.blend[0]:
-        count = len(IndexedDataset(prefix).document_indices) - 1
-        if int(round(end * count)) - int(round(beg * count)) < 1:
-            raise DataError(
-                f"data.split: {config.split!r} leaves no train document in {prefix} ({count} documents); "
-                f"fix: more documents or a larger train weight"
-            )
+def _prefix_documents(prefix: str) -> int:
+    """Documents in the indexed dataset ``prefix``."""
+    return len(IndexedDataset(prefix).document_indices) - 1
+
+
+def empty_prefixes(config: GPTDatasetConfig, split: int) -> list[tuple[str, int]]:
+    """``(prefix, documents)`` of every prefix that puts no document in ``split`` (all of them when its weight
+    is 0; none for mock data, whose 100,000 synthetic documents fill every split with a positive weight)."""
+    weights = split_weights(config.split)
+    if config.mock:
+        return [] if weights[split] > 0 else [("mock", 0)]
+    counts = [(p, _prefix_documents(p)) for p in config.blend[0]]
+    return [(p, n) for p, n in counts if split_documents(weights, n)[split] < 1]
+
+
+def check_split_documents(config: GPTDatasetConfig, split: int, fix: str) -> None:
+    """``DataError`` when a prefix gets no document of ``split`` (Megatron loops forever on it otherwise)."""
+    empty = empty_prefixes(config, split)
+    if empty:
+        prefix, count = empty[0]
+        raise DataError(
+            f"data.split: {config.split!r} leaves no {SPLITS[split]} document in {prefix} ({count} documents); "
+            f"fix: {fix}"
+        )
 
 
 def _disable_mask_cache(dataset: Dataset) -> None:
@@ -113,21 +126,38 @@ def _disable_mask_cache(dataset: Dataset) -> None:
             ds.masks_and_position_ids_are_cacheable = False
 
 
-def build_train_dataset(run_cfg: RunConfig, config: GPTDatasetConfig) -> Dataset:
-    """The train split as a map-style dataset of at least ``train_samples(run_cfg)`` samples.
+def build_split_dataset(config: GPTDatasetConfig, split: int, needed: int) -> Dataset:
+    """Split ``split`` (``kilocard.data.split.TRAIN``/``VALID``/``TEST``) as a map-style dataset built for
+    ``needed`` samples; the other splits are not built.
 
     Collective when torch.distributed is initialised (rank 0 builds the index cache first).
     """
     cls = MockGPTDataset if config.mock else GPTDataset
-    if not config.mock:
-        _check_train_documents(config)
-    needed = train_samples(run_cfg)
-    builder = BlendedMegatronDatasetBuilder(cls, [needed, 0, 0], lambda: True, config)
-    dataset = builder.build()[0]
+    only = copy.copy(config)
+    only.split_matrix = [m if i == split else None for i, m in enumerate(config.split_matrix)]
+    sizes = [needed if i == split else 0 for i in range(len(config.split_matrix))]
+    dataset = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, only).build()[split]
     _disable_mask_cache(dataset)
+    return dataset
+
+
+def build_train_dataset(run_cfg: RunConfig, config: GPTDatasetConfig) -> Dataset:
+    """The train split as a map-style dataset of at least ``train_samples(run_cfg)`` samples."""
+    if not config.mock:
+        check_split_documents(config, TRAIN, "more documents or a larger train weight")
+    needed = train_samples(run_cfg)
+    dataset = build_split_dataset(config, TRAIN, needed)
     if len(dataset) < needed:
         raise DataError(
             f"data.data_path: the unweighted blend gives {len(dataset)} train samples but the run needs "
             f"{needed}; fix: give weights ([w1, p1, w2, p2]) so Megatron draws more epochs"
         )
     return dataset
+
+
+def eval_samples(run_cfg: RunConfig, split: int) -> int:
+    """Samples the run's evaluations read from ``split`` (VALID or TEST; ``kilocard.data.split``)."""
+    t = run_cfg.trainer
+    if split == TEST:
+        return t.eval_iters * t.global_batch_size
+    return valid_samples(t.train_iters, t.eval_interval or t.train_iters or 1, t.eval_iters, t.global_batch_size)

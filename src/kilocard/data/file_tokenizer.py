@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from pathlib import Path
 
+from kilocard.base.digest import sha256_file
 from kilocard.data.byte_tokenizer import MegatronTokenizerBase
 from kilocard.data.errors import DataError
-
-
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of the file's bytes (read in 1 MiB blocks)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class FileTokenizer(MegatronTokenizerBase):
@@ -34,7 +25,7 @@ class FileTokenizer(MegatronTokenizerBase):
             [
                 ("class", type(self).__name__),
                 ("tokenizer_type", self.TOKENIZER_TYPE),
-                ("sha256", file_sha256(path)),
+                ("sha256", sha256_file(path)),
                 ("vocab_size", self.vocab_size),
             ]
         )

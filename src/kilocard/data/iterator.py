@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
+from kilocard.config.megatron import padded_vocab_size
 from kilocard.config.schema import RunConfig
 from kilocard.data.errors import DataError
 from kilocard.data.sampler import PretrainingSampler
@@ -49,8 +50,7 @@ def _check_batch_and_vocab(run_cfg: RunConfig, dp_size: int, tokenizer_vocab: in
             f"micro_batch_size({t.micro_batch_size}) * dp({dp_size}); fix: adjust one of them"
         )
     m = run_cfg.model
-    multiple = m.make_vocab_size_divisible_by * run_cfg.parallel.tensor_model_parallel_size
-    padded = -(-m.vocab_size // multiple) * multiple  # Megatron-LM's padding (kilocard.perf.params.padded_vocab_size)
+    padded = padded_vocab_size(m, run_cfg.parallel.tensor_model_parallel_size)
     if padded < tokenizer_vocab:
         raise DataError(
             f"model.vocab_size: {m.vocab_size} (padded to {padded}) is smaller than tokenizer "
@@ -84,3 +84,45 @@ def build_train_iterator(
     workers = run_cfg.data.num_workers
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=workers, persistent_workers=workers > 0)
     return TrainIterator(loader, sampler)
+
+
+def build_eval_dataset(
+    run_cfg: RunConfig, split: int, *, dp_size: int, cache_dir: str | None = None, create_attention_mask: bool = True
+) -> Dataset | None:
+    """The validation or test split (``kilocard.data.split.VALID``/``TEST``) sized for the run's evaluations;
+    ``None`` for a test split that some prefix gives no document (a validation split without one is a
+    ``DataError``: ``validate`` refuses it before the run). Collective like ``build_train_iterator``."""
+    from kilocard.data.datasets import (
+        build_split_dataset,
+        check_split_documents,
+        empty_prefixes,
+        eval_samples,
+        gpt_dataset_config,
+    )
+    from kilocard.data.split import TEST
+
+    tokenizer = get_tokenizer(run_cfg.data.tokenizer)
+    _check_batch_and_vocab(run_cfg, dp_size, tokenizer.vocab_size)
+    config = gpt_dataset_config(run_cfg, tokenizer, cache_dir, create_attention_mask)
+    if split == TEST and empty_prefixes(config, split):
+        return None
+    check_split_documents(config, split, "more documents, a larger valid weight, or trainer.eval_interval=null")
+    return build_split_dataset(config, split, eval_samples(run_cfg, split))
+
+
+def eval_batches(
+    dataset: Dataset, run_cfg: RunConfig, *, start: int, rounds: int, dp_rank: int, dp_size: int
+) -> Iterator[MicroBatch]:
+    """This rank's micro-batches of ``rounds`` global batches of ``dataset`` from global sample ``start``
+    (the sampler's order; a short dataset is read round again from its first sample)."""
+    t = run_cfg.trainer
+    per_step = t.micro_batch_size * dp_size
+    micro = rounds * (t.global_batch_size // per_step)
+    size = len(dataset)
+    batches = (
+        [(start + k * per_step + dp_rank * t.micro_batch_size + j) % size for j in range(t.micro_batch_size)]
+        for k in range(micro)
+    )
+    for batch in DataLoader(dataset, batch_sampler=list(batches)):
+        batch.setdefault("attention_mask", None)
+        yield batch

@@ -13,6 +13,9 @@ from pathlib import Path
 from kilocard.data.errors import DataError
 from kilocard.paths import data_dir
 
+DATA_TYPES = ("mock", "indexed")
+"""``data.type``: Megatron-Core's mock dataset, or indexed ``.bin``/``.idx`` files (``data.data_path``)."""
+
 
 def _has_files(prefix: Path) -> bool:
     return Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file()

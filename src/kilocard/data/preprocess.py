@@ -8,7 +8,9 @@ document, the smallest integer dtype that holds the vocabulary), as Megatron-LM'
 batches of lines, each loading the tokenizer once; results are written in input order, so the
 output is the same for any number of workers. A progress bar (input bytes, documents/s) goes to
 stderr on a terminal. Output goes to temporary names that are renamed into place only after the
-whole input was read: a bad line leaves no output behind.
+whole input was read: a bad line leaves no output behind. Beside them goes ``PREFIX.meta.json``
+(``kilocard.data.record``): the tokenizer and its file's sha256, its vocabulary size, the largest
+token id and the document count, which ``kilocard validate`` compares with a run's tokenizer.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tqdm import tqdm
 
 from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.errors import DataError
+from kilocard.data.record import DataRecord, record_path, tokenizer_sha256, write_record
 from kilocard.data.tokenizer import MegatronTokenizerBase, get_tokenizer
 
 SUFFIX = "_text_document"
@@ -186,12 +189,14 @@ def preprocess_jsonl(
         ) from err
     builder = IndexedDatasetBuilder(str(tmp[0]), dtype=DType.optimal_dtype(tok.vocab_size))
     documents = tokens = 0
+    max_id = -1
     try:
         with _progress(path) as bar:
             for docs, size in _encoded(tok, tokenizer, path, workers):
                 for ids in docs:
                     builder.add_document(ids, [len(ids)])
                     tokens += len(ids)
+                    max_id = max(max_id, int(ids.max()))
                 documents += len(docs)
                 bar.update(size)
                 if not bar.disable:
@@ -200,8 +205,18 @@ def preprocess_jsonl(
         if documents == 0:
             raise DataError(f'{input_path}: no documents (every line is blank); fix: one {{"text": ...}} per line')
         builder.finalize(str(tmp[1]))
+        record_path(prefix).unlink(missing_ok=True)  # a record from before never describes the new data
         for src, dst in zip(tmp, final, strict=True):
             os.replace(src, dst)
+        record = DataRecord(
+            tokenizer=tokenizer,
+            tokenizer_sha256=tokenizer_sha256(tokenizer),
+            vocab_size=tok.vocab_size,
+            max_token_id=max_id,
+            documents=documents,
+            tokens=tokens,
+        )
+        write_record(prefix, record)
     finally:
         builder.data_file.close()
         for p in tmp:

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
+import sys
+from importlib import metadata
 
 from kilocard import exitcodes
 from kilocard.config.schema import RunConfig
 
 MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
 """``python -m MODULE`` is ``ft_launcher`` (the console script may not be on a node's PATH)."""
+TIED_MODULE = "kilocard.launch.ftlaunch"
+"""``python -m TIED_MODULE ARGS`` is ``ft_launcher ARGS`` whose forked rank monitors die with it (``kilocard
+run``: started with the parent-death signal, its whole tree goes when the launcher is killed)."""
 CHECK_INTERVAL_S = 1.0
 """How often the launcher's rank monitors check the heartbeats (NVRx default 5 s): detection in seconds."""
 WORKERS_STOP_TIMEOUT_S = 15.0
@@ -40,6 +46,58 @@ def available() -> bool:
         return importlib.util.find_spec(MODULE) is not None
     except ModuleNotFoundError:
         return False
+
+
+NVRX_MIN_FOR_MCORE = ((0, 19), (0, 6, 0))
+"""megatron-core from this version on asserts at import that an installed NVRx is at least that one
+(``dist_checkpointing/strategies/nvrx.py``: ``NVRX_MIN_VERSION``); NVRx 0.6.0 needs Python >= 3.12."""
+NVRX_MIN_PYTHON = (3, 12)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def restart_support(mcore: str | None, nvrx: str | None, python: tuple[int, int]) -> str | None:
+    """Why in-job restarts cannot run with these megatron-core and NVRx versions on this Python, or ``None``
+    (NVRx missing altogether is ``available``'s case).
+
+    What works, per megatron-core version: 0.16.1-0.18.x with NVRx 0.4.1 (the ``resiliency`` extra on
+    Python 3.11, where 0.16.1 is the newest megatron-core); 0.19.x only with NVRx >= 0.6.0, which needs
+    Python >= 3.12 (the extra asks for it there).
+    """
+    fix = "or set launcher.max_restarts=0"
+    low_mcore, need = NVRX_MIN_FOR_MCORE
+    needed = ".".join(map(str, need))
+    new_mcore = mcore is not None and _version(mcore)[:2] >= low_mcore
+    if new_mcore and python < NVRX_MIN_PYTHON:
+        return (
+            f"launcher.max_restarts: in-job restarts on megatron-core {mcore} need nvidia-resiliency-ext >= {needed}, "
+            f"which needs Python >= {'.'.join(map(str, NVRX_MIN_PYTHON))} (this is {python[0]}.{python[1]}): use "
+            f"megatron-core 0.16.1-0.18.x with pip install 'kilocard[resiliency]', {fix}"
+        )
+    if nvrx is not None and new_mcore and _version(nvrx) < need:
+        return (
+            f"launcher.max_restarts: nvidia-resiliency-ext {nvrx} is installed, megatron-core {mcore} needs >= "
+            f"{needed}; pip install 'nvidia-resiliency-ext>={needed}', {fix}"
+        )
+    return None
+
+
+def installed_restart_support() -> str | None:
+    """``restart_support`` of this Python's megatron-core and NVRx."""
+    return restart_support(
+        _installed("megatron-core"),
+        _installed("nvidia-resiliency-ext"),
+        tuple(sys.version_info[:2]),  # type: ignore[arg-type]
+    )
 
 
 def in_job(cfg: RunConfig) -> bool:
@@ -75,3 +133,19 @@ def ft_launcher_args(
 def rank_env(cfg: RunConfig) -> dict[str, str]:
     """What the ranks under ``ft_launcher`` must see: only a fault exits non-zero (``kilocard.exitcodes``)."""
     return {exitcodes.INJOB_ENV: str(cfg.launcher.max_restarts)}
+
+
+def tied_main() -> None:
+    """Run ``ft_launcher`` (``MODULE``) in this process with every fork tied to it (``TIED_MODULE``)."""
+    import runpy
+    import sys
+
+    from kilocard.base.lifeline import die_with_parent_in_forks
+
+    die_with_parent_in_forks()
+    sys.argv[0] = MODULE
+    runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    tied_main()

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kilocard.launch.package import PREFLIGHT, build_wheel, mcore_range, repack_installed
+from kilocard.launch.package import PREFLIGHT, mcore_range, pack_checkout, repack_installed
 from kilocard.launch.rundir import RunDirError
 from kilocard.paths import checkout_root, data_dir
 
@@ -61,7 +61,7 @@ def write_build_context(output: str, base: str = DEFAULT_BASE) -> tuple[Path, st
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="kilocard-image-") as tmp:
             root = checkout_root()
-            built = build_wheel(root, Path(tmp)) if root is not None else repack_installed(Path(tmp))
+            built = pack_checkout(root, Path(tmp)) if root is not None else repack_installed(Path(tmp))
             wheel = Path(shutil.copy2(built, out / built.name))
     except (RunDirError, OSError) as e:
         raise ImageError(str(e)) from None

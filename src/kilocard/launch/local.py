@@ -14,7 +14,7 @@ run directory, printing, exit codes before launch) is ``kilocard.commands.run``.
 
 The ranks get the run's environment (``kilocard.plan``: layout defaults, ``cluster.env``,
 ``launcher.env``; secrets by name). The launcher holds the run directory's lock
-(``kilocard.runlock``) while the ranks run, so a second ``kilocard run --resume`` of the same
+(``kilocard.rundir.lock``) while the ranks run, so a second ``kilocard run --resume`` of the same
 directory is refused. TERM or INT to the launcher asks the ranks to save and stop; it waits for
 them (bounded by the save time plus a margin) and no rank outlives it.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,16 +33,22 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kilocard import exitcodes, runlock
+from kilocard import exitcodes
+from kilocard.base.lifeline import parent_death_preexec
+from kilocard.base.net import free_port
+from kilocard.base.quiet import with_launcher_filter
 from kilocard.config.schema import RunConfig
 from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
 from kilocard.plan import build_plan
-from kilocard.train import events
-from kilocard.train.dist_env import free_port
-from kilocard.train.metrics import read_metrics
-from kilocard.train.names import EXIT_DIR_ENV
-from kilocard.train.progress import progress_line, summary_table
+from kilocard.rundir import checkpoint as ck
+from kilocard.rundir import events
+from kilocard.rundir import lock as runlock
+from kilocard.rundir.checkpoint import checkpoint_root
+from kilocard.rundir.metrics import read_evals, read_metrics
+from kilocard.rundir.names import EXIT_DIR_ENV
+from kilocard.rundir.progress import eval_line, progress_line, summary_table
+from kilocard.rundir.reproduction import summary_lines
 from kilocard.validate.slurm import expected_save_time_s
 
 """When set, every rank writes its exit code to ``$KILOCARD_EXIT_DIR/rank_<N>`` (torchrun hides them)."""
@@ -86,17 +93,59 @@ def torchrun_command(
 
 def ft_command(run_dir: Path, run_cfg: RunConfig, nproc: int, port: int, stop_wait_s: float) -> list[str]:
     """The ``ft_launcher`` command line for ``nproc`` local ranks of ``run_dir`` (in-job restarts,
-    ``kilocard.launch.ftlaunch``): rendezvous on ``127.0.0.1:port``; on TERM it passes TERM to the
-    ranks and waits ``stop_wait_s`` for their save before it SIGKILLs them."""
+    ``kilocard.launch.ftlaunch``, its forks tied to it): rendezvous on ``127.0.0.1:port``; on TERM it passes TERM
+    to the ranks and waits ``stop_wait_s`` for their save before it SIGKILLs them."""
     args = ftlaunch.ft_launcher_args(
         run_cfg, nnodes="1", nproc=nproc, rdzv_endpoint=f"127.0.0.1:{port}", term_timeout_s=stop_wait_s
     )
-    return [sys.executable, "-m", ftlaunch.MODULE, *args, "-m", "kilocard.train", str(run_dir)]
+    return [sys.executable, "-m", ftlaunch.TIED_MODULE, *args, "-m", "kilocard.train", str(run_dir)]
+
+
+def local_gpus() -> list[str]:
+    """The names of this machine's CUDA devices (empty without a GPU or a CUDA build of torch)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def machine_mismatch(run_cfg: RunConfig, gpus: list[str]) -> str | None:
+    """Why the cluster profile of ``run_cfg`` does not describe this machine with CUDA devices ``gpus``, or ``None``.
+
+    ``kilocard run`` trains here: on CPU ranks (``cluster.gpu=cpu``, the ``local_cpu`` profile), or on this
+    machine's GPUs when the profile asks for one node of at most as many GPUs of its model (the model's
+    family, e.g. ``h100`` of ``h100-sxm5-80gb``, in the device's name). Anything else is a cluster's
+    profile: it belongs to ``kilocard sbatch``.
+    """
+    c = run_cfg.cluster
+    fix = "use cluster=local_cpu to train on CPU ranks here, or kilocard sbatch to run on that cluster"
+    if c.nodes > 1:
+        return f"cluster.nodes={c.nodes}: kilocard run trains on this machine only (one node); {fix}"
+    if c.gpu == "cpu":
+        return None
+    family = c.gpu.split("-")[0].lower()
+    wanted = f"cluster={c.name} asks for {c.gpus_per_node} {c.gpu} GPU(s)"
+    if not gpus:
+        return f"{wanted}; this machine has no GPU: {fix}"
+    matching = [g for g in gpus if family in g.lower()]
+    if len(matching) < c.gpus_per_node:
+        have = ", ".join(sorted(set(gpus)))
+        return f"{wanted}; this machine has {len(matching)} of that model ({len(gpus)} GPU(s): {have}): {fix}"
+    return None
 
 
 def unavailable(run_cfg: RunConfig) -> str | None:
     """Why this machine cannot run ``run_cfg`` locally as configured (one line naming the field), or ``None``."""
-    if ftlaunch.in_job(run_cfg) and not ftlaunch.available():
+    mismatch = machine_mismatch(run_cfg, local_gpus() if run_cfg.cluster.gpu != "cpu" else [])
+    if mismatch:
+        return mismatch
+    if not ftlaunch.in_job(run_cfg):
+        return None
+    versions = ftlaunch.installed_restart_support()  # which megatron-core works with which NVRx
+    if versions:
+        return versions.replace("launcher.max_restarts:", f"launcher.max_restarts={run_cfg.launcher.max_restarts}:", 1)
+    if not ftlaunch.available():
         return (
             f"launcher.max_restarts={run_cfg.launcher.max_restarts}: in-job restarts need NVIDIA Resiliency "
             "Extension (nvidia-resiliency-ext), which does not import here; install it with "
@@ -132,6 +181,7 @@ def rank_env(run_dir: Path, run_cfg: RunConfig, lock_token: str) -> dict:
     env[EXIT_DIR_ENV] = str(exit_dir)
     env[runlock.TOKEN_ENV] = lock_token
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONWARNINGS"] = with_launcher_filter(env.get("PYTHONWARNINGS"))  # torchrun imports torch.cuda too
     if ftlaunch.in_job(run_cfg):
         env.update(ftlaunch.rank_env(run_cfg))
     return env
@@ -160,34 +210,60 @@ def stop_wait_s(run_cfg: RunConfig) -> float:
 
 
 def launch(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
-    """Take the run directory's lock, train on ``nproc`` local ranks, print the summary.
+    """Take the run directory's lock (and the checkpoint directory's, when ``checkpoint.save`` lies outside
+    the run directory), train on ``nproc`` local ranks, print the summary.
 
-    A run directory another writer holds is refused at once (exit 1), naming the holder.
+    A directory another writer holds is refused at once (exit 1), naming the holder.
     """
-    from kilocard.config.freeze import load_verified
+    from kilocard.rundir.freeze import load_verified
 
     run_cfg, _ = load_verified(run_dir)  # the verb has checked the secrets (kilocard.commands.run)
-    lock = None
+    locks: list[runlock.RunLock] = []
     try:
-        lock = runlock.acquire(run_dir)
+        for directory, what in _locked_dirs(run_dir, run_cfg):
+            held = _lock(directory, locks[0].token if locks else None, what)
+            if isinstance(held, int):
+                return held
+            if held is not None:
+                locks.append(held)
+        return _train(run_dir, run_cfg, nproc, max_restarts, locks[0].token if locks else "", [l.fd for l in locks])
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def _locked_dirs(run_dir: Path, run_cfg: RunConfig) -> list[tuple[Path, str]]:
+    """The run directory, and the checkpoint directory when it lies outside it (created here), each with
+    what it is."""
+    root = ck.checkpoint_root(run_dir, run_cfg)
+    if not ck.outside(root, run_dir):
+        return [(run_dir, "run directory")]
+    root.mkdir(parents=True, exist_ok=True)
+    return [(run_dir, "run directory"), (root, "checkpoint directory")]
+
+
+def _lock(directory: Path, token: str | None, what: str) -> runlock.RunLock | int | None:
+    """The lock of ``directory`` (with the token of the launcher's first lock), ``None`` where the filesystem
+    has no flock (warned), or the exit code after saying why it is refused."""
+    try:
+        return runlock.acquire(directory, token, what)
     except runlock.RunDirBusy as e:
         print(f"kilocard run: error: {e}", file=sys.stderr)
         return exitcodes.CRASH  # exit 1: refused; nothing was started
     except runlock.LockUnsupported as e:
         print(f"kilocard run: warning: {e}", file=sys.stderr)
+        return None
     except OSError as e:
-        print(f"kilocard run: error: {run_dir}: cannot lock the run directory ({e.strerror})", file=sys.stderr)
+        print(f"kilocard run: error: {directory}: cannot lock the directory ({e.strerror})", file=sys.stderr)
         return exitcodes.CRASH
-    try:
-        return _train(run_dir, run_cfg, nproc, max_restarts, lock.token if lock else "")
-    finally:
-        if lock is not None:
-            lock.release()
 
 
-def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, lock_token: str) -> int:
+def _train(
+    run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, lock_token: str, lock_fds: list[int]
+) -> int:
     """Start the ranks' launcher (torchrun, or ft_launcher for in-job restarts), show progress, forward
-    TERM/INT, guard against hangs; the run's exit code."""
+    TERM/INT, guard against hangs; the run's exit code. The launcher inherits the locks (``lock_fds``): they
+    are held until it is gone too."""
     env = rank_env(run_dir, run_cfg, lock_token)
     log = run_dir / LOG_DIR / "train.log"
     start_step = len(read_metrics(run_dir))
@@ -201,12 +277,14 @@ def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, loc
         tmp_in_use = contextlib.nullcontext(tmp)
     with open(log, "ab") as out, tmp_in_use as tmpdir:
         env["TMPDIR"] = str(tmpdir)
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # dies with this process, and each rank with it (kilocard.base.lifeline)
             cmd,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=parent_death_preexec(),
+            pass_fds=lock_fds,
         )
         try:
             with StopForwarder(proc, stop_wait) as stop:
@@ -214,11 +292,22 @@ def _train(run_dir: Path, run_cfg: RunConfig, nproc: int, max_restarts: int, loc
         finally:
             _end_group(proc.pid)
     code = exitcodes.from_exit_dir(str(run_dir / LOG_DIR / "exit"), proc.returncode if code is None else code)
-    records = read_metrics(run_dir)
-    print(summary_table(records, run_dir, code, first_new_step=start_step), flush=True)
+    print(end_summary(run_dir, run_cfg, code, start_step), flush=True)
+    if code == exitcodes.DONE:
+        print("\n".join(summary_lines(run_dir)), flush=True)
     if code not in (exitcodes.DONE, exitcodes.RETRY):
         _print_tail(log)
     return code
+
+
+def end_summary(run_dir: Path, run_cfg: RunConfig, code: int, start_step: int) -> str:
+    """The summary table of this launch: its steps' records and the run's newest committed step, read where
+    the trainer commits them (``checkpoint_root``: ``checkpoint.save`` when set)."""
+    records = read_metrics(run_dir)
+    ckpt_root = checkpoint_root(run_dir, run_cfg)
+    return summary_table(
+        records, run_dir, code, ckpt_root=ckpt_root, first_new_step=start_step, evals=read_evals(run_dir)
+    )
 
 
 class StopForwarder:
@@ -278,9 +367,10 @@ def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopFo
     """
     tty = sys.stdout.isatty()
     seen, attempts, last_change = 0, _attempts(run_dir), time.monotonic()
+    evals_seen = len(read_evals(run_dir))
     while proc.poll() is None:
         time.sleep(0.5)
-        records = read_metrics(run_dir)
+        records, evals = read_metrics(run_dir), read_evals(run_dir)
         now_attempts = _attempts(run_dir)
         if now_attempts != attempts:
             attempts, last_change = now_attempts, time.monotonic()
@@ -288,6 +378,10 @@ def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopFo
             seen, last_change = len(records), time.monotonic()
             if records:
                 print(("\r" if tty else "") + progress_line(records[-1]), end="" if tty else "\n", flush=True)
+        if len(evals) > evals_seen:  # an evaluation is progress too; its line stays on screen
+            for r in evals[evals_seen:]:
+                print(("\n" if tty else "") + eval_line(r), flush=True)
+            evals_seen, last_change = len(evals), time.monotonic()
         elif time.monotonic() - last_change > silence_s:
             print(f"\nkilocard run: no progress for {silence_s:.0f}s; stopping the ranks (FAULT)", file=sys.stderr)
             _kill(proc)
@@ -328,17 +422,19 @@ LOG_NOISE = ("UserWarning", "warnings.warn", "NVML", "pynvml")
 that the NVIDIA management library is missing (every start without a GPU)."""
 
 
+OWN_ERROR = re.compile(r"kilocard\.train: (error|crashed|no progress)")
+"""The trainer's own line for a rank that fails (``kilocard.train.entry``, the watchdog)."""
+RAISED = re.compile(r"^(\[rank ?\d+\]: )?([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)\b[^:]*: \S")
+"""The last line of a rank's traceback (``[rank3]: RuntimeError: ...``, ``ModuleNotFoundError: ...``): a rank
+that fails before the trainer's own handler (an import, a library's start-up) still names its error."""
+
+
 def _print_tail(log: Path, lines: int = 30) -> None:
     """The ranks' own error lines (once each), else the log's last lines without ``LOG_NOISE`` (torchrun's
     report hides them)."""
     text = log.read_text(errors="replace").splitlines()
-    errors = list(
-        dict.fromkeys(
-            l
-            for l in text
-            if "kilocard.train: error" in l or "kilocard.train: crashed" in l or "kilocard.train: no progress" in l
-        )
-    )
+    own = [l for l in text if OWN_ERROR.search(l)]  # the trainer's line says it (its traceback is in the log)
+    errors = list(dict.fromkeys(own or [l for l in text if RAISED.match(l)]))
     keep = errors or [l for l in text if not any(noise in l for noise in LOG_NOISE)][-lines:]
     print(f"--- from {log} ---", file=sys.stderr)
     print("\n".join(keep), file=sys.stderr)

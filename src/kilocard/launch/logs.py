@@ -7,19 +7,24 @@ line starts with ``<rank>: ``. With in-job restarts (``launcher.max_restarts`` >
 the global rank (``ftlaunch.LINE_PREFIX``): ``<node>: [rank<rank>]: ``, and its own lines carry the node
 label only. ``--rank N`` keeps rank N's lines and the batch script's own ``[kilocard ...]`` lines
 (start, exit codes, requeues); ``--follow`` keeps reading until the run has a ``DONE`` or ``FAILED``
-marker.
+marker. A local run (``kilocard run``) writes ``<run_dir>/logs/train.log``: it is read the same way,
+``--rank N`` keeps the lines the trainer tags ``[rank N]`` (and torch's ``[rankN]:``), and ``--follow``
+ends when no live ``kilocard run`` holds the run directory's lock.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from kilocard.config import load_run_config
-from kilocard.config.freeze import CONFIG_FILE
 from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
+from kilocard.rundir.freeze import CONFIG_FILE
+from kilocard.rundir.lock import read_holder
 
 #: ``srun --label`` prefix: the task rank, right-aligned to the width of the largest one.
 LABEL = re.compile(r"^\s*(\d+): ")
@@ -29,10 +34,45 @@ SCRIPT_LINE = "[kilocard "
 FINISHED = ("DONE", "FAILED")
 
 
+#: A local run's log (``kilocard run``): torchrun's and every rank's output, the ranks' own lines tagged
+#: ``[rank N]`` by the trainer (``[rankN]:`` by torch for a rank's traceback).
+LOCAL_LOG = "train.log"
+LOCAL_RANK_TAG = re.compile(r"^\[rank ?(\d+)\]")
+
+
 def log_files(run_dir: Path) -> list[Path]:
-    """The run's job logs in submission (job id) order."""
-    files = (run_dir / LOG_DIR).glob("slurm-*.out")
-    return sorted(files, key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    """The run's job logs in submission (job id) order, then a local run's ``train.log``."""
+    files = sorted((run_dir / LOG_DIR).glob("slurm-*.out"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    local = run_dir / LOG_DIR / LOCAL_LOG
+    return [*files, local] if local.is_file() else files
+
+
+def is_local(run_dir: Path) -> bool:
+    """Whether ``run_dir`` was trained by ``kilocard run`` (its log is ``train.log``, no Slurm job logs)."""
+    return (run_dir / LOG_DIR / LOCAL_LOG).is_file() and not any((run_dir / LOG_DIR).glob("slurm-*.out"))
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def ended(run_dir: Path) -> bool:
+    """Whether the run has ended: a Slurm run's ``DONE``/``FAILED`` marker, or for a local run no live
+    ``kilocard run`` holding its lock (the launcher clears the holder when it ends; a killed one is dead)."""
+    if any((run_dir / m).exists() for m in FINISHED):
+        return True
+    if not is_local(run_dir):
+        return False
+    holder = read_holder(run_dir)
+    return not holder or holder.get("host") != platform.node() or not _alive(holder.get("pid"))
 
 
 def in_job(run_dir: Path) -> bool:
@@ -46,6 +86,10 @@ def select(lines: Iterable[str], rank: int | None, injob: bool = False) -> Itera
     one ``ft_launcher`` per node (``RANK_TAG``), not from one srun task per rank (``LABEL``)."""
     pattern = RANK_TAG if injob else LABEL
     for line in lines:
+        if rank is not None and not LABEL.match(line) and (m := LOCAL_RANK_TAG.match(line)):
+            if int(m.group(1)) == rank:  # a local run's train.log
+                yield line
+            continue
         if rank is None or line.startswith(SCRIPT_LINE):
             yield line
             continue

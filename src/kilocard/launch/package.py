@@ -1,13 +1,13 @@
 """Code delivery of a Slurm job (``launcher.packaging``): where the job's ``python`` finds kilocard.
 
-* ``snapshot`` (default): at sbatch time, kilocard's own wheel is built into ``<run_dir>/code/`` and
-  unpacked (pure Python, what ``pip install --target`` does) into ``<run_dir>/code/site``, which the
-  batch script puts first on ``PYTHONPATH``. The wheel comes from the checkout kilocard was imported
-  from (``pip wheel --no-deps --no-build-isolation``, ~4 s, reused within one command while the
-  sources are unchanged: a sweep builds once) or, when kilocard was installed from a wheel, is
-  re-packed from the installed files. ``code/requirements.txt`` pins the dependencies at the submit
-  host's versions (a record: the job takes them from its venv or image). Editing or deleting the
-  checkout later never changes what the job (or a requeue of it) runs.
+* ``snapshot`` (default): at sbatch time, kilocard's own files are packed as they are into a wheel in
+  ``<run_dir>/code/`` and unpacked (pure Python, what ``pip install --target`` does) into
+  ``<run_dir>/code/site``, which the batch script puts first on ``PYTHONPATH``. From a checkout (an
+  editable install) the wheel holds the files pyproject's wheel table names (``pack_checkout``: no build
+  backend runs, so an install without hatchling submits too); from an installed wheel, the installed
+  files (``repack_installed``). ``code/requirements.txt`` pins the dependencies at the submit host's
+  versions (a record: the job takes them from its venv or image). Editing or deleting the checkout later
+  never changes what the job (or a requeue of it) runs.
 * ``image``: the profile's ``container_image`` was built by ``kilocard image`` and holds kilocard.
 * ``none``: the job's environment already provides kilocard.
 
@@ -17,12 +17,10 @@ every node before training.
 
 from __future__ import annotations
 
-import os
+import base64
+import hashlib
 import re
 import shutil
-import subprocess
-import sys
-import tempfile
 import tomllib
 import zipfile
 from importlib import metadata
@@ -37,8 +35,6 @@ CODE_DIR = "code"
 SITE_DIR = "site"
 REQUIREMENTS_FILE = "requirements.txt"
 PREFLIGHT = "preflight.py"
-#: Seconds a wheel build may take (measured ~4 s on 2 busy cores).
-BUILD_TIMEOUT_S = 300
 #: Files of an installed dist-info that describe the installation, not the package.
 INSTALL_ONLY = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD")
 
@@ -47,61 +43,87 @@ class PackageError(RunDirError):
     """kilocard's code cannot be packaged into the run directory."""
 
 
-#: Wheels built by this process, by checkout and source fingerprint: a sweep builds once.
-_BUILT: dict[tuple[str, int], tuple[str, bytes]] = {}
+def _wheel_sources(root: Path) -> tuple[dict, list[tuple[Path, str]]]:
+    """The checkout's ``[project]`` table and every ``(file, name in the wheel)`` of its wheel.
 
-
-def source_fingerprint(root: Path) -> int:
-    """Hash of (path, mtime, size) of every file the wheel is built from (pyproject's hatch sources)."""
-    project = tomllib.loads((root / "pyproject.toml").read_text())
-    wheel = project.get("tool", {}).get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {})
-    sources = ["pyproject.toml", *wheel.get("packages", []), *wheel.get("force-include", {})]
-    files = []
-    for rel in sources:
+    Read from the same ``[tool.hatch.build.targets.wheel]`` table the build backend reads (``packages``
+    and ``force-include``), so the snapshot holds what ``pip install .`` installs, without running
+    (or needing) the backend.
+    """
+    try:
+        pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise PackageError(f"launcher.packaging=snapshot: cannot read {root / 'pyproject.toml'} ({e})") from None
+    project = pyproject.get("project", {})
+    target = pyproject.get("tool", {}).get("hatch", {}).get("build", {}).get("targets", {}).get("wheel", {})
+    mapping = [(rel, Path(rel).name) for rel in target.get("packages", [])]
+    mapping += list(target.get("force-include", {}).items())
+    if not project.get("name") or not project.get("version") or not mapping:
+        raise PackageError(
+            f"launcher.packaging=snapshot: {root / 'pyproject.toml'} names no project, version or wheel "
+            "packages; fix the checkout or use launcher.packaging=image/none"
+        )
+    files: list[tuple[Path, str]] = []
+    for rel, dest in mapping:
         top = root / rel
+        if not top.exists():
+            raise PackageError(f"launcher.packaging=snapshot: {top} (in pyproject's wheel sources) does not exist")
         for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
-            if f.is_file() and "__pycache__" not in f.parts:
-                st = f.stat()
-                files.append((str(f), st.st_mtime_ns, st.st_size))
-    return hash(tuple(files))
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                files.append((f, (Path(dest) / f.relative_to(top)).as_posix() if top.is_dir() else dest))
+    return project, files
 
 
-def checkout_wheel(root: Path, dest: Path) -> Path:
-    """``build_wheel``, reusing this process's last build while the checkout's sources are unchanged."""
-    key = (str(root), source_fingerprint(root))
-    if key not in _BUILT:
-        with tempfile.TemporaryDirectory(prefix="kilocard-wheel-") as tmp:
-            built = build_wheel(root, Path(tmp))
-            _BUILT.clear()
-            _BUILT[key] = (built.name, built.read_bytes())
-    name, data = _BUILT[key]
-    (dest / name).write_bytes(data)
-    return dest / name
+def _metadata(project: dict) -> str:
+    """A wheel's ``METADATA`` (core metadata 2.1) for ``project``: name, version, dependencies, extras."""
+    lines = ["Metadata-Version: 2.1", f"Name: {project['name']}", f"Version: {project['version']}"]
+    if project.get("description"):
+        lines.append(f"Summary: {project['description']}")
+    if project.get("requires-python"):
+        lines.append(f"Requires-Python: {project['requires-python']}")
+    lines += [f"Requires-Dist: {r}" for r in project.get("dependencies", [])]
+    for extra, reqs in project.get("optional-dependencies", {}).items():
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f"Requires-Dist: {r}; extra == {extra!r}".replace("'", '"') for r in reqs]
+    return "\n".join(lines) + "\n"
 
 
-def build_wheel(root: Path, dest: Path) -> Path:
-    """``pip wheel`` of the checkout ``root`` into ``dest`` (no dependencies, no download); the wheel's path."""
-    with tempfile.TemporaryDirectory(prefix="kilocard-wheel-") as tmp:
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp, str(root)],
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_S,
-                env={**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-            )
-        except subprocess.TimeoutExpired:
-            raise PackageError(
-                f"launcher.packaging=snapshot: building the wheel of {root} took over {BUILD_TIMEOUT_S} s"
-            ) from None
-        wheels = sorted(Path(tmp).glob("kilocard-*.whl"))
-        if proc.returncode != 0 or len(wheels) != 1:
-            last = (proc.stderr.strip().splitlines() or ["no wheel written"])[-1]
-            raise PackageError(
-                f"launcher.packaging=snapshot: cannot build the wheel of {root} ({last}); fix the checkout "
-                f"or use launcher.packaging=image/none"
-            )
-        return Path(shutil.copy2(wheels[0], dest / wheels[0].name))
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}\n"
+
+
+def pack_checkout(root: Path, dest: Path) -> Path:
+    """A wheel of the checkout ``root`` in ``dest``, packed from its files as they are (no build backend).
+
+    ``pip install`` takes it (``METADATA``, ``WHEEL``, ``entry_points.txt``, a hashed ``RECORD``); nothing
+    is compiled or generated, so an install without hatchling (``pip install -e .``) packs it too.
+    """
+    project, files = _wheel_sources(root)
+    name, version = str(project["name"]).replace("-", "_"), str(project["version"])
+    info = f"{name}-{version}.dist-info"
+    wheel = dest / f"{name}-{version}-py3-none-any.whl"
+    scripts = project.get("scripts", {})
+    extra = {
+        f"{info}/METADATA": _metadata(project).encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: kilocard.launch.package\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    if scripts:
+        extra[f"{info}/entry_points.txt"] = (
+            "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in scripts.items())
+        ).encode()
+    record = []
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f, arcname in files:
+            data = f.read_bytes()
+            zf.writestr(arcname, data)
+            record.append(_record_line(arcname, data))
+        for arcname, data in extra.items():
+            zf.writestr(arcname, data)
+            record.append(_record_line(arcname, data))
+        zf.writestr(f"{info}/RECORD", "".join(record) + f"{info}/RECORD,,\n")
+    return wheel
 
 
 def repack_installed(dest: Path) -> Path:
@@ -158,7 +180,7 @@ def write_snapshot(code_dir: Path) -> Path:
     """Build (or re-pack) kilocard's wheel into ``code_dir``, unpack it into ``code_dir/site``; the wheel."""
     code_dir.mkdir()
     root = checkout_root()
-    wheel = checkout_wheel(root, code_dir) if root is not None else repack_installed(code_dir)
+    wheel = pack_checkout(root, code_dir) if root is not None else repack_installed(code_dir)
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(code_dir / SITE_DIR)
     (code_dir / REQUIREMENTS_FILE).write_text(

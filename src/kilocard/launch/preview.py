@@ -13,23 +13,32 @@ from pathlib import Path
 
 from kilocard.config.schema import RunConfig
 from kilocard.launch.render import render_script
-from kilocard.launch.rundir import base_name
+from kilocard.launch.rundir import base_name, runs_root, shared_fs_problem
 from kilocard.launch.slurm import run_client, sbatch_argv
 from kilocard.plan import LaunchPlan
 
 
 def would_be_run_dir(cfg: RunConfig) -> Path:
     """The run directory ``kilocard sbatch`` would create now (before any ``-2`` suffix)."""
-    root = Path(cfg.cluster.shared_fs).expanduser().resolve()
-    return root / base_name(cfg)
+    return runs_root(cfg) / base_name(cfg)
 
 
 def dry_run(runs: Sequence[tuple[RunConfig, LaunchPlan]], chain: int) -> str:
-    """Every script as it would be written (a ``# run dir:`` line before each); nothing is written."""
+    """Every script as it would be written; nothing is written.
+
+    Each starts with its ``#!`` line (``kilocard sbatch --dry-run > job.sh`` is a script ``sbatch`` takes),
+    then comments: the run directory it would get and, when ``cluster.shared_fs`` is a shipped profile's
+    placeholder or cannot be made, why writing the run would be refused.
+    """
     parts = []
     for cfg, plan in runs:
         run_dir = would_be_run_dir(cfg)
-        parts.append(f"# run dir: {run_dir} (dry run: nothing written)\n" + render_script(cfg, plan, run_dir, chain))
+        shebang, rest = render_script(cfg, plan, run_dir, chain).split("\n", 1)
+        notes = [f"# run dir: {run_dir} (dry run: nothing written)"]
+        problem = shared_fs_problem(cfg)
+        if problem:  # a shipped profile's placeholder renders as is; writing the run is refused until it is set
+            notes.append(f"# kilocard sbatch (without --dry-run) refuses this run root: {problem}")
+        parts.append("\n".join([shebang, *notes, rest]))
     return "".join(parts)
 
 

@@ -17,9 +17,10 @@ from kilocard.base.slurmtime import time_to_seconds
 from kilocard.config.schema import RunConfig
 from kilocard.launch import ftlaunch
 from kilocard.launch.package import CODE_DIR, PREFLIGHT, SITE_DIR, mcore_range
+from kilocard.launch.rundir import job_name
 from kilocard.paths import data_dir
 from kilocard.plan import LaunchPlan
-from kilocard.train.names import BLOCKLIST, EXIT_DIR_ENV
+from kilocard.rundir.names import BLOCKLIST, EXIT_DIR_ENV
 
 TEMPLATE = "train.sbatch.tmpl"
 SLOT = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -45,7 +46,7 @@ def sbatch_lines(cfg: RunConfig, plan: LaunchPlan, run_dir: Path) -> list[str]:
     logs = shell.sbatch_value("cluster.shared_fs", str(run_dir / LOG_DIR), "path")
     time_to_seconds("launcher.time", lc.time)
     opts = [
-        f"--job-name={shell.sbatch_value('launcher.job_name', lc.job_name, 'name')}",
+        f"--job-name={shell.sbatch_value('launcher.job_name', job_name(cfg), 'name')}",
         f"--nodes={plan.nodes}",
         f"--ntasks-per-node={plan.tasks_per_node}",
     ]
@@ -234,14 +235,36 @@ def label_note(cfg: RunConfig) -> str:
     )
 
 
+SIGNAL_ROW = "#   >128           a rank killed by a signal: handled like FAULT"
+"""The comment row for a status no rank chooses: a rank killed by a signal (``128 + N``)."""
+SCRIPT_CODES = ("DONE", "BUSY", "RETRY", "FAULT")
+"""Codes the script's ``case`` names as ``EXIT_<NAME>`` variables (the in-job BAD_NODE arm has its own)."""
+
+
+def exit_codes(cfg: RunConfig) -> str:
+    """The comment rows of the exit-code contract, one per ``exitcodes.TABLE`` row (BAD_NODE only with
+    in-job restarts: without them no rank ends with it), the signal row after FAULT."""
+    rows = []
+    for row in exitcodes.TABLE:
+        if row.code == exitcodes.BAD_NODE and not ftlaunch.in_job(cfg):
+            continue
+        rows.append(f"#   {row.code:<2} {row.name:<11} {row.meaning:<63} -> {row.script}")
+        if row.code == exitcodes.FAULT:
+            rows.append(SIGNAL_ROW)
+    return "\n".join(rows)
+
+
+def exit_vars() -> str:
+    """``EXIT_DONE=0 EXIT_BUSY=4 ...``: the shell names of ``SCRIPT_CODES``, values from ``exitcodes``."""
+    return " ".join(f"EXIT_{name}={getattr(exitcodes, name)}" for name in SCRIPT_CODES)
+
+
 def injob_notes(cfg: RunConfig) -> str:
     """The in-job part of the exit-code comment block (empty without in-job restarts)."""
     if not ftlaunch.in_job(cfg):
         return ""
     n = cfg.launcher.max_restarts
     return (
-        f"#   {exitcodes.BAD_NODE} BAD_NODE    a node failed its health check (kilocard/train/health.py)      "
-        f"-> exclude the blocklist's nodes, requeue / next link\n"
         f"# In-job restarts (launcher.max_restarts={n}): one NVRx ft_launcher per node starts the node's ranks\n"
         f"# and, when a rank dies or hangs, restarts every rank inside this allocation, at most {n} times\n"
         "# (each start runs the node health check first). Each rank records its code in $KILOCARD_EXIT_DIR\n"
@@ -403,6 +426,8 @@ def render_script(cfg: RunConfig, plan: LaunchPlan, run_dir: Path, chain_length:
         "srun_args": srun_args(cfg, plan, run_dir),
         "train_command": train_command(cfg, plan, python),
         "label_note": label_note(cfg),
+        "exit_codes": exit_codes(cfg),
+        "exit_vars": exit_vars(),
         "injob_notes": injob_notes(cfg),
         "injob_setup": injob_setup(cfg),
         "injob_code": injob_code(cfg, run_dir, python),

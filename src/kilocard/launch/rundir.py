@@ -19,12 +19,13 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig
 
-from kilocard.config.freeze import write_frozen
 from kilocard.config.schema import RunConfig
-from kilocard.launch.abspaths import absolute_paths
-from kilocard.paths import MAX_NAME_BYTES, checkout_root
+from kilocard.launch.abspaths import absolute, absolute_paths
+from kilocard.paths import MAX_NAME_BYTES, checkout_root, data_dir
+from kilocard.rundir.freeze import write_frozen
 
 PROVENANCE_FILE = "provenance.json"
 PROVENANCE_DIR = "provenance"
@@ -94,9 +95,44 @@ def default_name(job_name: str) -> str:
     return f"{job_name}-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
+def job_name(cfg: DictConfig | RunConfig) -> str:
+    """The Slurm job name and run-directory prefix: ``launcher.job_name``, else the recipe's name."""
+    return str(cfg.launcher.job_name or cfg.recipe.name)
+
+
 def base_name(cfg: DictConfig | RunConfig) -> str:
     """The run directory's name before any ``-2`` suffix: ``launcher.run_name``, else ``default_name``."""
-    return cfg.launcher.run_name or default_name(cfg.launcher.job_name)
+    return cfg.launcher.run_name or default_name(job_name(cfg))
+
+
+def shipped_value(cluster: str, field: str) -> object:
+    """``field`` of the cluster profile ``cluster`` as kilocard ships it (``None`` when no such profile)."""
+    path = data_dir("conf") / "cluster" / f"{cluster}.yaml"
+    if not path.is_file():
+        return None
+    return (yaml.safe_load(path.read_text()) or {}).get(field)
+
+
+def shared_fs_problem(cfg: DictConfig | RunConfig) -> str | None:
+    """Why no run directory can be made under ``cluster.shared_fs`` here (one line with the fix), or ``None``.
+
+    Only the last directory of the root is ever made: a root whose parent does not exist is refused (a
+    mistyped or unmounted parent is never created on the local disk). When that root is a shipped profile's
+    own value (the GPU profiles' ``/lustre/fsw/...``), it is a placeholder: the line asks for the site's value.
+    """
+    value = str(cfg.cluster.shared_fs)
+    root = Path(absolute(value, Path.cwd()))
+    if root.is_dir() or root.parent.is_dir():
+        return None
+    if value == shipped_value(cfg.cluster.name, "shared_fs"):
+        return (
+            f"cluster.shared_fs: {value} is the {cfg.cluster.name} profile's placeholder, not a directory here; "
+            "give your site's value (a site profile, or cluster.shared_fs=/path/to/runs)"
+        )
+    return (
+        f"cluster.shared_fs: {value}: {root.parent} does not exist (kilocard makes only the last directory); "
+        "create it, or choose a directory that exists"
+    )
 
 
 def _check_name(name: str, field: str) -> None:
@@ -109,6 +145,12 @@ def _check_name(name: str, field: str) -> None:
             f"{field}: the run directory name is {len(name.encode())} bytes long ({name[:40]}...); "
             f"use at most {MAX_NAME_BYTES} (file systems allow 255 per name)"
         )
+
+
+def runs_root(cfg: DictConfig | RunConfig) -> Path:
+    """The directory run directories go in: ``cluster.shared_fs``, ``~`` expanded, absolute, symlinks resolved.
+    The one answer for ``kilocard sbatch`` (its preview and the run it writes) and ``kilocard run``."""
+    return Path(cfg.cluster.shared_fs).expanduser().resolve()
 
 
 def create_run_dir(
@@ -124,13 +166,17 @@ def create_run_dir(
     cwd (``kilocard.launch.abspaths``). ``stage(tmp_dir)`` adds files (the job's code) before the
     directory is renamed into place, so its failure leaves nothing behind. Returns the final path.
     """
-    root = Path(root if root is not None else cfg.cluster.shared_fs).expanduser()
+    root_given = root
+    root = Path(root).expanduser() if root is not None else runs_root(cfg)
     cfg = absolute_paths(cfg, Path.cwd())  # the returned path stays as given; the frozen one is absolute
     explicit = cfg.launcher.run_name
     base = base_name(cfg)
     _check_name(base, "launcher.run_name" if explicit else "launcher.job_name")
+    problem = shared_fs_problem(cfg) if root_given is None else None
+    if problem:
+        raise RunDirError(problem)
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(exist_ok=True)
     except OSError as e:
         raise RunDirError(f"cluster.shared_fs: cannot create {root} ({e.strerror}); choose a writable path") from None
     tmp = root / f".{base}.tmp-{os.getpid()}"

@@ -23,11 +23,14 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from kilocard.base import shell
+from kilocard.config.compose import to_run_config
 from kilocard.config.schema import RunConfig
+from kilocard.launch.abspaths import absolute_paths
 from kilocard.launch.package import stage_code
 from kilocard.launch.render import LOG_DIR, render_script
-from kilocard.launch.rundir import create_run_dir
-from kilocard.plan import LaunchPlan
+from kilocard.launch.rundir import create_run_dir, runs_root
+from kilocard.plan import LaunchPlan, build_plan
+from kilocard.rundir.freeze import load_verified
 from kilocard.validate.issues import Issue, error
 
 SCRIPT_FILE = "submit.sbatch"
@@ -55,11 +58,18 @@ def with_slurm_launcher(overrides: Sequence[str]) -> list[str]:
     return ["launcher=slurm", *overrides]
 
 
-def dry_render_issues(run_cfg: RunConfig, plan: LaunchPlan, chain: int) -> list[Issue]:
-    """Render the script in memory: a value that cannot go into it safely is an ``SBATCH_VALUE`` error."""
-    root = Path(run_cfg.cluster.shared_fs).expanduser().resolve()
+def as_frozen(cfg: DictConfig) -> RunConfig:
+    """The typed config as ``create_run_dir`` freezes it (every path absolute against the cwd,
+    ``kilocard.launch.abspaths``): what a preview renders; a written run renders its frozen file itself."""
+    return to_run_config(absolute_paths(cfg, Path.cwd()))
+
+
+def dry_render_issues(cfg: DictConfig, plan: LaunchPlan, chain: int) -> list[Issue]:
+    """Render the script in memory from the config as it will be frozen: a value that cannot go into it
+    safely is an ``SBATCH_VALUE`` error."""
+    frozen = as_frozen(cfg)
     try:
-        render_script(run_cfg, plan, root / "dry-render", chain)
+        render_script(frozen, plan, runs_root(frozen) / "dry-render", chain)
     except shell.ShellValueError as e:
         return [error("SBATCH_VALUE", e.field, e.value, str(e), f"set {e.field} to a value of the allowed form")]
     return []
@@ -67,12 +77,14 @@ def dry_render_issues(run_cfg: RunConfig, plan: LaunchPlan, chain: int) -> list[
 
 def write_run(p: Prepared, chain: int) -> Path:
     """Create the run directory and write plan.json, logs/ and the batch script; return the script path."""
-    root = Path(p.run_cfg.cluster.shared_fs).expanduser().resolve()
     stage = lambda d: stage_code(d, p.run_cfg.launcher.packaging)  # noqa: E731 - the code goes in before the rename
-    run_dir = create_run_dir(p.cfg, p.overrides, root=root, stage=stage)
-    (run_dir / PLAN_FILE).write_text(p.plan.to_json())
+    run_dir = create_run_dir(p.cfg, p.overrides, root=runs_root(p.run_cfg), stage=stage)
+    # the script and plan come from the frozen file (its paths absolute), never from the config as typed
+    frozen, _ = load_verified(run_dir)
+    plan = build_plan(frozen)
+    (run_dir / PLAN_FILE).write_text(plan.to_json())
     (run_dir / LOG_DIR).mkdir()
     script = run_dir / SCRIPT_FILE
-    script.write_text(render_script(p.run_cfg, p.plan, run_dir, chain))
+    script.write_text(render_script(frozen, plan, run_dir, chain))
     script.chmod(0o755)
     return script

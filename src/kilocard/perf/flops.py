@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.perf.megatron_lm import megatron_lm_args
-from kilocard.perf.params import count_parameters, is_gated, moe_layer_pattern, padded_vocab_size
+from kilocard.perf.params import count_parameters, is_gated, moe_count, moe_layer_pattern, padded_vocab_size
 
 CURRENT = "megatron_current"
 """The convention kilocard reports its own figures in (Megatron-LM's ``num_floating_point_operations``)."""
@@ -83,7 +83,7 @@ class ModelShape:
     @property
     def is_moe(self) -> bool:
         """Whether any layer is an MoE layer."""
-        return any(self.moe_layers)
+        return moe_count(self.moe_layers) > 0
 
 
 def shape_from_model(m: ModelConfig, tp: int = 1) -> ModelShape:
@@ -112,7 +112,7 @@ def shape_from_model(m: ModelConfig, tp: int = 1) -> ModelShape:
         gated=is_gated(m),
         vocab=padded_vocab_size(m, tp),
         seq=m.seq_length,
-        moe_layers=tuple(moe_layer_pattern(m)) if m.num_moe_experts else (),
+        moe_layers=moe_layer_pattern(m) if m.num_moe_experts else (),
         topk=m.moe_router_topk,
         moe_ffn=m.moe_ffn_hidden_size,
         shared_ffn=m.moe_shared_expert_intermediate_size or 0,
@@ -173,7 +173,7 @@ def _attention_terms(s: ModelShape) -> tuple:
 def current_flops(s: ModelShape, batch: float) -> float:
     """Megatron-LM ``num_floating_point_operations`` (training.py, 2025-03 on), BSHD batches."""
     h = s.hidden
-    n_moe = sum(s.moe_layers)
+    n_moe = moe_count(s.moe_layers)
     n_dense = s.layers - n_moe
     last_moe = 1 if (s.moe_layers and s.moe_layers[-1]) else 0
     n_moe += last_moe * s.mtp_layers
@@ -208,10 +208,9 @@ def shape_active_params(s: ModelShape) -> int:
     attn = h * (q + 2 * kv) + q * h
     mats = 3 if s.gated else 2
     moe_ffn = s.moe_ffn or s.ffn
-    total = 0
-    for is_moe in s.moe_layers or [False] * s.layers:
-        mlp = mats * h * (moe_ffn * s.topk + s.shared_ffn) if is_moe else mats * h * s.ffn
-        total += attn + mlp
+    n_moe = moe_count(s.moe_layers)
+    moe_mlp, dense_mlp = mats * h * (moe_ffn * s.topk + s.shared_ffn), mats * h * s.ffn
+    total = s.layers * attn + n_moe * moe_mlp + (s.layers - n_moe) * dense_mlp
     return total + s.vocab * h
 
 

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from kilocard.config.schema import RunConfig
+from kilocard.layout import world_size
 from kilocard.perf.memory import checkpoint_bytes
 from kilocard.perf.predict import predict
 from kilocard.topology import gpu_spec
@@ -85,7 +86,7 @@ def save_time_s(cfg: RunConfig) -> float:
     if cfg.checkpoint.expected_save_time_s is not None:
         return float(cfg.checkpoint.expected_save_time_s)
     size = checkpoint_bytes(cfg)
-    gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    gpus = world_size(cfg.cluster)
     if cfg.checkpoint.async_save:
         return size / max(1, gpus) / HOST_COPY_BANDWIDTH
     return size / (cfg.cluster.fs_write_bandwidth_gbs * 1e9)
@@ -93,15 +94,17 @@ def save_time_s(cfg: RunConfig) -> float:
 
 def job_goodput(cfg: RunConfig, failure_rate_per_gpu_s: float = DEFAULT_FAILURE_RATE_PER_GPU_S) -> Goodput:
     """Goodput of the job ``cfg`` describes."""
-    return goodput(cfg.cluster.nodes * cfg.cluster.gpus_per_node, save_time_s(cfg), failure_rate_per_gpu_s)
+    return goodput(world_size(cfg.cluster), save_time_s(cfg), failure_rate_per_gpu_s)
 
 
 def predicted_step_s(cfg: RunConfig) -> float | None:
-    """Predicted seconds per step on the configured GPUs; ``None`` for CPU ranks, unknown GPUs or bad layouts."""
+    """Predicted wall seconds per step on the configured GPUs, the evaluations spread over the steps between
+    them included (``trainer.eval_interval``); ``None`` for CPU ranks, unknown GPUs or bad layouts."""
     spec = gpu_spec(cfg.cluster.gpu)
     if spec is None or spec.vendor == "cpu":
         return None
     try:
-        return predict(cfg).step_time_s
+        p = predict(cfg)
+        return p.step_time_s + p.eval_s_per_step
     except (ValueError, ZeroDivisionError, KeyError):
         return None  # an invalid layout: the parallel/batch rules already report it

@@ -48,9 +48,9 @@ from types import SimpleNamespace
 
 from kilocard.config.dtypes import main_grads_fp32, mixed_precision, param_bytes
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.layout import Layout, compute_layout
+from kilocard.layout import Layout, compute_layout, megatron_sizes
 from kilocard.perf.megatron_lm import megatron_lm_args
-from kilocard.perf.params import count_parameters, is_gated, moe_layer_pattern
+from kilocard.perf.params import count_parameters, is_gated, moe_count, moe_layer_pattern
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,11 @@ def _effective_ffn(m: ModelConfig) -> float:
     """Average per-layer MLP width seen by a token (the dense ffn for a dense model)."""
     ffn = m.ffn_hidden_size or 4 * m.hidden_size
     pattern = moe_layer_pattern(m)
-    if not any(pattern):
+    n_moe = moe_count(pattern)
+    if not n_moe:
         return ffn
     moe = m.moe_router_topk * (m.moe_ffn_hidden_size or ffn) + (m.moe_shared_expert_intermediate_size or 0)
-    return (ffn * (len(pattern) - sum(pattern)) + moe * sum(pattern)) / len(pattern)
+    return (ffn * (len(pattern) - n_moe) + moe * n_moe) / len(pattern)
 
 
 def megatron_memory_args(cfg: RunConfig, layout: Layout | None = None) -> SimpleNamespace:
@@ -110,11 +111,7 @@ def megatron_memory_args(cfg: RunConfig, layout: Layout | None = None) -> Simple
     first = lay.stage_layers[0] if lay.stage_layers else None
     args = megatron_lm_args(cfg, lay.tp)
     vars(args).update(
-        expert_tensor_parallel_size=lay.etp,
-        expert_model_parallel_size=lay.ep,
-        pipeline_model_parallel_size=lay.pp,
-        tensor_model_parallel_size=lay.tp,
-        virtual_pipeline_model_parallel_size=lay.vp,
+        **megatron_sizes(lay),
         world_size=lay.world_size,
         data_parallel_size=lay.dp_cp,
         seq_length=m.seq_length // max(1, lay.cp),
@@ -200,7 +197,8 @@ def stage_params(cfg: RunConfig, layout: Layout, a: SimpleNamespace | None = Non
     a = a or megatron_memory_args(cfg, layout)
     t = _layer_terms(a)
     pattern = moe_layer_pattern(cfg.model)
-    n_moe, n_dense = sum(pattern), a.num_layers - sum(pattern)
+    n_moe = moe_count(pattern)
+    n_dense = a.num_layers - n_moe
     mtp = a.mtp_num_layers or 0
     mtp_moe = pattern[-1] * mtp if pattern else 0
     mtp_dense = mtp - mtp_moe
@@ -242,7 +240,7 @@ def _middle_stages(cfg: RunConfig, layout: Layout, t: dict, etp_ep: int) -> list
         return []
     pattern, out, start = moe_layer_pattern(m), [], st[0]
     for n in st[1:-1]:
-        moe = sum(pattern[start : start + n])
+        moe = moe_count(pattern[start : start + n])
         start += n
         dense_layers = n - moe
         tp_part = (t["attn"] + t["dense_mlp"]) * dense_layers + (t["attn"] + t["shared"]) * moe

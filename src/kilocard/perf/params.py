@@ -2,26 +2,69 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
+from kilocard.config.megatron import padded_vocab_size  # the one definition; the FLOPs models import it from here
 from kilocard.config.schema import ModelConfig
 
 
-def padded_vocab_size(m: ModelConfig, tp: int = 1) -> int:
-    """Vocabulary padded to a multiple of ``make_vocab_size_divisible_by * tp`` (Megatron-LM)."""
-    multiple = m.make_vocab_size_divisible_by * tp
-    return ((m.vocab_size + multiple - 1) // multiple) * multiple
+@dataclass(frozen=True)
+class MoePattern(Sequence[bool]):
+    """Layers ``start .. stop - 1`` of a model in which every ``freq``-th layer (from layer 0) is an MoE layer,
+    as a sequence of bools whose length, items, slices and ``moe_count`` cost the same for any layer count:
+    validation and the estimates never walk the layers one by one."""
+
+    start: int
+    """First layer."""
+    stop: int
+    """One past the last layer."""
+    freq: int
+    """Every ``freq``-th layer is MoE (0: none is, a dense model)."""
+
+    def __len__(self) -> int:
+        return max(0, self.stop - self.start)
+
+    @overload
+    def __getitem__(self, i: int) -> bool: ...
+    @overload
+    def __getitem__(self, i: slice) -> MoePattern: ...
+    def __getitem__(self, i: int | slice) -> bool | MoePattern:
+        if isinstance(i, slice):
+            a, b, step = i.indices(len(self))
+            if step != 1:
+                raise ValueError("MoePattern slices take no step")
+            return MoePattern(self.start + a, self.start + max(a, b), self.freq)
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(i)
+        layer = self.start + (i % n)
+        return self.freq > 0 and layer % self.freq == 0
+
+    def __iter__(self) -> Iterator[bool]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def moe_count(self) -> int:
+        """MoE layers in the pattern, counted without a walk."""
+        f = self.freq
+        return 0 if f <= 0 or len(self) == 0 else (self.stop + f - 1) // f - (self.start + f - 1) // f
 
 
-def moe_layer_pattern(m: ModelConfig) -> list[bool]:
+def moe_layer_pattern(m: ModelConfig) -> Sequence[bool]:
     """For each layer, whether it is an MoE layer (Megatron-Core's ``moe_layer_freq`` rule: an int k makes
-    every k-th layer MoE, a list gives 0/1 per layer); all ``False`` for a dense model."""
-    if not m.num_moe_experts:
-        return [False] * m.num_layers
+    every k-th layer MoE, a list gives 0/1 per layer); all ``False`` for a dense model. The int and dense
+    forms are a ``MoePattern`` (constant time for any layer count)."""
     freq = m.moe_layer_freq
-    if isinstance(freq, int):
-        return [i % max(1, freq) == 0 for i in range(m.num_layers)]
-    return [bool(x) for x in list(freq)]
+    if m.num_moe_experts and not isinstance(freq, int):
+        return [bool(x) for x in list(freq)]
+    return MoePattern(0, m.num_layers, max(1, freq) if m.num_moe_experts else 0)
+
+
+def moe_count(pattern: Sequence[bool]) -> int:
+    """MoE layers in ``pattern`` (a ``MoePattern`` without walking its layers)."""
+    return pattern.moe_count if isinstance(pattern, MoePattern) else sum(pattern)
 
 
 def is_gated(m: ModelConfig) -> bool:
@@ -87,16 +130,14 @@ def count_parameters(m: ModelConfig) -> ParamCount:
         emb += vocab * m.hidden_size
     total = active = emb + norm_params(m)
     per_layer_common = attention_params(m) + 2 * norm_params(m)
-    for is_moe in moe_layer_pattern(m):
-        total += per_layer_common
-        active += per_layer_common
-        if not is_moe:
-            total += mlp_params(m, ffn)
-            active += mlp_params(m, ffn)
-            continue
+    n_moe = moe_count(moe_layer_pattern(m))
+    n_dense = m.num_layers - n_moe
+    total += m.num_layers * per_layer_common + n_dense * mlp_params(m, ffn)
+    active += m.num_layers * per_layer_common + n_dense * mlp_params(m, ffn)
+    if n_moe:
         experts = m.num_moe_experts or 0
         shared = mlp_params(m, m.moe_shared_expert_intermediate_size) if m.moe_shared_expert_intermediate_size else 0
         router = m.hidden_size * experts
-        total += router + shared + experts * mlp_params(m, moe_ffn)
-        active += router + shared + m.moe_router_topk * mlp_params(m, moe_ffn)
+        total += n_moe * (router + shared + experts * mlp_params(m, moe_ffn))
+        active += n_moe * (router + shared + m.moe_router_topk * mlp_params(m, moe_ffn))
     return ParamCount(total=total, active=active, embedding=emb)

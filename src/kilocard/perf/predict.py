@@ -7,11 +7,11 @@ convention and which peak.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kilocard.config.dtypes import main_grads_fp32
 from kilocard.config.schema import ClusterConfig, RunConfig
-from kilocard.layout import Layout, compute_layout
+from kilocard.layout import Layout, compute_layout, world_size
 from kilocard.perf.efficiency import FITTED, PerfModelParams
 from kilocard.perf.flops import ModelShape, flops_per_iteration, shape_from_model
 from kilocard.perf.steptime import Features, Hardware, StepTime, predict_step_time
@@ -36,6 +36,16 @@ class Prediction:
     """dtype of that peak (``bf16``, ``fp8`` ...)."""
     breakdown: dict[str, float] = field(default_factory=dict)
     """Seconds per step by component (see ``StepTime.breakdown``)."""
+    eval_time_s: float = 0.0
+    """Seconds of one evaluation: ``trainer.eval_iters`` forward-only global batches (``Features.forward_only``);
+    0 without ``trainer.eval_interval``."""
+    eval_interval: int | None = None
+    """``trainer.eval_interval``: steps between evaluations (``None``: no evaluation)."""
+
+    @property
+    def eval_s_per_step(self) -> float:
+        """Evaluation time spread over the steps between two evaluations."""
+        return self.eval_time_s / self.eval_interval if self.eval_interval else 0.0
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict (what ``kilocard validate --format json`` carries as the prediction)."""
@@ -47,6 +57,8 @@ class Prediction:
             "peak_flops": self.peak_flops,
             "peak_dtype": self.peak_dtype,
             "breakdown_s": dict(self.breakdown),
+            "eval_time_s": self.eval_time_s,
+            "eval_s_per_step": self.eval_s_per_step,
         }
 
 
@@ -82,7 +94,7 @@ def hardware_for(cluster: ClusterConfig) -> Hardware:
         network_bandwidth=cluster.inter_node_bandwidth_gbs * 1e9,
         gpus_per_node=cluster.gpus_per_node,
         nvlink_domain=max(1, cluster.nvlink_domain_size),
-        pod_gpus=pod if 0 < pod < cluster.nodes * cluster.gpus_per_node else 0,
+        pod_gpus=pod if 0 < pod < world_size(cluster) else 0,
         pod_oversubscription=cluster.pod_oversubscription,
     )
 
@@ -165,6 +177,10 @@ class PredictionInputs:
     """FLOPs convention of ``flops``."""
     peak_dtype: str
     """The GEMM dtype whose dense peak the MFU divides by."""
+    eval_interval: int | None = None
+    """``trainer.eval_interval`` (``None``: no evaluation)."""
+    eval_iters: int = 0
+    """``trainer.eval_iters``: forward-only global batches per evaluation."""
 
 
 def prepare(run_cfg: RunConfig, convention: str = "megatron_current", layout: Layout | None = None) -> PredictionInputs:
@@ -179,6 +195,8 @@ def prepare(run_cfg: RunConfig, convention: str = "megatron_current", layout: La
         flops=flops_per_iteration(run_cfg, convention),
         convention=convention,
         peak_dtype=precision_of(run_cfg),
+        eval_interval=run_cfg.trainer.eval_interval,
+        eval_iters=run_cfg.trainer.eval_iters,
     )
 
 
@@ -196,7 +214,18 @@ def predict_prepared(inputs: PredictionInputs, params: PerfModelParams = FITTED)
         peak_flops=peak,
         peak_dtype=inputs.peak_dtype,
         breakdown=dict(step.breakdown),
+        eval_time_s=eval_time_s(inputs, params),
+        eval_interval=inputs.eval_interval,
     )
+
+
+def eval_time_s(inputs: PredictionInputs, params: PerfModelParams = FITTED) -> float:
+    """Seconds of one evaluation: ``eval_iters`` runs of the schedule with ``forward_only=True`` over a global
+    batch each; 0 without evaluation."""
+    if not inputs.eval_interval or inputs.eval_iters < 1:
+        return 0.0
+    forward = replace(inputs.features, forward_only=True)
+    return inputs.eval_iters * predict_step_time(inputs.shape, inputs.layout, forward, inputs.hardware, params).total_s
 
 
 def predict(

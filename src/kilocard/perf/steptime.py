@@ -32,6 +32,7 @@ from statistics import NormalDist
 from kilocard.layout import Layout
 from kilocard.perf.efficiency import FITTED, GpuEfficiency, PerfModelParams
 from kilocard.perf.flops import ModelShape
+from kilocard.perf.params import moe_count
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,10 @@ class Features:
     """Megatron-Core's ``cuda_graph_scope``: empty = the whole layer (``full_iteration``: the whole step);
     with ``transformer_engine`` the captured modules (``attn``, ``mlp``, ``moe``, ``moe_router``,
     ``moe_preprocess``)."""
+    forward_only: bool = False
+    """An evaluation step (``trainer.eval_iters`` rounds, Megatron-Core's schedule with ``forward_only=True``):
+    each micro-batch's forward only (no backward, no recompute), activations but no gradients between
+    stages, and no gradient reduce, optimizer step or parameter pass."""
     pipeline_flushes: int = 1
     """Times the pipeline schedule fills and drains per optimizer step: 1 for Megatron-Core, whose
     schedule runs all of a step's micro-batches; NeMo AutoModel runs one schedule per local batch (LBS
@@ -549,39 +554,55 @@ def stage_microbatch_time(
     """Forward + backward (+ recompute) time of one micro-batch through ``layers`` layers of a stage;
     adds each component's seconds to ``parts``."""
     eff = params.for_family(hw.family)
-    net = params.network
-    n_moe = sum(shape.moe_layers) / shape.layers if shape.moe_layers else 0.0
+    n_moe = moe_count(shape.moe_layers) / shape.layers if shape.moe_layers else 0.0
     total = 0.0
     for moe, frac in ((False, 1.0 - n_moe), (True, n_moe)):
         if frac <= 0:
             continue
         f = layer_forward(shape, lay, ft, hw, eff, params, moe)
-        # tp_comm_overlap hides a share of the collectives, at most behind the GEMMs they pipeline with.
-        exposed_tp = f.tp_comm - (min(net.tp_overlap * f.tp_comm, f.gemm) if ft.tp_comm_overlap else 0.0)
-        full = 1.0 if ft.recompute == "full" else 0.0
-        gather = tp_gather_bytes_ratio(lay, ft)
-        forward_tp = (1.0 + gather) / 2  # two all-gathers at ``gather``, two reduce-scatters in bf16
-        gemm_re, attn_re, elem_re = recompute_shares(shape, ft)
-        # Forward, backward (2x the forward's GEMM and elementwise work), and what the backward recomputes.
-        per_layer = {
-            "gemm": f.gemm * (3 + gemm_re),
-            "attention": f.attn * (3 + attn_re),
-            "elementwise": f.elem * (1 + elem_re) + f.elem_bwd,
-            "tp_comm": exposed_tp
-            * (forward_tp * (1 + full) + (1.0 - net.tp_bwd_overlap) * (1 + sp_regather_share(lay, ft) * gather)),
-            "cp_comm": f.cp_comm * (3 + full),
-            "ep_comm": f.ep_comm * (1.0 - net.ep_overlap) * (2 + full),
-            "overhead": (
-                net.layer_overhead_s * (1.0 - graphed_overhead_share(ft, params, moe))
-                + (local_experts(ft, lay) * net.expert_overhead_s if moe else 0.0)
-            )
-            * (3 + full),
-        }
+        per_layer = _layer_parts(f, shape, lay, ft, params, moe)
         n = layers * frac
         for key, v in per_layer.items():
             parts[key] = parts.get(key, 0.0) + n * v
             total += n * v
     return total
+
+
+def _layer_parts(
+    f: _Layer, shape: ModelShape, lay: Layout, ft: Features, params: PerfModelParams, moe: bool
+) -> dict[str, float]:
+    """Seconds of one layer for one micro-batch, by component: forward, backward (2x the forward's GEMM and
+    elementwise work) and what the backward recomputes; the forward alone with ``ft.forward_only``."""
+    net = params.network
+    # tp_comm_overlap hides a share of the collectives, at most behind the GEMMs they pipeline with.
+    exposed_tp = f.tp_comm - (min(net.tp_overlap * f.tp_comm, f.gemm) if ft.tp_comm_overlap else 0.0)
+    full = 1.0 if ft.recompute == "full" else 0.0
+    gather = tp_gather_bytes_ratio(lay, ft)
+    forward_tp = (1.0 + gather) / 2  # two all-gathers at ``gather``, two reduce-scatters in bf16
+    overhead = net.layer_overhead_s * (1.0 - graphed_overhead_share(ft, params, moe)) + (
+        local_experts(ft, lay) * net.expert_overhead_s if moe else 0.0
+    )
+    if ft.forward_only:
+        return {
+            "gemm": f.gemm,
+            "attention": f.attn,
+            "elementwise": f.elem,
+            "tp_comm": exposed_tp * forward_tp,
+            "cp_comm": f.cp_comm,
+            "ep_comm": f.ep_comm * (1.0 - net.ep_overlap),
+            "overhead": overhead,
+        }
+    gemm_re, attn_re, elem_re = recompute_shares(shape, ft)
+    return {
+        "gemm": f.gemm * (3 + gemm_re),
+        "attention": f.attn * (3 + attn_re),
+        "elementwise": f.elem * (1 + elem_re) + f.elem_bwd,
+        "tp_comm": exposed_tp
+        * (forward_tp * (1 + full) + (1.0 - net.tp_bwd_overlap) * (1 + sp_regather_share(lay, ft) * gather)),
+        "cp_comm": f.cp_comm * (3 + full),
+        "ep_comm": f.ep_comm * (1.0 - net.ep_overlap) * (2 + full),
+        "overhead": overhead * (3 + full),
+    }
 
 
 #: HBM bytes per logit (one vocabulary entry of one token on this TP rank) that Megatron-Core's
@@ -650,6 +671,8 @@ def predict_step_time(
     t_layer = stage_microbatch_time(shape, lay, ft, hw, params, 1.0, per_layer)
     stages = lay.stage_layers or (shape.layers / lay.pp,) * lay.pp
     logits = logits_time(shape, lay, ft, hw, params)
+    if ft.forward_only:
+        logits /= 3  # the logits GEMM's forward, and about a third of the cross-entropy's traffic
     widest = max(stages[:-1]) if lay.pp > 1 else 0.0
     last_bound = stages[-1] * t_layer + logits >= widest * t_layer
     slow_layers = stages[-1] if last_bound else widest
@@ -660,16 +683,21 @@ def predict_step_time(
     # Each run of the schedule fills and drains the pipeline once.
     bubble = (lay.pp - 1) / lay.virtual_stages * max(stages) * t_layer * ft.pipeline_flushes
     p2p = pipeline_p2p(shape, lay, ft, hw, params) * (m * lay.virtual_stages + (lay.pp - 1) * ft.pipeline_flushes)
+    if ft.forward_only:
+        p2p /= 2  # activations forward, no gradients back
     parts["bubble"] = bubble
     parts["pp_p2p"] = p2p
     compute = m * t_slow + bubble + p2p
     n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay, ft, max(stages))
-    if ft.fsdp_reshard_after_forward:
+    if ft.forward_only:  # no gradient reduce, no optimizer step, no parameter pass
+        parts.update(dp_comm=0.0, optimizer=0.0, param_passes=0.0)
+    elif ft.fsdp_reshard_after_forward:
         parts["dp_comm"] = dp_comm_fsdp(shape, n_params, lay, ft, hw, params, t_slow, m)
     else:
         parts["dp_comm"] = dp_comm(n_params, lay, ft, hw, params, t_slow)
-    parts["optimizer"] = optimizer_time(n_params, lay, ft, hw, params)
-    parts["param_passes"] = param_passes_time(n_params, shape.vocab * shape.hidden / lay.tp, ft, hw, params)
+    if not ft.forward_only:
+        parts["optimizer"] = optimizer_time(n_params, lay, ft, hw, params)
+        parts["param_passes"] = param_passes_time(n_params, shape.vocab * shape.hidden / lay.tp, ft, hw, params)
     parts["straggler"] = (m * t_slow + bubble) * params.network.gpu_speed_spread * expected_slowest(lay.world_size)
     total = compute + parts["dp_comm"] + parts["optimizer"] + parts["param_passes"] + parts["straggler"]
     return StepTime(total_s=total, breakdown=parts)
@@ -701,7 +729,7 @@ def dense_params_per_gpu(shape: ModelShape, lay: Layout, ft: Features, stage_lay
     h, q, kv = shape.hidden, shape.kv_channels * shape.heads, shape.kv_channels * shape.query_groups
     mats = 3 if shape.gated else 2
     attn = (h * (q + 2 * kv) + q * h) / lay.tp
-    n_moe = sum(shape.moe_layers)
+    n_moe = moe_count(shape.moe_layers)
     dense = (shape.layers - n_moe) * (attn + mats * h * shape.ffn / lay.tp)
     moe_ffn = shape.moe_ffn or shape.ffn
     experts = ft.num_experts / lay.ep

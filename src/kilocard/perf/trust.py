@@ -14,6 +14,7 @@ with a one-line ``ValueError`` rather than quoted.
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,8 +30,17 @@ from kilocard.perf.predict import PredictionInputs, gpu_family, precision_of, re
 MIN_ROWS = 5
 """Fewest rows a band summarises before it drops a trait."""
 
+MIN_SOURCES = 3
+"""Fewer sources than this behind a band: it says the spread is known from few sources only."""
+
+QUANTILE = 0.9
+"""The band's high quantile of |error|: the error nine runs in ten like this one stayed within, held out."""
+
 Traits = tuple[str, str, str]
 """(GPU family, ``dense``/``MoE``, GEMM width: ``16-bit``, ``8-bit`` ...)."""
+
+Held = tuple[Traits, float, str]
+"""(a row's traits, its held-out relative error, the source that published it)."""
 
 
 WIDTH = {"fp32": "32-bit", "bf16": "16-bit", "fp16": "16-bit", "fp8": "8-bit", "fp4": "4-bit"}
@@ -69,16 +79,25 @@ class ErrorBand:
     """Which of them the summarised rows share (indices into ``run``; ``()``: all rows)."""
     rows: int
     """Rows summarised."""
+    sources: int
+    """Distinct sources (documents or tables) that published them: the rows of one source share its
+    setup, so the spread is only as well known as the number of sources behind it."""
     mean_abs: float
     """Their mean |relative error| of TFLOP/s per GPU, held out."""
+    q90_abs: float
+    """The ``QUANTILE`` (nearest rank) of their |relative error|, held out."""
     max_abs: float
     """Their largest |relative error|, held out."""
     family_rows: int
     """Rows on the run's GPU family (0: the model is not validated on that hardware at all)."""
     all_rows: int
     """Rows with a held-out error in the whole file."""
+    all_sources: int
+    """Distinct sources of every such row."""
     all_mean_abs: float
     """Mean |relative error| over every such row."""
+    all_q90_abs: float
+    """The ``QUANTILE`` of |relative error| over every such row."""
     all_max_abs: float
     """Largest |relative error| over every such row."""
     source: str
@@ -91,13 +110,26 @@ class ErrorBand:
 
     def summary(self) -> str:
         """Which rows, and their error, in words (what ``plan`` and ``validate`` print)."""
-        every = f"all {self.all_rows}: mean {self.all_mean_abs:.1%}, max {self.all_max_abs:.1%}"
-        figures = f"mean {self.mean_abs:.1%}, max {self.max_abs:.1%}; {every}"
+        pct = f"{QUANTILE:.0%}"
+        every = (
+            f"all {self.all_rows} from {self.all_sources} sources: mean {self.all_mean_abs:.1%}, "
+            f"{pct} within {self.all_q90_abs:.1%}, max {self.all_max_abs:.1%}"
+        )
+        figures = f"mean {self.mean_abs:.1%}, {pct} within {self.q90_abs:.1%}, max {self.max_abs:.1%}"
+        few = (
+            f" (only {self.sources} source{'s' * (self.sources != 1)}: the spread is known from few setups)"
+            if self.sources < MIN_SOURCES
+            else ""
+        )
+        figures = f"{figures}{few}; {every}"
+        from_ = f"from {self.sources} source{'s' * (self.sources != 1)}"
         if not self.family_rows:
-            return f"no published row ran on {self.run[0]}; {self.rows} {self.label} rows on other GPUs: {figures}"
+            return (
+                f"no published row ran on {self.run[0]}; {self.rows} {self.label} rows {from_} on other GPUs: {figures}"
+            )
         dropped = [self.run[i] for i in range(3) if i not in self.kept]
         short = f"; fewer than {MIN_ROWS} are also {', '.join(dropped)}" if dropped else ""
-        return f"{self.rows} published rows like this run ({self.label}{short}): {figures}"
+        return f"{self.rows} published rows {from_} like this run ({self.label}{short}): {figures}"
 
     def to_json(self) -> dict[str, object]:
         """``model_error`` in ``kilocard plan`` and ``kilocard validate`` JSON."""
@@ -105,11 +137,15 @@ class ErrorBand:
             "traits": list(self.run),
             "label": self.label,
             "rows": self.rows,
+            "sources": self.sources,
             "family_rows": self.family_rows,
             "cv_mean_abs_rel_error": self.mean_abs,
+            "cv_q90_abs_rel_error": self.q90_abs,
             "cv_max_abs_rel_error": self.max_abs,
             "all_rows": self.all_rows,
+            "all_sources": self.all_sources,
             "all_cv_mean_abs_rel_error": self.all_mean_abs,
+            "all_cv_q90_abs_rel_error": self.all_q90_abs,
             "all_cv_max_abs_rel_error": self.all_max_abs,
             "source": self.source,
         }
@@ -118,33 +154,48 @@ class ErrorBand:
 def stored_held_out(scored: Sequence[Target], folds: dict[str, FoldFit]) -> list[tuple[Target, float]]:
     """Each scored row with its relative error under its source's stored fold fit; a row whose source
     has no stored fit, or one trained on any of the source's rows (a stale file), is left out."""
-    out: list[tuple[Target, float]] = []
+    return [(t, e) for t, e, _ in _stored_by_source(scored, folds)]
+
+
+def _stored_by_source(scored: Sequence[Target], folds: dict[str, FoldFit]) -> list[tuple[Target, float, str]]:
+    out: list[tuple[Target, float, str]] = []
     for group, held in by_source(scored).items():
         fold = folds.get(group)
         if fold is not None and usable(fold, held):
             params = with_values(FITTED, fold_values(fold))
-            out.extend((t, t.rel_error(params)) for t in held)
+            out.extend((t, t.rel_error(params), group) for t in held)
     return out
 
 
-def band(run: Traits, errors: Sequence[tuple[Traits, float]], source: str) -> ErrorBand | None:
+def quantile(values: Sequence[float], q: float = QUANTILE) -> float:
+    """The nearest-rank ``q`` quantile of ``values`` (no interpolation: a value that was observed)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def band(run: Traits, errors: Sequence[Held], source: str) -> ErrorBand | None:
     """The band of the rows sharing the most of ``run``'s traits (``WIDENING``: at least ``MIN_ROWS`` of
     them); ``None`` when there are no errors at all."""
     if not errors:
         return None
-    every = [abs(e) for _, e in errors]
+    every = [abs(e) for _, e, _ in errors]
     for keep in WIDENING:
-        match = [abs(e) for t, e in errors if all(t[i] == run[i] for i in keep)]
+        match = [(abs(e), src) for t, e, src in errors if all(t[i] == run[i] for i in keep)]
         if len(match) >= MIN_ROWS or not keep:
+            errs = [e for e, _ in match]
             return ErrorBand(
                 run=run,
                 kept=keep,
                 rows=len(match),
-                mean_abs=statistics.fmean(match),
-                max_abs=max(match),
-                family_rows=sum(t[0] == run[0] for t, _ in errors),
+                sources=len({src for _, src in match}),
+                mean_abs=statistics.fmean(errs),
+                q90_abs=quantile(errs),
+                max_abs=max(errs),
+                family_rows=sum(t[0] == run[0] for t, _, _ in errors),
                 all_rows=len(every),
+                all_sources=len({src for _, _, src in errors}),
                 all_mean_abs=statistics.fmean(every),
+                all_q90_abs=quantile(every),
                 all_max_abs=max(every),
                 source=source,
             )
@@ -175,7 +226,7 @@ def check_current(scored: Sequence[Target], folds: dict[str, FoldFit], where: st
 
 
 @functools.cache
-def _held_out(file: str | None) -> tuple[tuple[Traits, float], ...]:
+def _held_out(file: str | None) -> tuple[Held, ...]:
     """(traits, held-out error) of every scored row of ``file`` (cached: a ``--multirun`` reads the file
     once); empty when it has no stored fold fits, a ``ValueError`` when they are not current."""
     folds = load_fold_fits(baselines_file(file))
@@ -183,7 +234,7 @@ def _held_out(file: str | None) -> tuple[tuple[Traits, float], ...]:
         return ()
     scored = targets(load_rows(file))
     check_current(scored, folds, folds_file(baselines_file(file)).name)
-    return tuple((traits(t.inputs), e) for t, e in stored_held_out(scored, folds))
+    return tuple((traits(t.inputs), e, src) for t, e, src in _stored_by_source(scored, folds))
 
 
 def error_band(run: Traits, file: str | None = None) -> ErrorBand | None:

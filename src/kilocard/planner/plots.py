@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from kilocard.config.schema import RunConfig  # noqa: E402
+from kilocard.layout import data_parallel_size, world_size  # noqa: E402
 from kilocard.planner.search import OWN_MARK, table_rows  # noqa: E402
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")
@@ -188,7 +189,7 @@ def plot_schedule(candidate, cfg: RunConfig, path: str, max_micro: int = 0) -> f
     ``MIN_LABEL_PX``, consecutive passes of one kind on a rank are drawn as one run, labelled with
     how many passes it holds."""
     pp, vp = candidate.pp, candidate.vp or 1
-    dp = (cfg.cluster.nodes * cfg.cluster.gpus_per_node) // (candidate.tp * candidate.pp * candidate.cp)
+    dp = data_parallel_size(world_size(cfg.cluster), candidate.tp, candidate.pp, candidate.cp) or 1
     micro_total = max(1, cfg.trainer.global_batch_size // (candidate.mbs * dp))
     micro = min(micro_total, max_micro or max(2 * pp, 16))
     if vp > 1:

@@ -25,10 +25,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kilocard.config.schema import RunConfig
-from kilocard.layout import compute_layout, split_layers
+from kilocard.layout import MEGATRON_NAMES, compute_layout, data_parallel_size, split_layers, world_size
+from kilocard.perf.efficiency import FITTED, PerfModelParams
 from kilocard.perf.flops import CURRENT, flops_per_iteration, shape_from_model
 from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import hardware_for, precision_of, step_time
+from kilocard.perf.site import SiteFit
 from kilocard.perf.steptime import Hardware
 from kilocard.perf.trust import ErrorBand, model_error, model_error_json, model_error_lines
 from kilocard.validate import validate
@@ -79,12 +81,7 @@ class Candidate:
         par = "parallel."
         full = self.recompute == "full"
         return {
-            f"{par}tensor_model_parallel_size": str(self.tp),
-            f"{par}pipeline_model_parallel_size": str(self.pp),
-            f"{par}virtual_pipeline_model_parallel_size": _value(self.vp),
-            f"{par}context_parallel_size": str(self.cp),
-            f"{par}expert_model_parallel_size": str(self.ep),
-            f"{par}expert_tensor_parallel_size": _value(self.etp),
+            **{par + name: _value(getattr(self, k)) for k, name in MEGATRON_NAMES.items()},
             f"{par}sequence_parallel": _value(self.tp > 1),
             f"{par}recompute_granularity": "null" if self.recompute == "none" else self.recompute,
             f"{par}recompute_method": "uniform" if full else "null",
@@ -125,12 +122,7 @@ def apply(cfg: RunConfig, c: Candidate) -> RunConfig:
     full = c.recompute == "full"
     par = dataclasses.replace(
         cfg.parallel,
-        tensor_model_parallel_size=c.tp,
-        pipeline_model_parallel_size=c.pp,
-        virtual_pipeline_model_parallel_size=c.vp,
-        context_parallel_size=c.cp,
-        expert_model_parallel_size=c.ep,
-        expert_tensor_parallel_size=c.etp,
+        **{name: getattr(c, k) for k, name in MEGATRON_NAMES.items()},
         sequence_parallel=c.tp > 1,
         recompute_granularity=None if c.recompute == "none" else c.recompute,
         recompute_method="uniform" if full else None,
@@ -149,12 +141,7 @@ def current_candidate(cfg: RunConfig) -> Candidate:
     """The candidate a config already is."""
     p = cfg.parallel
     return Candidate(
-        tp=p.tensor_model_parallel_size,
-        pp=p.pipeline_model_parallel_size,
-        vp=p.virtual_pipeline_model_parallel_size,
-        cp=p.context_parallel_size,
-        ep=p.expert_model_parallel_size,
-        etp=p.expert_tensor_parallel_size,
+        **{k: getattr(p, name) for k, name in MEGATRON_NAMES.items()},
         mbs=cfg.trainer.micro_batch_size,
         recompute=p.recompute_granularity or "none",
         distributed_optimizer=p.use_distributed_optimizer,
@@ -215,7 +202,8 @@ def enumerate_candidates(cfg: RunConfig, world: int) -> Iterator[Candidate]:
             split = stage_split(cfg, pp) if world % (tp * cp * pp) == 0 else None
             if split is None:
                 continue
-            dp = world // (tp * cp * pp)
+            dp = data_parallel_size(world, tp, pp, cp)
+            assert dp is not None  # the split above exists only for a whole DP
             vps: list[int | None] = [None]
             if pp > 1 and split == (None, None):
                 vps += [v for v in _divisors(split_layers // pp) if 1 < v <= 16]
@@ -291,9 +279,11 @@ class Plan:
     """The performance model's held-out error on the published rows most like this run."""
     model_error_issue: str | None = None
     """Why ``model_error`` is unknown (no stored fold fits, or a broken file)."""
+    site_fit: SiteFit | None = None
+    """The site refit the predictions used (``perf.site_baselines``), with its rows' leave-one-out error."""
 
 
-def _predictor(cfg: RunConfig, hw: Hardware):
+def _predictor(cfg: RunConfig, hw: Hardware, params: PerfModelParams = FITTED):
     """``step(candidate) -> seconds`` (shapes and FLOPs cached per TP) and the FLOPs per TP."""
     shapes, flops = {}, {}
     par = cfg.parallel
@@ -304,16 +294,18 @@ def _predictor(cfg: RunConfig, hw: Hardware):
             flops[c.tp] = flops_per_iteration(
                 dataclasses.replace(cfg, parallel=dataclasses.replace(par, tensor_model_parallel_size=c.tp)), CONVENTION
             )
-        return step_time(apply(cfg, c), hw, shape=shapes[c.tp]).total_s
+        return step_time(apply(cfg, c), hw, params, shape=shapes[c.tp]).total_s
 
     return step, flops
 
 
-def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
-    """Rank the accepted layouts of ``cfg``'s model on its cluster by predicted throughput."""
+def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600, site: SiteFit | None = None) -> Plan:
+    """Rank the accepted layouts of ``cfg``'s model on its cluster by predicted throughput (with ``site``'s
+    refitted parameters when given, else the shipped fit)."""
     hw = hardware_for(cfg.cluster)
-    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
-    step, flops = _predictor(cfg, hw)
+    world = world_size(cfg.cluster)
+    params = site.params if site else FITTED
+    step, flops = _predictor(cfg, hw, params)
     cands = list(enumerate_candidates(cfg, world))
     own = current_candidate(cfg)
     own_issue = None
@@ -328,7 +320,7 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
     hbm = hbm_bytes(cfg)
     usable = usable_bytes(hbm) if hbm else None
     peak = hw.peak_flops.get(precision_of(cfg), hw.peak_flops["bf16"])
-    walk = _Walk(cfg, own, own_issue, usable, world, peak, hw, flops)
+    walk = _Walk(cfg, own, own_issue, usable, world, peak, hw, flops, params)
     exhausted = walk.run(timed, top, max_validations)
     rank = walk.order.index(own.layout_key) + 1 if own.layout_key in walk.accepted else None
     band, band_issue = model_error(cfg)
@@ -350,6 +342,7 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600) -> Plan:
         base=config_values(cfg),
         model_error=band,
         model_error_issue=band_issue,
+        site_fit=site,
     )
 
 
@@ -365,6 +358,7 @@ class _Walk:
     peak: float
     hw: Hardware
     flops: dict[int, float]
+    params: PerfModelParams
     accepted: dict[tuple, Ranked] = field(default_factory=dict)
     order: list[tuple] = field(default_factory=list)
     own_ranked: Ranked | None = None
@@ -394,7 +388,7 @@ class _Walk:
                 if is_own:
                     self.own_issue = f"{report.errors[0].code}: {report.errors[0].message}"
                 continue
-            ranked = _rank(c, t, self.flops[c.tp], self.world, self.peak, mem.to_json(), run, self.hw)
+            ranked = _rank(c, t, self.flops[c.tp], self.world, self.peak, mem.to_json(), run, self.hw, self.params)
             if is_own:
                 self.own_ranked = ranked
             if c.layout_key not in self.accepted:
@@ -404,10 +398,18 @@ class _Walk:
 
 
 def _rank(
-    c: Candidate, t: float, flops: float, world: int, peak: float, memory: dict[str, int], run: RunConfig, hw: Hardware
+    c: Candidate,
+    t: float,
+    flops: float,
+    world: int,
+    peak: float,
+    memory: dict[str, int],
+    run: RunConfig,
+    hw: Hardware,
+    params: PerfModelParams,
 ) -> Ranked:
     tflops = flops / t / world / 1e12
-    breakdown = step_time(run, hw).breakdown
+    breakdown = step_time(run, hw, params).breakdown
     return Ranked(
         candidate=c, step_time_s=t, tflops_per_gpu=tflops, mfu=tflops * 1e12 / peak, memory=memory, breakdown=breakdown
     )
@@ -496,6 +498,8 @@ def render_text(p: Plan) -> str:
     else:
         out.append("#1's step time: " + breakdown_line(p.top[0]))
     out.extend(model_error_lines(p.model_error, p.model_error_issue))
+    if p.site_fit is not None:
+        out.append(f"  predictions use the site refit; {p.site_fit.summary()}")
     out.append("")
     out.append(own_layout_line(p))
     return "\n".join(out)
@@ -573,6 +577,7 @@ def render_json(p: Plan) -> str:
             "recipe": one(p.recipe) if p.recipe else None,
             "recipe_issue": p.recipe_issue,
             **model_error_json(p.model_error, p.model_error_issue),
+            "site_fit": p.site_fit.to_json() if p.site_fit else None,
         },
         indent=1,
     )

@@ -33,12 +33,13 @@ import torch
 import torch.distributed as dist
 
 from kilocard.config.schema import RunConfig
+from kilocard.layout import Layout
 from kilocard.perf.params import padded_vocab_size
-from kilocard.train import checkpoint as ck
+from kilocard.rundir import checkpoint as ck
+from kilocard.rundir import events
+from kilocard.rundir.names import MODEL_ONLY, STATE
 from kilocard.train import ckpt_state as cs
-from kilocard.train import events
 from kilocard.train import local_ckpt as lc
-from kilocard.train.names import CHECKPOINTS_DIR, MODEL_ONLY, STATE
 from kilocard.train.signals import Watchdog
 
 NEARLY_FULL_BYTES = 1 << 20
@@ -61,6 +62,7 @@ class CheckpointManager:
     def __init__(
         self,
         run_cfg: RunConfig,
+        layout: Layout,
         run_dir: Path,
         config_sha256: str,
         built: Any,
@@ -71,15 +73,17 @@ class CheckpointManager:
         from megatron.core import parallel_state as ps
 
         c = run_cfg.checkpoint
-        self.cfg, self.sha, self.built, self.run_dir = run_cfg, config_sha256, built, run_dir
-        self.save_root = Path(c.save) if c.save else run_dir / CHECKPOINTS_DIR
+        self.cfg, self.layout, self.sha, self.built, self.run_dir = run_cfg, layout, config_sha256, built, run_dir
+        self.save_root = ck.checkpoint_root(run_dir, run_cfg)
         """Where this run's steps are committed."""
+        self.owner = ck.run_id(run_dir)
+        """This run as the owner of ``save_root`` (recorded in its owner file and every manifest)."""
         self.load_root = Path(c.load) if c.load else None
         """``checkpoint.load``: where a run without committed steps of its own starts from."""
         self.use_async = c.async_save and use_cuda
         self.last_saved: int | None = None
         """The newest step saved (or loaded): saving it again is a no-op."""
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.rank = dist.get_rank()
         self._ps, self._watchdog, self._log = ps, watchdog, log
         self._async_queue: Any = None
         self.local = self._local_tier(run_dir)
@@ -103,6 +107,7 @@ class CheckpointManager:
         ``ck.ModelMismatch`` when the step holds another model shape.
         """
         self._watchdog.beat("finding the checkpoint to resume from")
+        self._own_save_root()
         local = self._newest_local()
         if local is not None:
             self.resumed_tier = events.LOCAL
@@ -113,6 +118,28 @@ class CheckpointManager:
             self.local.discard_after(state.step if state is not None else 0)
         self.resumed_tier = None if state is None else events.PERSISTENT
         return state
+
+    def _own_save_root(self) -> None:
+        """Rank 0 claims ``save_root`` for this run and recovers a lost tracker (``ck.claim_owner``,
+        ``ck.recover_tracker``); every rank raises the same error when it cannot (collective)."""
+        verdict: list[Any] = [None, None]
+        if self.rank == 0:
+            try:
+                inside = not ck.outside(self.save_root, self.run_dir)
+                ck.claim_owner(self.save_root, self.owner, inside)
+                note = ck.recover_tracker(self.save_root)
+                if note:
+                    self._log(f"warning: {note}")
+            except ck.ForeignCheckpoint as e:
+                verdict = ["foreign", str(e)]
+            except ck.CheckpointError as e:
+                verdict = ["damaged", str(e)]
+        dist.broadcast_object_list(verdict, src=0)
+        kind, message = verdict
+        if kind == "foreign":
+            raise ck.ForeignCheckpoint(message)
+        if kind == "damaged":
+            raise ck.CheckpointError(message)
 
     def _newest_persistent(self) -> int:
         """The newest committed persistent step (unverified; 0 when none), read on rank 0 and broadcast."""
@@ -161,13 +188,16 @@ class CheckpointManager:
         self._check_model(sdir, state)
         if state.extra.get(MODEL_ONLY):
             return self._restore_model_only(sdir, state)
+        if self.cfg.trainer.skip_train:
+            return self._restore_for_eval(sdir, state)
         b = self.built
         cs.init_optimizer_states(b.optimizer)
         sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=True)
         loaded = dist_checkpointing.load(sd, str(sdir))
         self._apply(loaded, state)
         self.last_saved = state.step
-        if state.layout == ck.layout_of(self.cfg, self.world) and cs.rng_file(sdir, self.rank).is_file():
+        saved = Layout.from_json(state.layout)
+        if saved.same_ranks(self.layout) and cs.rng_file(sdir, self.rank).is_file():
             cs.set_rng_state(torch.load(cs.rng_file(sdir, self.rank), weights_only=False))
             rng = "restored"
         else:
@@ -216,10 +246,20 @@ class CheckpointManager:
         self._log(f"started from the model weights of {sdir} (model-only: fresh optimizer and LR schedule, step 0)")
         return dataclasses.replace(state, step=0, consumed_samples=0)
 
+    def _restore_for_eval(self, sdir: Path, state: ck.TrainerState) -> ck.TrainerState:
+        """``trainer.skip_train``: the step's model weights only, in any layout (an evaluation needs no
+        optimizer state, whose sharding may differ between layouts); the step and position stay."""
+        from megatron.core import dist_checkpointing
+
+        loaded = dist_checkpointing.load(cs.model_sharded_state_dict(self.built.model), str(sdir))
+        self._load_model_chunks(loaded)
+        self._log(f"loaded the model weights of {sdir} (step {state.step}) to evaluate (trainer.skip_train)")
+        return state
+
     def _check_model(self, sdir: Path, state: ck.TrainerState) -> None:
         """Raise ``ck.ModelMismatch`` naming every shape field the step's model differs in."""
         diffs = ck.model_differences(state.model, self.cfg.model)
-        tp = self.cfg.parallel.tensor_model_parallel_size
+        tp = self.layout.tp
         vocab = padded_vocab_size(self.cfg.model, tp)
         if not diffs and vocab != state.padded_vocab_size:
             diffs = [
@@ -313,8 +353,8 @@ class CheckpointManager:
             consumed_samples=consumed,
             scheduler=self.built.scheduler.state_dict(),
             model=asdict(self.cfg.model),
-            layout=ck.layout_of(self.cfg, self.world),
-            padded_vocab_size=padded_vocab_size(self.cfg.model, self.cfg.parallel.tensor_model_parallel_size),
+            layout=self.layout.to_json(),
+            padded_vocab_size=padded_vocab_size(self.cfg.model, self.layout.tp),
             config_sha256=self.sha,
         )
 
@@ -341,7 +381,7 @@ class CheckpointManager:
         """After every rank has written: ``ck.commit_step`` on rank 0, between barriers (collective)."""
         dist.barrier()
         if self.rank == 0:
-            ck.commit_step(self.save_root, step, self.cfg.checkpoint.keep_last)
+            ck.commit_step(self.save_root, step, self.cfg.checkpoint.keep_last, owner=self.owner)
         dist.barrier()
         seconds = time.monotonic() - t0
         if self.rank == 0:

@@ -14,28 +14,43 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from kilocard.runlock import TOKEN_ENV, LockUnsupported, RunDirBusy, RunLock, claim
+from kilocard.rundir.lock import TOKEN_ENV, LockUnsupported, RunDirBusy, RunLock, claim
 
 
-def claim_run_dir(run_dir: Path, wait_s: float) -> RunLock | None:
-    """Rank 0 claims ``run_dir`` (process group up); raise ``RunDirBusy`` on every rank when another writer has it.
+def claim_run_dir(run_dir: Path, wait_s: float, save_root: Path | None = None) -> list[RunLock]:
+    """Rank 0 claims ``run_dir`` (process group up), and ``save_root`` (a checkpoint directory outside the run
+    directory) when given; raise ``RunDirBusy`` on every rank when another writer has either.
 
     An earlier start of this same Slurm job gets up to ``wait_s`` to let go (``runlock.claim``); the other
     ranks wait in the verdict's broadcast, so ``wait_s`` must stay inside the collective timeout.
 
-    Returns the lock when rank 0 took it itself, else ``None``. The lock's descriptor is never closed
-    by the garbage collector, so the lock lasts until ``release`` or the end of the process.
+    Returns the locks rank 0 took itself (none under ``kilocard run``, whose launcher holds them). A lock's
+    descriptor is never closed by the garbage collector, so it lasts until ``release`` or the end of the process.
     """
     verdict: list[str | None] = [None]
-    lock = None
+    locks: list[RunLock] = []
     if dist.get_rank() == 0:
+        dirs = [(run_dir, "run directory")] + ([(save_root, "checkpoint directory")] if save_root else [])
         try:
-            lock = claim(run_dir, os.environ.get(TOKEN_ENV), wait_s)
+            for directory, what in dirs:
+                directory.mkdir(parents=True, exist_ok=True)
+                lock = _claim_one(directory, wait_s, what)
+                if lock is not None:
+                    locks.append(lock)
         except RunDirBusy as e:
             verdict = [str(e)]
-        except LockUnsupported as e:
-            print(f"[rank 0] kilocard.train: warning: {e}", file=sys.stderr, flush=True)
+            for lock in locks:
+                lock.release()
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
         raise RunDirBusy(verdict[0])
-    return lock
+    return locks
+
+
+def _claim_one(directory: Path, wait_s: float, what: str) -> RunLock | None:
+    """``claim`` one directory; a filesystem without flock is a warning, not a refusal."""
+    try:
+        return claim(directory, os.environ.get(TOKEN_ENV), wait_s, what)
+    except LockUnsupported as e:
+        print(f"[rank 0] kilocard.train: warning: {e}", file=sys.stderr, flush=True)
+        return None

@@ -9,10 +9,11 @@ in the process group's constructor (the stale-address trap, measured in the resi
 from __future__ import annotations
 
 import datetime
-import socket
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+
+from kilocard.base.net import free_port
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,6 @@ class RankEnv:
     """Ranks in the job."""
     local_rank: int
     """Rank on this node (selects the GPU)."""
-
-
-def free_port() -> int:
-    """A TCP port free on this host right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def resolve(env: MutableMapping[str, str]) -> RankEnv:

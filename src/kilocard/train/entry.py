@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kilocard import exitcodes
-from kilocard.config.freeze import FrozenConfigError, load_verified
-from kilocard.train import events
+from kilocard.rundir import events
+from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.train.signals import StopFlag, die_with_parent_in_forks, record_exit
 
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistNetworkError")
@@ -72,8 +72,8 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
     from torch.distributed.checkpoint.api import CheckpointException
 
     from kilocard.backends import select
-    from kilocard.runlock import EARLIER_START_WAIT_S, RunDirBusy
-    from kilocard.train import checkpoint as ck
+    from kilocard.rundir import checkpoint as ck
+    from kilocard.rundir.lock import EARLIER_START_WAIT_S, RunDirBusy
     from kilocard.train import health, heartbeat
     from kilocard.train.claim import claim_run_dir
     from kilocard.train.dist_env import init_process_group
@@ -90,7 +90,9 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
         timeout = datetime.timedelta(seconds=max(run_cfg.trainer.hang_timeout_s, 1.0) + 60)
         init_process_group(backend.dist_backend, os.environ, timeout)  # per-attempt store under a restarting launcher
         # one writer per run directory; a lock taken here lasts until this rank exits
-        claim_run_dir(run_dir, wait_s=min(EARLIER_START_WAIT_S, timeout.total_seconds() - 30))
+        save_root = ck.checkpoint_root(run_dir, run_cfg)
+        outside = save_root if ck.outside(save_root, run_dir) else None  # locked like the run directory
+        claim_run_dir(run_dir, wait_s=min(EARLIER_START_WAIT_S, timeout.total_seconds() - 30), save_root=outside)
         _record_start(run_dir, env, started, attempt)
         unhealthy = health.check(run_cfg, run_dir, os.environ, backend.is_cuda)  # every node, every attempt
         if unhealthy is not None:
@@ -103,7 +105,7 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
     except FrozenConfigError as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
-    except (ck.ModelMismatch, UnsupportedConfig, TrackingUnavailable) as e:
+    except (ck.ModelMismatch, ck.ForeignCheckpoint, UnsupportedConfig, TrackingUnavailable) as e:
         _say(env.rank, f"error: {e}")
         return exitcodes.BAD_CONFIG
     except (ck.DiskFull, NonFiniteLoss) as e:  # a person must look, but the message says it all
@@ -130,20 +132,38 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
 
 
 def build_trainer(run_dir: Path, run_cfg, sha: str, backend, stop, watchdog, timeout_minutes: int):
-    """Megatron-Core's parallel state, the seeds, and this rank's ``Trainer`` (process group already up)."""
+    """Megatron-Core's parallel state, the seeds, and this rank's ``Trainer`` (process group already up).
+
+    The layout is computed once, from the frozen config, and passed on: to ``initialize_model_parallel``,
+    the trainer (DP, micro-batches) and its checkpoints (the layout they record)."""
+    import torch.distributed as dist
+
+    from kilocard.layout import compute_layout
     from kilocard.train import megatron_adapter as ma
     from kilocard.train.trainer import Trainer
 
-    ma.init_parallel_state(run_cfg, timeout_minutes=timeout_minutes)
+    lay = compute_layout(run_cfg)
+    if lay.world_size != dist.get_world_size():
+        raise ma.UnsupportedConfig(
+            f"cluster.nodes({lay.nodes}) * cluster.gpus_per_node({lay.gpus_per_node}) = {lay.world_size} ranks, but "
+            f"{dist.get_world_size()} were started; start as many ranks as the frozen config's cluster holds"
+        )
+    if lay.dp is None or lay.num_microbatches is None:  # the validator refuses such a config before it is frozen
+        t = run_cfg.trainer
+        raise ma.UnsupportedConfig(
+            f"trainer.global_batch_size: {t.global_batch_size} is not a multiple of micro_batch_size"
+            f"({t.micro_batch_size}) * dp({lay.dp}) on {lay.world_size} ranks; run `kilocard validate` on the config"
+        )
+    ma.init_parallel_state(lay, timeout_minutes=timeout_minutes)
     ma.seed_all(run_cfg.trainer.seed)
-    return Trainer(run_cfg, run_dir, sha, backend, stop, watchdog)
+    return Trainer(run_cfg, lay, run_dir, sha, backend, stop, watchdog)
 
 
 def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeout) -> int:
     import torch.distributed as dist
 
-    from kilocard.train.metrics import MetricsWriter
-    from kilocard.train.tracking import Trackers, enabled
+    from kilocard.rundir.metrics import MetricsWriter
+    from kilocard.train.tracking import Trackers, external
     from kilocard.train.trainer import Outcome
 
     trainer = build_trainer(
@@ -152,7 +172,7 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
     trainer.resume()
     writer = None
     if dist.get_rank() == 0:
-        trackers = Trackers(run_cfg, run_dir) if enabled(run_cfg) else None
+        trackers = Trackers(run_cfg, run_dir) if external(run_cfg) else None
         writer = MetricsWriter(run_dir, run_cfg.trainer.tensorboard, resume_step=trainer.step, trackers=trackers)
         dropped = writer.superseded or {}
         events.append(
@@ -177,6 +197,9 @@ def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeou
         return exitcodes.RETRY
     if dist.get_rank() == 0:
         print(f"kilocard.train: done at step {trainer.step}", flush=True)
+        from kilocard.rundir.reproduction import summary_lines
+
+        print("\n".join(summary_lines(run_dir)), flush=True)  # the Slurm log's report; kilocard run prints its own
     return exitcodes.DONE
 
 

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from kilocard import exitcodes
 from kilocard.config.schema import RunConfig
 from kilocard.perf.memory import checkpoint_bytes
-from kilocard.train.names import BLOCKLIST, EXIT_DIR_ENV, FAILED_RANKS, UNHEALTHY_NODES_ENV
+from kilocard.rundir.names import BLOCKLIST, EXIT_DIR_ENV, FAILED_RANKS, UNHEALTHY_NODES_ENV
 
 REPEAT_FAILURES = 2
 """A node that hosted the failed rank of this many in-job restarts is excluded."""

@@ -25,8 +25,8 @@ from typing import Any, BinaryIO
 import torch
 import torch.distributed as dist
 
+from kilocard.base.digest import sha256_file
 from kilocard.train import ckpt_state as cs
-from kilocard.train.checkpoint import sha256_file
 from kilocard.train.megatron_adapter import UnsupportedConfig
 
 ALGO = "atomic"

@@ -17,8 +17,8 @@ from kilocard.backends import Backend
 from kilocard.config.dtypes import main_grads_fp32, param_dtype
 from kilocard.config.megatron import megatron_kwargs
 from kilocard.config.schema import RunConfig
+from kilocard.layout import Layout, megatron_sizes
 from kilocard.perf.params import padded_vocab_size
-from kilocard.topology import rank_order
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,21 +43,17 @@ class Built:
     """Megatron-Core schedule from ``get_forward_backward_func``."""
 
 
-def init_parallel_state(run_cfg: RunConfig, timeout_minutes: int) -> None:
-    """``parallel_state.initialize_model_parallel`` from ``config.parallel``."""
+def parallel_state_kwargs(lay: Layout, timeout_minutes: int) -> dict[str, Any]:
+    """The keywords of ``parallel_state.initialize_model_parallel`` for ``lay``: its degrees under Megatron-Core's
+    names (``kilocard.layout.megatron_sizes``), its rank order and the collective timeout."""
+    return {**megatron_sizes(lay), "order": lay.order, "distributed_timeout_minutes": timeout_minutes}
+
+
+def init_parallel_state(lay: Layout, timeout_minutes: int) -> None:
+    """``parallel_state.initialize_model_parallel`` for the run's layout (``kilocard.layout.compute_layout``)."""
     from megatron.core import parallel_state as ps
 
-    p = run_cfg.parallel
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=p.tensor_model_parallel_size,
-        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
-        context_parallel_size=p.context_parallel_size,
-        expert_model_parallel_size=p.expert_model_parallel_size,
-        expert_tensor_parallel_size=p.expert_tensor_parallel_size,
-        distributed_timeout_minutes=timeout_minutes,
-        order="-".join(rank_order(p.use_tp_pp_dp_mapping)),
-    )
+    ps.initialize_model_parallel(**parallel_state_kwargs(lay, timeout_minutes))
 
 
 def seed_all(seed: int) -> None:
@@ -274,6 +270,12 @@ def build(run_cfg: RunConfig, backend: Backend) -> Built:
                 f"model.multi_latent_attention: true cannot be built with Megatron-Core's local layer spec "
                 f"({type(e).__name__}: {e}); run it on GPUs with Transformer Engine"
             ) from None
+        if run_cfg.parallel.context_parallel_size > 1 and backend.local_spec:
+            raise UnsupportedConfig(
+                f"parallel.context_parallel_size: {run_cfg.parallel.context_parallel_size} needs Transformer "
+                f"Engine's attention, which Megatron-Core's local layer spec lacks ({type(e).__name__}: {e}); "
+                f"set parallel.context_parallel_size=1 here, or run it on GPUs with Transformer Engine"
+            ) from None
         raise
     model = wrap_ddp(run_cfg, config, chunks)
     optimizer = build_optimizer(run_cfg, model)
@@ -289,17 +291,24 @@ def build(run_cfg: RunConfig, backend: Backend) -> Built:
 
 
 def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
-    """Megatron-Core forward step: one micro-batch through the chunk, masked mean LM loss."""
-    batch = next(data_iterator)
+    """Megatron-Core forward step: one micro-batch through the chunk, masked mean LM loss.
+
+    Under context parallelism each rank keeps its two sequence chunks (Megatron-LM's
+    ``get_batch_on_this_cp_rank``: GPTModel takes the rank's shard, not the whole sequence); the loss
+    is then its shard's, and the mean over all last-stage ranks (the trainer's) is the whole sequence's.
+    """
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    raw = next(data_iterator)
     dev = next(model.parameters()).device
 
     def on_device(t):
         return t if t is None or t.device == dev else t.to(dev, non_blocking=True)
 
-    tokens, labels, loss_mask, position_ids = (
-        on_device(batch[k]) for k in ("tokens", "labels", "loss_mask", "position_ids")
-    )
-    mask = on_device(batch.get("attention_mask"))
+    keys = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
+    batch = get_batch_on_this_cp_rank({k: on_device(raw.get(k)) for k in keys})  # no-op without CP
+    tokens, labels, loss_mask, position_ids = (batch[k] for k in keys[:4])
+    mask = batch["attention_mask"]
     output = model(tokens, position_ids, mask, labels=labels)
 
     def loss_func(output_tensor: torch.Tensor):

@@ -13,7 +13,6 @@ The watchdog also kills every process the rank started (``kill_started_children`
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import os
 import signal
@@ -21,8 +20,9 @@ import sys
 import threading
 import time
 
+from kilocard.base.lifeline import die_with_parent_in_forks
 from kilocard.exitcodes import FAULT
-from kilocard.train.names import EXIT_DIR_ENV
+from kilocard.rundir.names import EXIT_DIR_ENV
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 """Signals that request a save-and-stop at the next step boundary."""
@@ -115,7 +115,7 @@ def kill_started_children() -> None:
     ``die_with_parent_in_forks`` does not reach it), and forks writer processes; one stuck in the save the
     watchdog ends could outlive the rank. A normal exit shuts the Manager down; after ``os._exit`` it would
     live on, holding the rank's stdout (Slurm waits 60 s for the step's output to end), and a stuck writer
-    would also keep the rank's run-directory lock (``kilocard.runlock``), which the requeued job needs."""
+    would also keep the rank's run-directory lock (``kilocard.rundir.lock``), which the requeued job needs."""
     import psutil
 
     for child in psutil.Process().children(recursive=True):
@@ -134,33 +134,4 @@ def record_exit(code: int) -> None:
             f.write(f"{code}\n")
 
 
-PR_SET_PDEATHSIG = 1
-"""prctl(2) option: the signal a process gets when the thread that forked it exits (Linux)."""
-
-
-def die_with_parent_in_forks() -> bool:
-    """Make every child this process forks from now on get SIGKILL when its parent dies (Linux).
-
-    Megatron-Core's checkpoint writer (``FileSystemWriterAsync``) forks worker processes that
-    inherit the rank's gloo/NCCL sockets. If the rank is killed mid-save, orphaned workers can
-    outlive it (seen here: stuck for minutes in a multiprocessing queue), keep those sockets open,
-    and leave the other ranks waiting in a collective instead of failing fast with FAULT.
-    ``os.register_at_fork`` covers ``os.fork`` and multiprocessing's fork start method, not
-    ``subprocess`` (which execs); the signal follows the forking *thread*, and Megatron-Core forks
-    from the main thread. Returns whether the guard is installed (Linux only).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    forking = [os.getpid()]
-
-    def _before() -> None:
-        forking[0] = os.getpid()
-
-    def _in_child() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != forking[0]:  # the parent died between fork and prctl
-            os._exit(FAULT)
-
-    os.register_at_fork(before=_before, after_in_child=_in_child)
-    return True
+__all__ = ["StopFlag", "Watchdog", "die_with_parent_in_forks", "record_exit"]

@@ -1,5 +1,6 @@
 """The step loop: forward/backward through Megatron-Core's schedule, optimizer and LR step, metrics,
-the stop decision at every step boundary, and the calls to the checkpoint manager (save, load).
+the stop decision at every step boundary, evaluation on the validation and test splits (the same
+schedule, forward only; ``trainer.eval_interval``), and the calls to the checkpoint manager (save, load).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import torch.distributed as dist
 
 from kilocard.backends import Backend
 from kilocard.config.schema import RunConfig
+from kilocard.data.split import SPLITS, TEST, VALID
+from kilocard.layout import Layout
+from kilocard.rundir.metrics import MetricsWriter, Throughput, peak_memory_bytes
 from kilocard.train import megatron_adapter as ma
 from kilocard.train.ckpt_manager import CheckpointManager
-from kilocard.train.metrics import MetricsWriter, Throughput, peak_memory_bytes
 from kilocard.train.profiling import StepProfiler
 from kilocard.train.signals import StopFlag, Watchdog
 from kilocard.train.straggler import StragglerWatch, spread
@@ -65,6 +68,7 @@ class Trainer:
     def __init__(
         self,
         run_cfg: RunConfig,
+        layout: Layout,
         run_dir: Path,
         config_sha256: str,
         backend: Backend,
@@ -73,18 +77,20 @@ class Trainer:
     ) -> None:
         from megatron.core import parallel_state as ps
 
-        self.cfg, self.run_dir, self.backend = run_cfg, run_dir, backend
+        self.cfg, self.layout, self.run_dir, self.backend = run_cfg, layout, run_dir, backend
         self.stop, self.watchdog = stop, watchdog
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.ps = ps
         watchdog.beat("building the model")
         self.built = ma.build(run_cfg, backend)
-        self.ckpt = CheckpointManager(run_cfg, run_dir, config_sha256, self.built, backend.is_cuda, watchdog, self.log)
+        self.ckpt = CheckpointManager(
+            run_cfg, layout, run_dir, config_sha256, self.built, backend.is_cuda, watchdog, self.log
+        )
         """Saves, commits and loads this run's checkpoints."""
         self.step, self.consumed = 0, 0
-        t = run_cfg.trainer
-        self.dp = ps.get_data_parallel_world_size()
-        self.num_micro = t.global_batch_size // (t.micro_batch_size * self.dp)
+        assert layout.dp is not None and layout.num_microbatches is not None, "build_trainer refuses others"
+        self.dp: int = layout.dp
+        self.num_micro: int = layout.num_microbatches
         self._last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         self._loss_ranks = self.world // ps.get_pipeline_model_parallel_world_size()
         self._device = torch.device("cuda") if backend.is_cuda else torch.device("cpu")
@@ -96,6 +102,8 @@ class Trainer:
         self._own_n = 0
         """Steps summed in ``_own_s``."""
         self._stragglers = StragglerWatch()
+        self._eval_data: dict[int, Any] = {}
+        """Validation and test splits by ``kilocard.data.split`` index (``None``: a test split without documents)."""
         self.profiler = StepProfiler(run_dir, list(run_cfg.trainer.profile_steps), self.rank, backend.is_cuda)
         """Traces ``trainer.profile_steps``."""
         self._time_grad_reduction()
@@ -242,9 +250,15 @@ class Trainer:
     def _loop(self, writer: MetricsWriter | None) -> Outcome:
         """The step loop of ``run``."""
         t = self.cfg.trainer
+        if t.skip_train:
+            self._build_eval_data()
+            self.log(f"trainer.skip_train: evaluating step {self.step} without training")
+            self._evaluate_at_end(writer)
+            return Outcome.DONE
         if self.step >= t.train_iters:
             return Outcome.DONE
         iterators = self._iterators()
+        self._build_eval_data()
         self.log(f"data ready; training steps {self.step + 1}..{t.train_iters}")
         interval, local = self.cfg.checkpoint.save_interval, self.cfg.checkpoint.non_persistent_save_interval
         pending: _InFlight | None = None  # the previous step, its all-reduce still in flight
@@ -260,14 +274,20 @@ class Trainer:
             current = self._start_reduce(r, t0)
             stop = self._settle(pending, writer, next_start=t0) if pending is not None else False
             pending = current
-            persist = stop or self.step >= t.train_iters or bool(interval and self.step % interval == 0)
-            if persist or (local and self.step % local == 0):
-                # a step is checked (finite loss) and recorded before it is saved
+            last = self.step >= t.train_iters
+            persist = stop or last or bool(interval and self.step % interval == 0)
+            evaluate = self._eval_due(self.step)
+            if persist or evaluate or (local and self.step % local == 0):
+                # a step is checked (finite loss) and recorded before it is evaluated or saved
                 stop = self._settle(pending, writer, next_start=None) or stop
                 pending = None
+                if evaluate and not stop:  # like Megatron-LM: evaluate, then save the step
+                    self._evaluate(VALID, writer)
+                if last and not stop:
+                    self._evaluate_at_end(writer, valid_done=evaluate)
                 if persist or stop:
                     self.ckpt.save(self.step, self.consumed)
-                else:
+                elif local and self.step % local == 0:
                     self.ckpt.save_local(self.step, self.consumed)
                 if stop:
                     self.ckpt.finalize(blocking=True)
@@ -275,6 +295,103 @@ class Trainer:
             self.ckpt.finalize(blocking=False)
         self.ckpt.finalize(blocking=True)
         return Outcome.DONE
+
+    # --- evaluation ----------------------------------------------------------------------------
+
+    def _eval_due(self, step: int) -> bool:
+        """Whether step ``step`` ends with a validation evaluation (every ``trainer.eval_interval`` steps)."""
+        n = self.cfg.trainer.eval_interval
+        return bool(n and step % n == 0)
+
+    def _build_eval_data(self) -> None:
+        """The validation and test splits (``None`` for a test split with no document), built once on every
+        rank (collective) when ``trainer.eval_interval`` is set."""
+        from kilocard.data.iterator import build_eval_dataset
+
+        if not self.cfg.trainer.eval_interval:
+            return
+        self.watchdog.beat("building the validation and test splits")
+        cache = str(self.run_dir / "data_cache")
+        for split in (VALID, TEST):
+            self._eval_data[split] = build_eval_dataset(
+                self.cfg, split, dp_size=self.dp, cache_dir=cache, create_attention_mask=False
+            )
+        if self._eval_data[TEST] is None:
+            self.log(f"data.split {self.cfg.data.split!r} leaves the test split empty: no test evaluation")
+
+    def _evaluate_at_end(self, writer: MetricsWriter | None, valid_done: bool = False) -> None:
+        """The end-of-training evaluations: validation (unless step ``self.step`` just had one), then test."""
+        if not self.cfg.trainer.eval_interval:
+            return
+        if not valid_done:
+            self._evaluate(VALID, writer)
+        if self._eval_data.get(TEST) is not None:
+            self._evaluate(TEST, writer)
+
+    def evaluate(self, split: int) -> tuple[float, float]:
+        """(loss, seconds) of the model on ``trainer.eval_iters`` global batches of ``split``: forward only,
+        no gradients, dropout off, through the same pipeline schedule as training (Megatron-LM's
+        ``evaluate``); the loss is the mean over micro-batches and data-parallel ranks, like the train loss."""
+        from kilocard.data.iterator import eval_batches
+        from kilocard.data.split import valid_start
+
+        t0 = time.perf_counter()
+        b, t = self.built, self.cfg.trainer
+        start = 0 if split == TEST else valid_start(self.step, t.eval_interval, t.eval_iters, t.global_batch_size)
+        dp_rank = self.ps.get_data_parallel_rank()
+        data = self._eval_data[split]
+        iterators = [
+            eval_batches(data, self.cfg, start=start, rounds=t.eval_iters, dp_rank=dp_rank, dp_size=self.dp)
+            for _ in b.model
+        ]
+        gathers = [m for m in b.model if m.ddp_config.overlap_param_gather]
+        for m in gathers:  # Megatron-LM: no param all-gather hook while evaluating
+            m.disable_forward_pre_hook()
+        for m in b.model:
+            m.eval()
+        total = torch.zeros(1, dtype=torch.float64, device=self._device)
+        try:
+            with torch.no_grad():
+                for k in range(t.eval_iters):
+                    self.watchdog.beat(f"evaluating {SPLITS[split]} round {k + 1} at step {self.step}")
+                    out = b.forward_backward(
+                        forward_step_func=ma.forward_step,
+                        data_iterator=iterators if len(iterators) > 1 else iterators[0],
+                        model=b.model,
+                        num_microbatches=self.num_micro,
+                        seq_length=self.cfg.model.seq_length,
+                        micro_batch_size=t.micro_batch_size,
+                        forward_only=True,
+                    )
+                    if self._last_stage and out:
+                        total += torch.stack([o["lm loss"].double() for o in out]).mean().to(self._device)
+        finally:
+            for m in b.model:
+                m.train()
+            for m in gathers:
+                m.enable_forward_pre_hook()
+        dist.all_reduce(total)
+        return total.item() / (self._loss_ranks * t.eval_iters), time.perf_counter() - t0
+
+    def _evaluate(self, split: int, writer: MetricsWriter | None) -> None:
+        """Evaluate ``split`` at this step; log it and write its record (``{"step", "split", "loss", ...}``)."""
+        loss, seconds = self.evaluate(split)
+        if not math.isfinite(loss):
+            raise NonFiniteLoss(f"step {self.step}: {SPLITS[split]} loss is {loss}; lower optim.lr or check the data")
+        self.log(
+            f"step {self.step}: {SPLITS[split]} loss {loss:.6f} ({self.cfg.trainer.eval_iters} rounds, {seconds:.2f} s)"
+        )
+        if writer is not None:
+            writer.write(
+                {
+                    "step": self.step,
+                    "split": SPLITS[split],
+                    "loss": loss,
+                    "time": time.time(),
+                    "eval_time_s": seconds,
+                    "eval_iters": self.cfg.trainer.eval_iters,
+                }
+            )
 
     def _record(
         self, step: int, consumed: int, loss: float, r: dict[str, Any], dt: float, ended: float

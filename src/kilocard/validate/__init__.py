@@ -2,7 +2,9 @@
 
 Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
 ``model``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
-``launcher``, ``inputs``, ``environment``, ``slurm``, ``checkpointing`` and ``memory``. The report holds
+``launcher``, ``inputs``, ``dataset``, ``evaluation``, ``environment``, ``slurm``, ``checkpointing``,
+``resilience`` and ``memory`` (the list of the start-up and silently-wrong rules: docs/validation.md). The
+report holds
 every problem at once, the layout and the estimates (memory per GPU by component against HBM, FLOPs per
 iteration).
 """
@@ -14,13 +16,16 @@ from dataclasses import replace
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, compute_layout
+from kilocard.perf.efficiency import FITTED, PerfModelParams
 from kilocard.perf.flops import flops_per_iteration
 from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import Prediction, predict
 from kilocard.validate import (
     batch,
     checkpointing,
+    dataset,
     environment,
+    evaluation,
     inputs,
     launcher,
     model,
@@ -28,6 +33,7 @@ from kilocard.validate import (
     parallel,
     precision,
     recompute,
+    resilience,
     slurm,
     topology,
 )
@@ -50,10 +56,13 @@ RULES: tuple[Rule, ...] = (
     + topology.RULES
     + launcher.RULES
     + inputs.RULES
+    + dataset.RULES
+    + evaluation.RULES
     + tokenizer_rules.RULES
     + environment.RULES
     + slurm.RULES
     + checkpointing.RULES
+    + resilience.RULES
 )
 
 #: Issue codes for conditions Megatron-Core itself rejects (at config, group or model construction).
@@ -116,25 +125,26 @@ def _flops(cfg: RunConfig) -> float | None:
     return float(flops_per_iteration(cfg, convention=FLOPS_CONVENTION))
 
 
-def validate(cfg: RunConfig) -> Report:
-    """Check ``cfg`` against every rule and estimate its memory and FLOPs (pure)."""
+def validate(cfg: RunConfig, params: PerfModelParams = FITTED) -> Report:
+    """Check ``cfg`` against every rule and estimate its memory and FLOPs (pure); the prediction uses the
+    performance model's ``params`` (a site refit's, or the shipped fit)."""
     lay = compute_layout(cfg)
     issues = run_rules(cfg, lay)
     est = estimates(cfg, lay)
     if est.memory is not None and not any(i.code == "WORLD_NOT_DIVISIBLE" for i in issues):
         issues.extend(rule_memory_fits(cfg, lay, structural=structurally_valid))
     if not any(i.severity == ERROR for i in issues):
-        est = replace(est, prediction=_prediction(cfg, lay, issues))
+        est = replace(est, prediction=_prediction(cfg, lay, issues, params))
     return Report(issues=issues, layout=lay, estimates=est)
 
 
-def _prediction(cfg: RunConfig, lay: Layout, issues: list[Issue]) -> Prediction:
+def _prediction(cfg: RunConfig, lay: Layout, issues: list[Issue], params: PerfModelParams) -> Prediction:
     """For a valid config: predicted step time and MFU; adds the checkpoint-interval (goodput) rule's issues.
 
     Both need a layout that Megatron-Core would build, so they run only when no rule found an error.
     """
     issues.extend(checkpointing.rule_checkpoint_interval(cfg, lay))
-    return predict(cfg, layout=lay)
+    return predict(cfg, params=params, layout=lay)
 
 
 __all__ = ["validate", "Report", "Issue", "Estimates", "RULES", "MCORE_CODES", "ERROR", "WARNING", "compute_layout"]

@@ -7,6 +7,7 @@ import posixpath
 from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
+from kilocard.layout import world_size
 from kilocard.perf.goodput import job_goodput, predicted_step_s
 from kilocard.validate.issues import Issue, error, warning
 
@@ -38,7 +39,7 @@ def rule_checkpoint_interval(cfg: RunConfig, layout: object = None) -> Iterable[
                 field,
                 interval,
                 f"no periodic checkpoint in a {run_s / 3600:.1f} h run whose "
-                f"{cfg.cluster.nodes * cfg.cluster.gpus_per_node} "
+                f"{world_size(cfg.cluster)} "
                 f"GPUs fail every {g.job_mtbf_s / 3600:.1f} h on average",
                 hint,
             )

@@ -10,7 +10,10 @@ its wait in the queue:
 - ``checkpoint.load`` must be an existing directory (relative paths are from the current directory,
   as the run directory freezes them);
 - every ``data.data_path`` prefix needs its ``.bin``/``.idx`` pair (``validate.paths``), and the
-  tokenizer file must load and fit the padded vocabulary (``validate.tokenizer``).
+  tokenizer file must load and fit the padded vocabulary (``validate.tokenizer``);
+- every prefix's record (``PREFIX.meta.json``) must name the run's tokenizer and ids the padded
+  vocabulary holds, and the split must give it a validation document when evaluation is on
+  (``validate.datarecord``).
 
 The blend rules read only the config. The path rules read this machine's filesystem, unlike the
 pure ``validate``: where a path exists only on the cluster, ``--skip-path-checks`` or the cluster
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from kilocard.config.schema import CheckpointConfig, DataConfig, RunConfig
 from kilocard.data.paths import is_number
+from kilocard.validate.datarecord import data_record_issues
 from kilocard.validate.issues import Issue, error, warning
 from kilocard.validate.paths import check_paths
 from kilocard.validate.tokenizer import BYTES_TOKENIZER, tokenizer_issues
@@ -42,7 +46,7 @@ def input_path_issues(cfg: RunConfig, skip_paths: bool = False) -> list[Issue]:
         return [*issues, _not_checked(paths, "--skip-path-checks" if skip_paths else "cluster.check_paths=false")]
     found = checkpoint_load_issues(cfg.checkpoint) + tokenizer_issues(cfg)
     if not issues:  # a malformed blend is reported once, by blend_issues
-        found += check_paths(cfg)
+        found += check_paths(cfg) + data_record_issues(cfg)
     return [*issues, *found]
 
 

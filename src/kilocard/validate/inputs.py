@@ -17,7 +17,7 @@ from functools import partial
 
 from kilocard.base import shell
 from kilocard.base.slurmtime import time_limit_problem
-from kilocard.config.schema import RunConfig
+from kilocard.config.schema import WANDB_MODES, RunConfig
 from kilocard.layout import Layout
 from kilocard.paths import MAX_NAME_BYTES
 from kilocard.validate.issues import Issue, error
@@ -26,6 +26,8 @@ from kilocard.validate.issues import Issue, error
 FLOORS: tuple[tuple[str, float, bool, str], ...] = (
     ("trainer.train_iters", 1, True, "optimizer steps to train"),
     ("trainer.log_interval", 1, True, "steps between log lines"),
+    ("trainer.eval_interval", 1, True, "steps between evaluations (null = no evaluation)"),
+    ("trainer.eval_iters", 1, True, "global batches of the validation split per evaluation"),
     ("trainer.rank_time_interval", 0, True, "steps between per-rank step-time gathers (0 = off)"),
     ("trainer.hang_timeout_s", 0, True, "seconds without progress before a rank is declared hung (0 = off)"),
     ("trainer.seed", 0, True, "the seed of model init, dropout and data order (numpy takes 0 .. 2**32 - 1)"),
@@ -74,7 +76,7 @@ ONE_LINE = (
 #: ``#SBATCH`` values, the pattern kind each must match (``kilocard.base.shell.SBATCH_PATTERNS``) and
 #: whether the field may be unset (null or empty: the directive is left out).
 SBATCH_FIELDS = (
-    ("launcher.job_name", "name", False),
+    ("launcher.job_name", "name", True),
     ("cluster.mem_per_node", "memory", False),
     ("cluster.partition", "name", True),
     ("cluster.account", "name", True),
@@ -319,6 +321,19 @@ def rule_secret_names(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             )
 
 
+def rule_wandb_mode(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``trainer.wandb_mode`` is one of ``WANDB_MODES`` (checked whether or not W&B is on: a typo waits otherwise)."""
+    mode = cfg.trainer.wandb_mode
+    if mode not in WANDB_MODES:
+        yield error(
+            "WANDB_MODE",
+            "trainer.wandb_mode",
+            mode,
+            f"trainer.wandb_mode={mode!r} is not a W&B mode (expected one of {', '.join(WANDB_MODES)})",
+            "trainer.wandb_mode=offline (sync later with wandb sync) or online",
+        )
+
+
 RULES = (
     rule_number_ranges,
     rule_finite_numbers,
@@ -331,4 +346,5 @@ RULES = (
     rule_run_name,
     rule_script_values,
     rule_secret_names,
+    rule_wandb_mode,
 )

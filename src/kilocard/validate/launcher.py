@@ -6,12 +6,12 @@ from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
-from kilocard.topology import gpu_spec
+from kilocard.topology import DEVICE_CONNECTIONS_ENV, one_device_connection
 from kilocard.validate.issues import Issue, error, warning
 
 L = "launcher."
 KINDS = ("local", "slurm")
-CDMC = "CUDA_DEVICE_MAX_CONNECTIONS"
+CDMC = DEVICE_CONNECTIONS_ENV
 
 
 def rule_launcher_kind(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -47,28 +47,20 @@ def rule_launcher_kind(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 
 def rule_cuda_device_max_connections(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """Before Blackwell, TP > 1 or CP > 1 wants CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM asserts it)."""
-    gpu = gpu_spec(cfg.cluster.gpu)
-    if gpu is None or gpu.vendor != "nvidia" or gpu.compute_capability >= (10, 0) or (lay.tp == 1 and lay.cp == 1):
+    """Where ``topology.one_device_connection`` asks for CUDA_DEVICE_MAX_CONNECTIONS=1 (the launch plan sets
+    it), a value the user sets in cluster.env or launcher.env (which override the plan's) must be 1."""
+    if not one_device_connection(cfg.cluster.gpu, lay.tp, lay.cp):
         return
-    env = {**cfg.cluster.env, **cfg.launcher.env}
-    value = env.get(CDMC)
     field = ("launcher.env." if CDMC in cfg.launcher.env else "cluster.env.") + CDMC
+    value = {**cfg.cluster.env, **cfg.launcher.env}.get(CDMC)
+    if value is None or str(value) == "1":
+        return  # unset: the launch plan sets it to 1
     why = (
-        f"tp({lay.tp}) / cp({lay.cp}) > 1 on {gpu.name}: "
-        "kernels must be queued in issue order so the TP/CP communication overlaps"
+        f"tp({lay.tp}) / cp({lay.cp}) > 1 on {cfg.cluster.gpu}: kernels must be queued in issue order "
+        "so the TP/CP communication overlaps (kilocard's launch sets 1 unless overridden)"
     )
-    if value is None:
-        yield warning(
-            "CUDA_DEVICE_MAX_CONNECTIONS",
-            field,
-            None,
-            f"{CDMC} is not set; {why}",
-            f"add +launcher.env.{CDMC}=1 (kilocard's launch scripts also set it)",
-        )
-    elif str(value) != "1":
-        make = error if cfg.parallel.tp_comm_overlap else warning
-        yield make("CUDA_DEVICE_MAX_CONNECTIONS", field, value, f"{CDMC}={value}; {why}", f"set {field}=1")
+    make = error if cfg.parallel.tp_comm_overlap else warning
+    yield make(CDMC, field, value, f"{CDMC}={value}; {why}", f"set {field}=1, or remove it")
 
 
 RULES = (rule_launcher_kind, rule_cuda_device_max_connections)

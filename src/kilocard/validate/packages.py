@@ -1,7 +1,8 @@
 """Optional packages a config switches on, checked where the ranks will run (``kilocard run``: here).
 
-Experiment trackers are off by default and never required (``kilocard.train.tracking``); a run that
-turns one on must find its package, or it is refused before its run directory is written, with one
+TensorBoard is on by default (``trainer.tensorboard``), W&B and MLflow are off; each is an extra of
+kilocard (``pip install 'kilocard[tensorboard]'``, ``docs/install.md``). A run that turns one on must find
+its package, or it is refused before its run directory is written, with one
 line naming the field and the fix. On a cluster the batch script's preflight checks the nodes instead.
 """
 
@@ -12,8 +13,13 @@ import importlib.util
 from kilocard.config.schema import RunConfig
 from kilocard.validate.issues import Issue, error
 
-TRACKERS = {"wandb": "wandb", "mlflow": "mlflow"}
-"""``trainer.<field>`` -> the package it needs."""
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+"""``trainer.<field>`` -> the package it needs; each is kilocard's extra of the same name."""
+
+
+def install_hint(extra: str) -> str:
+    """How to install kilocard's extra ``extra`` (``pip install 'kilocard[wandb]'``)."""
+    return f"pip install 'kilocard[{extra}]'"
 
 
 def importable(module: str) -> bool:
@@ -32,7 +38,7 @@ def tracker_issues(cfg: RunConfig) -> list[Issue]:
             f"trainer.{name}",
             True,
             f"trainer.{name} is on, but the {module} package is not installed here",
-            f"pip install {module}, or trainer.{name}=false",
+            f"{install_hint(name)}, or trainer.{name}=false",
         )
         for name, module in TRACKERS.items()
         if getattr(cfg.trainer, name) and not importable(module)

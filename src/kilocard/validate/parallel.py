@@ -298,6 +298,21 @@ def _divisors(n: int, near: int, k: int = 4) -> str:
     return ", ".join(str(d) for d in sorted(best))
 
 
+def rule_moe_bias_etp(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``MOE_BIAS_ETP``: expert biases (``model.add_bias_linear`` with experts) need expert TP 1 (Megatron-Core
+    asserts "Bias in Moe is only supported when ETP==1")."""
+    m = cfg.model
+    if m.num_moe_experts and m.add_bias_linear and lay.etp > 1:
+        yield error(
+            "MOE_BIAS_ETP",
+            P + "expert_tensor_parallel_size",
+            lay.etp,
+            f"expert_tensor_parallel_size({lay.etp}) > 1 with model.add_bias_linear=true: Megatron-Core supports "
+            "expert biases only with expert TP 1",
+            f"set {P}expert_tensor_parallel_size=1 or model.add_bias_linear=false",
+        )
+
+
 RULES = (
     rule_sizes_positive,
     rule_world_divisible,
@@ -306,6 +321,7 @@ RULES = (
     rule_heads_tp,
     rule_sequence_parallel,
     rule_experts_ep,
+    rule_moe_bias_etp,
     rule_virtual_pipeline,
     rule_layers_per_stage,
 )

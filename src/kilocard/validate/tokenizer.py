@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kilocard.config.megatron import padded_vocab_size, vocab_multiple
 from kilocard.config.schema import BYTES_TOKENIZER, RunConfig
 from kilocard.layout import Layout
-from kilocard.perf.params import padded_vocab_size
 from kilocard.validate.issues import Issue, error
 
 BYTES_VOCAB = 258
@@ -28,7 +28,7 @@ def vocab_issues(cfg: RunConfig, tokenizer_vocab: int) -> list[Issue]:
     padded = padded_vocab_size(m, cfg.parallel.tensor_model_parallel_size)
     if padded >= tokenizer_vocab:
         return []
-    multiple = m.make_vocab_size_divisible_by * cfg.parallel.tensor_model_parallel_size
+    multiple = vocab_multiple(m, cfg.parallel.tensor_model_parallel_size)
     return [
         error(
             "TOKENIZER_VOCAB",

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
-from kilocard.perf.params import moe_layer_pattern
+from kilocard.perf.params import moe_count, moe_layer_pattern
 from kilocard.topology import GPU_TABLE, ep_peers_on_node, gpu_spec
 from kilocard.validate.issues import Issue, error, warning
 
@@ -109,7 +109,7 @@ def ep_alltoall_bytes_per_step(cfg: RunConfig, lay: Layout) -> float:
     tokens = m.seq_length // lay.cp * cfg.trainer.micro_batch_size
     if cfg.parallel.sequence_parallel:
         tokens //= lay.tp
-    moe_layers = sum(moe_layer_pattern(m)) / lay.pp
+    moe_layers = moe_count(moe_layer_pattern(m)) / lay.pp
     off_node = 1 - ep_peers_on_node(lay.ep, lay.etp, lay.gpus_per_node) / lay.ep
     return 4 * tokens * m.moe_router_topk * m.hidden_size * 2 * moe_layers * lay.num_microbatches * off_node
 

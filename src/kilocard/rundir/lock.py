@@ -1,7 +1,8 @@
 """One writer per run directory: an OS lock on ``<run_dir>/.lock`` (``fcntl.flock``).
 
 ``kilocard run`` takes the lock before it starts torchrun and hands its token to the ranks in
-``KILOCARD_RUN_LOCK``; rank 0 of a Slurm job (no token) takes the lock itself. A second writer is
+``KILOCARD_RUN_LOCK``; rank 0 of a Slurm job (no token) takes the lock itself. A checkpoint directory
+outside the run directory (``checkpoint.save``) is locked the same way, with the same token. A second writer is
 refused at once with the holder named. The kernel drops the lock when its holder dies, so a stale
 lock never blocks; the holder info in the file (host, pid, Slurm job id) is only informational.
 A requeued Slurm job that finds its own earlier start still holding the lock (a process of that start
@@ -95,15 +96,16 @@ def read_holder(run_dir: Path) -> dict:
     return info if isinstance(info, dict) else {}
 
 
-def acquire(run_dir: Path, token: str | None = None) -> RunLock:
-    """Take the lock of ``run_dir`` now or raise ``RunDirBusy`` naming the holder."""
+def acquire(run_dir: Path, token: str | None = None, what: str = "run directory") -> RunLock:
+    """Take the lock of ``run_dir`` (a ``what``: also a checkpoint directory outside the run directory) now
+    or raise ``RunDirBusy`` naming the holder."""
     path = run_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise RunDirBusy(busy_message(run_dir, read_holder(run_dir))) from None
+        raise RunDirBusy(busy_message(run_dir, read_holder(run_dir), what)) from None
     except OSError as e:
         os.close(fd)
         raise LockUnsupported(
@@ -116,22 +118,24 @@ def acquire(run_dir: Path, token: str | None = None) -> RunLock:
     return RunLock(path=path, fd=fd, token=token)
 
 
-def busy_message(run_dir: Path, info: dict) -> str:
-    """One line: the run directory, its holder, and what to do."""
+def busy_message(run_dir: Path, info: dict, what: str = "run directory") -> str:
+    """One line: the directory (a ``what``), its holder, and what to do."""
     return (
-        f"run directory {run_dir} is in use by another writer ({describe(info)}); "
-        f"one writer per run directory: wait for it to end or stop it, then resume"
+        f"{what} {run_dir} is in use by another writer ({describe(info)}); "
+        f"one writer per {what}: wait for it to end or stop it, then resume"
     )
 
 
-def claim(run_dir: Path, token: str | None, wait_s: float = EARLIER_START_WAIT_S) -> RunLock | None:
+def claim(
+    run_dir: Path, token: str | None, wait_s: float = EARLIER_START_WAIT_S, what: str = "run directory"
+) -> RunLock | None:
     """Rank 0's check: ``None`` when the launcher with ``token`` holds the lock, else the lock taken here.
 
     When the holder is an earlier start of this same Slurm job (requeued), wait up to ``wait_s`` for it
     to go. Raises ``RunDirBusy`` when another writer holds it; ``LockUnsupported`` passes through.
     """
     try:
-        return acquire(run_dir)
+        return acquire(run_dir, what=what)
     except RunDirBusy:
         holder = read_holder(run_dir)
         if token and holder.get("token") == token:
@@ -144,7 +148,7 @@ def claim(run_dir: Path, token: str | None, wait_s: float = EARLIER_START_WAIT_S
         file=sys.stderr,
         flush=True,
     )
-    return acquire_within(run_dir, wait_s)
+    return acquire_within(run_dir, wait_s, what=what)
 
 
 def earlier_start_of_this_job(holder: Mapping, env: Mapping[str, str]) -> bool:
@@ -155,12 +159,12 @@ def earlier_start_of_this_job(holder: Mapping, env: Mapping[str, str]) -> bool:
     return str(holder.get("slurm_restart_count")) != env.get("SLURM_RESTART_COUNT", "0")
 
 
-def acquire_within(run_dir: Path, wait_s: float, poll_s: float = 1.0) -> RunLock:
+def acquire_within(run_dir: Path, wait_s: float, poll_s: float = 1.0, what: str = "run directory") -> RunLock:
     """``acquire``, retried every ``poll_s`` until ``wait_s`` has passed; then its ``RunDirBusy``."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return acquire(run_dir)
+            return acquire(run_dir, what=what)
         except RunDirBusy:
             if time.monotonic() >= deadline:
                 raise

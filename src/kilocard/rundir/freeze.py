@@ -1,7 +1,7 @@
 """Freeze a composed config: resolved YAML plus its sha256, the one record of what a run is.
 
 Every rank loads the frozen file and checks the hash before it trains, so what ran is exactly
-what was validated (``kilocard.config.freeze.load_verified``).
+what was validated (``kilocard.rundir.freeze.load_verified``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from kilocard.base.digest import sha256_file
 from kilocard.config.compose import ComposeError, load_run_config
 from kilocard.config.schema import RunConfig
 
@@ -46,7 +47,7 @@ def load_verified(run_dir: Path) -> tuple[RunConfig, str]:
         if not p.is_file():
             raise FrozenConfigError(f"{p}: missing; is {run_dir} a kilocard run directory?")
     expected = hash_path.read_text().split()[0]
-    actual = hashlib.sha256(cfg_path.read_bytes()).hexdigest()
+    actual = sha256_file(cfg_path)
     if actual != expected:
         raise FrozenConfigError(
             f"{cfg_path}: sha256 {actual[:12]}... does not match {HASH_FILE} ({expected[:12]}...); "

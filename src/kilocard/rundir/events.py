@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kilocard.train.names import EVENTS_FILE
+from kilocard.rundir.names import EVENTS_FILE
 
 PERSISTENT = "persistent"
 """Checkpoint tier of ``<run_dir>/checkpoints`` (or ``checkpoint.save``): the shared filesystem."""
@@ -54,10 +54,13 @@ class BadRecord(ValueError):
     """A whole line of a run's JSON-lines record file is not a record: the message names file and line."""
 
 
-def json_lines(path: Path, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def json_lines(
+    path: Path, required: tuple[str, ...] = (), skip_bad: Callable[[str], None] | None = None
+) -> list[dict[str, Any]]:
     """The records of a JSON-lines file (empty when absent): its whole lines, each an object holding
     ``required``. The text after the last newline is the torn tail of a write a killed rank never
-    finished (or one still being written); it is dropped. Any other bad line raises ``BadRecord``."""
+    finished (or one still being written); it is dropped. Any other bad line raises ``BadRecord``, or with
+    ``skip_bad`` is left out and its ``BadRecord`` message (naming file and line) passed to ``skip_bad``."""
     if not path.exists():
         return []
     records = []
@@ -65,14 +68,26 @@ def json_lines(path: Path, required: tuple[str, ...] = ()) -> list[dict[str, Any
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BadRecord(f"{path} line {n}: not JSON ({e.msg}); the file was edited or damaged") from None
-        missing = [k for k in required if not isinstance(record, dict) or k not in record]
-        if missing:
-            raise BadRecord(f"{path} line {n}: a record without {', '.join(missing)}; the file was edited or damaged")
-        records.append(record)
+            records.append(_record(path, n, line, required))
+        except BadRecord as e:
+            if skip_bad is None:
+                raise
+            skip_bad(str(e))
     return records
+
+
+def _record(path: Path, n: int, line: str, required: tuple[str, ...]) -> dict[str, Any]:
+    """Line ``n`` of ``path`` as a record holding ``required``, else ``BadRecord`` naming file and line."""
+    if "\x00" in line:  # what a power loss leaves: a block of NUL bytes where the data never reached the disk
+        raise BadRecord(f"{path} line {n}: NUL bytes (a write lost in a crash or power loss)")
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise BadRecord(f"{path} line {n}: not JSON ({e.msg}); the file was edited or damaged") from None
+    missing = [k for k in required if not isinstance(record, dict) or k not in record]
+    if missing:
+        raise BadRecord(f"{path} line {n}: a record without {', '.join(missing)}; the file was edited or damaged")
+    return record
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:

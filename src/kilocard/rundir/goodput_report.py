@@ -1,12 +1,14 @@
 """Where a run's wall time went, from its own records: the figures of ``kilocard goodput``.
 
-Reads ``events.jsonl`` (launch attempts, resumes, committed checkpoints, exits; ``kilocard.train.events``)
+Reads ``events.jsonl`` (launch attempts, resumes, committed checkpoints, exits; ``kilocard.rundir.events``)
 and ``metrics.jsonl`` (one record per step with ``step_time_s`` and ``time``, the unix time at the end
 of the step's period) and returns a ``RunGoodput``; prints nothing. Definitions:
 
 - ``wall_s``: from the first attempt's start to the last thing the run recorded;
-- ``productive_s``: the step times of the records kept (every step once: a step trained again after
-  a fault counts once, in the attempt that kept it);
+- ``productive_s``: the step times of the training records kept (every step once: a step trained again
+  after a fault counts once, in the attempt that kept it);
+- ``eval_s``: the seconds of every evaluation recorded (``trainer.eval_interval``: the validation and test
+  records of metrics.jsonl, which are no steps), neither productive nor lost;
 - ``checkpoint_s``: the seconds of every committed save, per tier (``persistent``: the checkpoint
   directory; ``local``: the node-local tier, ``checkpoint.non_persistent_save_interval``);
 - a fault is an attempt that a later attempt followed although it did not end DONE (0) or RETRY (75).
@@ -19,7 +21,8 @@ of the step's period) and returns a ``RunGoodput``; prints nothing. Definitions:
   the wall time from the later of that commit and the attempt's first step to the start of the first
   step after the fault: the work redone, the detection, the restart and the resume;
 - ``predicted``: the Young/Daly figures (``kilocard.perf.goodput``) for the run's GPU count, its measured
-  median persistent save time and its checkpoint interval (``checkpoint.save_interval`` x median step time).
+  median persistent save time and its checkpoint interval (``checkpoint.save_interval`` x (median step time
+  + evaluation seconds per step)); the predicted goodput also leaves out the measured evaluation share.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from kilocard import exitcodes
-from kilocard.config.freeze import load_verified
+from kilocard.layout import world_size
 from kilocard.perf.goodput import Goodput, goodput
-from kilocard.train import events
-from kilocard.train.metrics import read_metrics
+from kilocard.rundir import events
+from kilocard.rundir.freeze import load_verified
+from kilocard.rundir.metrics import read_evals, read_metrics
 
 CLEAN_EXITS = frozenset({exitcodes.DONE, exitcodes.RETRY})
 """Exit codes of an attempt that ended as planned (finished, or stopped after a committed save)."""
@@ -104,7 +108,18 @@ class RunGoodput:
     predicted: Goodput | None
     """Young/Daly figures for this run (GPU count, measured persistent save time); ``None`` without saves or steps."""
     checkpoint_interval_s: float | None
-    """``checkpoint.save_interval`` x the median step time (``None`` when saves are off)."""
+    """``checkpoint.save_interval`` x (the median step time + evaluation seconds per step); ``None`` when saves
+    are off."""
+    eval_s: float = 0.0
+    """Seconds of the recorded evaluations (validation and test)."""
+    evals: int = 0
+    """Evaluations recorded."""
+
+    @property
+    def eval_share(self) -> float:
+        """Evaluation's share of step plus evaluation time."""
+        busy = self.productive_s + self.eval_s
+        return self.eval_s / busy if busy > 0 else 0.0
 
     @property
     def goodput(self) -> float:
@@ -116,7 +131,7 @@ class RunGoodput:
         """1 - Young/Daly's expected lost fraction at this run's checkpoint interval."""
         if self.predicted is None or not self.checkpoint_interval_s:
             return None
-        return 1.0 - self.predicted.lost_at(self.checkpoint_interval_s)
+        return (1.0 - self.predicted.lost_at(self.checkpoint_interval_s)) * (1.0 - self.eval_share)
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``kilocard goodput --format json`` prints it (the contract: exactly these keys)."""
@@ -125,6 +140,7 @@ class RunGoodput:
             "productive_s": self.productive_s,
             "goodput": self.goodput,
             "checkpoint_s": {"local": self.checkpoint_local_s, "persistent": self.checkpoint_persistent_s},
+            "eval_s": self.eval_s,
             "faults": [f.to_json() for f in self.faults],
         }
 
@@ -151,9 +167,11 @@ def report(run_dir: Path) -> RunGoodput:
     if not starts:
         raise NoRecords(f"{run_dir} has no launch attempt in events.jsonl (expected a run directory that trained)")
     records = [r for r in read_metrics(run_dir) if "time" in r]
+    evals = [r for r in read_evals(run_dir) if "eval_time_s" in r]
+    eval_s = sum(r["eval_time_s"] for r in evals)
     attempts = _attempts(starts, evts, records)
     commits = [e for e in evts if e["event"] == "commit"]
-    last = max([evts[-1]["time"], *(r["time"] for r in records)])
+    last = max([evts[-1]["time"], *(r["time"] for r in records), *(r["time"] for r in evals if "time" in r)])
     step_times = [r["step_time_s"] for r in records]
     saves = _save_seconds(commits, events.PERSISTENT)
     local_saves = _save_seconds(commits, events.LOCAL)
@@ -170,7 +188,9 @@ def report(run_dir: Path) -> RunGoodput:
         median_step_s=median_step,
         median_save_s=median_save,
         median_local_save_s=statistics.median(local_saves) if local_saves else None,
-        **_prediction(run_dir, evts, median_step, median_save),
+        eval_s=eval_s,
+        evals=len(evals),
+        **_prediction(run_dir, evts, median_step, median_save, eval_s / len(records) if records else 0.0),
     )
 
 
@@ -237,12 +257,18 @@ def _fault(attempts: list[_Attempt], i: int, commits: list[dict[str, Any]]) -> F
 
 
 def _prediction(
-    run_dir: Path, evts: list[dict[str, Any]], median_step: float | None, median_save: float | None
+    run_dir: Path,
+    evts: list[dict[str, Any]],
+    median_step: float | None,
+    median_save: float | None,
+    eval_per_step: float = 0.0,
 ) -> dict[str, Any]:
-    """``predicted`` and ``checkpoint_interval_s``: Young/Daly for the run's GPUs and measured save time."""
+    """``predicted`` and ``checkpoint_interval_s``: Young/Daly for the run's GPUs and measured save time
+    (a checkpoint interval in wall time: steps and the evaluations between them, ``eval_per_step``)."""
     cfg, _ = load_verified(Path(run_dir))
-    interval = cfg.checkpoint.save_interval * median_step if cfg.checkpoint.save_interval and median_step else None
+    save = cfg.checkpoint.save_interval
+    interval = save * (median_step + eval_per_step) if save and median_step else None
     world = next((e.get("world_size") for e in reversed(evts) if e["event"] == "start"), None)
-    gpus = world or cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    gpus = world or world_size(cfg.cluster)
     predicted = goodput(gpus, median_save) if median_save is not None else None
     return {"predicted": predicted, "checkpoint_interval_s": interval}

@@ -7,18 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from kilocard import exitcodes
-from kilocard.train.metrics import FLOPS_CONVENTION
-from kilocard.train.names import CHECKPOINTS_DIR, TRACKER
-
-_CODE_NAMES = {
-    exitcodes.DONE: "DONE",
-    exitcodes.RETRY: "RETRY (stopped after a committed save)",
-    exitcodes.FAULT: "FAULT",
-    exitcodes.BAD_CONFIG: "BAD_CONFIG",
-    exitcodes.BAD_CKPT: "BAD_CKPT",
-    exitcodes.CRASH: "CRASH",
-    exitcodes.BUSY: "BUSY (another writer holds the run directory)",
-}
+from kilocard.rundir.metrics import FLOPS_CONVENTION
+from kilocard.rundir.names import TRACKER
 
 
 def _eta(r: dict[str, Any]) -> str:
@@ -40,13 +30,39 @@ def progress_line(r: dict[str, Any]) -> str:
     )
 
 
-def summary_table(records: list[dict[str, Any]], run_dir: Path, code: int, first_new_step: int = 0) -> str:
-    """The table ``kilocard run`` ends with (medians over this launch's steps, first step excluded)."""
-    tracker = run_dir / CHECKPOINTS_DIR / TRACKER
+def eval_line(r: dict[str, Any]) -> str:
+    """``step 10 | valid loss 4.1234 (10 rounds, 0.52 s)``: one evaluation record."""
+    rounds = r.get("eval_iters", "?")
+    return f"step {r['step']} | {r['split']} loss {r['loss']:.4f} ({rounds} rounds, {r['eval_time_s']:.2f} s)"
+
+
+def _eval_rows(evals: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The summary's last validation and test losses."""
+    rows = []
+    for split, name in (("valid", "validation loss (last)"), ("test", "test loss")):
+        mine = [r for r in evals if r["split"] == split]
+        if mine:
+            rows.append((name, f"{mine[-1]['loss']:.4f} at step {mine[-1]['step']}"))
+    return rows
+
+
+def summary_table(
+    records: list[dict[str, Any]],
+    run_dir: Path,
+    code: int,
+    *,
+    ckpt_root: Path,
+    first_new_step: int = 0,
+    evals: list[dict[str, Any]] | None = None,
+) -> str:
+    """The table ``kilocard run`` ends with (medians over this launch's steps, first step excluded; the last
+    validation and test losses of ``evals``, the run's evaluation records); ``ckpt_root``: the run's
+    checkpoint directory (``kilocard.rundir.checkpoint.checkpoint_root``)."""
+    tracker = ckpt_root / TRACKER
     committed = tracker.read_text().strip() if tracker.is_file() else None
     rows = [
         ("run dir", str(run_dir)),
-        ("exit", f"{code} {_CODE_NAMES.get(code, '')}".strip()),
+        ("exit", f"{code} {exitcodes.describe(code)}".strip()),
         ("last committed step", committed if committed else "none"),
     ]
     new = [r for r in records if r["step"] > first_new_step] or records
@@ -63,6 +79,7 @@ def summary_table(records: list[dict[str, Any]], run_dir: Path, code: int, first
             ("MFU (median)", f"{_mfu(statistics.median(mfus)) if mfus else 'n/a'} of {new[-1].get('mfu_peak', '?')}"),
             ("peak memory (rank 0)", f"{max(r['peak_mem_bytes'] for r in new) / 2**20:.0f} MiB"),
         ]
+    rows += _eval_rows(evals or [])
     width = max(len(k) for k, _ in rows)
     lines = ["", "summary", "-" * (width + 40)] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)

@@ -1,5 +1,12 @@
 """Per-step metrics: throughput, TFLOP/s per GPU, MFU, memory; written to metrics.jsonl and TensorBoard.
 
+metrics.jsonl holds two kinds of record: one per training step (``step``, ``loss``, ``step_time_s``, ...),
+and one per evaluation (``trainer.eval_interval``): ``{"step", "split": "valid"|"test", "loss", "time",
+"eval_time_s", "eval_iters"}``, written after the record of the step it evaluated. ``read_metrics``
+returns the training records only (what progress, the summary, goodput and the launcher count as
+steps), ``read_evals`` the evaluation records; TensorBoard and the trackers get ``train/<key>``,
+``valid/<key>`` and ``test/<key>`` scalars.
+
 FLOPs per step follow Megatron-LM's count (``kilocard.perf.flops``, convention ``megatron_current``).
 MFU divides the achieved model FLOP/s per GPU by the dense peak of ``cluster.gpu`` in the dtype the
 GEMMs run in (``kilocard.topology``); both names go into every record and the summary.
@@ -17,15 +24,15 @@ from typing import Any
 
 from kilocard.config.schema import RunConfig
 from kilocard.perf.flops import CURRENT, flops_per_iteration
+from kilocard.rundir.events import json_lines
+from kilocard.rundir.names import METRICS_FILE
 from kilocard.topology import compute_dtype, gpu_spec
-from kilocard.train.events import json_lines
-from kilocard.train.names import METRICS_FILE
 
 FLOPS_CONVENTION = CURRENT
 """FLOPs convention of every TFLOP/s and MFU figure the trainer reports."""
 
 
-NOT_SCALARS = frozenset({"step", "time"})
+NOT_SCALARS = frozenset({"step", "time", "split"})
 """Record keys that are no TensorBoard scalar: the step is the x axis, the unix time its wall time."""
 
 
@@ -108,16 +115,18 @@ class MetricsWriter:
         return the newest dropped record (``None`` when nothing was dropped)."""
         if not self.path.exists():
             return None
-        records = json_lines(self.path)
+        records = json_lines(
+            self.path, ("step",), skip_bad=warn_skipped
+        )  # a damaged line is dropped from the file here
         keep = [r for r in records if r.get("step", 0) <= step]
-        dropped = [r for r in records if r.get("step", 0) > step]
+        dropped = [r for r in records if r.get("step", 0) > step and not is_eval(r)]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, self.path)
         return max(dropped, key=lambda r: r["step"]) if dropped else None
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one step's record: a JSON line, and its numbers as ``train/<key>`` TensorBoard scalars.
+        """Append one record: a JSON line, and its numbers as ``<split>/<key>`` TensorBoard scalars.
 
         The scalars go out as ONE merged ``Summary`` event per step (what TensorBoard reads the same
         as one ``add_scalar`` per value): ten ``add_scalar`` calls cost about 1.2 ms a step, the
@@ -143,15 +152,43 @@ class MetricsWriter:
             self._trackers.close()
 
 
+def is_eval(record: dict[str, Any]) -> bool:
+    """Whether ``record`` is an evaluation's (it names its ``split``), not a training step's."""
+    return "split" in record
+
+
 def scalars(record: dict[str, Any]) -> dict[str, float]:
-    """A record's numbers as ``train/<key>`` scalars (what TensorBoard and the trackers get)."""
+    """A record's numbers as ``<split>/<key>`` scalars, ``train/<key>`` for a step (what TensorBoard and the
+    trackers get)."""
+    prefix = record.get("split", "train")
     return {
-        f"train/{k}": float(v)
+        f"{prefix}/{k}": float(v)
         for k, v in record.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in NOT_SCALARS
     }
 
 
+_WARNED: set[str] = set()
+"""Skipped lines already warned about in this process (the launcher reads the file twice a second)."""
+
+
+def warn_skipped(message: str) -> None:
+    """Say once on stderr that a damaged metrics line (named) is skipped."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"kilocard: warning: {message}; the line is skipped", file=sys.stderr, flush=True)
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """All records of a run's metrics.jsonl (empty when absent); a torn last line is not a record."""
-    return json_lines(Path(run_dir) / METRICS_FILE)
+    """The training-step records of a run's metrics.jsonl (empty when absent); a torn last line is not a
+    record, and a damaged line (NUL bytes from a power loss, not JSON) is skipped with a warning naming it."""
+    return [r for r in _records(run_dir) if not is_eval(r)]
+
+
+def read_evals(run_dir: Path, split: str | None = None) -> list[dict[str, Any]]:
+    """The evaluation records of a run's metrics.jsonl, of ``split`` only when given."""
+    return [r for r in _records(run_dir) if is_eval(r) and (split is None or r["split"] == split)]
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    return json_lines(Path(run_dir) / METRICS_FILE, ("step",), skip_bad=warn_skipped)

@@ -6,19 +6,25 @@ Layout of ``<checkpoint dir>``::
                               + rng/rank_*.pt + trainer_state.json
     step_0000010/manifest.json   size and sha256 of every other file of the step, dot-files included
     latest_committed.txt      the newest committed step (temp file + fsync + rename)
+    owner.json                the run that owns the directory (``claim_owner``); every manifest names it too
 
 A step counts only once committed (``commit_step``, on rank 0 after every rank has written): the
 manifest, then the tracker, then older steps are pruned to ``checkpoint.keep_last``. A step
 directory without a manifest, or newer than the tracker, is never loaded. On load the manifest is
 verified first; a missing, altered or unlisted file is an error naming the step and the file, with
 the newest intact committed step and how to resume from it (or, with
-``checkpoint.fallback_to_previous``, that step is used). Torch-free: the ranks' side is
+``checkpoint.fallback_to_previous``, that step is used). A manifest that is not JSON (torn by a power
+loss) fails its step's verification like any other damaged file.
+
+One owner per checkpoint directory: the first run that writes into it records itself in ``owner.json``
+(its run directory), and a run that is not the owner refuses to load or commit there
+(``ForeignCheckpoint``). Losing the tracker never restarts a run from zero: ``recover_tracker`` points it
+back at the newest step whose manifest verifies, or refuses. Torch-free: the ranks' side is
 ``kilocard.train.ckpt_manager``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,8 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kilocard.base.digest import sha256_file
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.train.names import MANIFEST, TRACKER
+from kilocard.rundir.freeze import HASH_FILE
+from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, OWNER, TRACKER
+from kilocard.validate.issues import Issue, error
 
 NON_SHAPE_FIELDS = frozenset(
     {
@@ -46,8 +55,19 @@ NON_SHAPE_FIELDS = frozenset(
 """Model fields a resume may change: they do not alter any parameter's shape or meaning."""
 
 
+def checkpoint_root(run_dir: Path, run_cfg: RunConfig) -> Path:
+    """Where this run's checkpoints are: ``checkpoint.save`` when set (absolute in a frozen config), else
+    ``<run_dir>/checkpoints``. The one answer for the trainer that writes them and the summary that reads them."""
+    save = run_cfg.checkpoint.save
+    return Path(save) if save else Path(run_dir) / CHECKPOINTS_DIR
+
+
 class CheckpointError(Exception):
     """A checkpoint fails its integrity check or cannot be read (exit BAD_CKPT)."""
+
+
+class ForeignCheckpoint(Exception):
+    """The checkpoint directory belongs to another run (exit BAD_CONFIG: ``checkpoint.save`` points at it)."""
 
 
 class ModelMismatch(Exception):
@@ -78,34 +98,42 @@ def atomic_write(path: Path, text: str) -> None:
         os.close(fd)
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _step_files(sdir: Path) -> list[str]:
     """Every file of a step directory but its manifest, dot-files (torch_dist's ``.metadata``) included."""
     return [str(p.relative_to(sdir)) for p in sorted(sdir.rglob("*")) if p.is_file() and p != sdir / MANIFEST]
 
 
-def write_manifest(sdir: Path) -> dict[str, Any]:
-    """Hash every file of a step directory into its manifest; return the manifest."""
+def write_manifest(sdir: Path, owner: str | None = None) -> dict[str, Any]:
+    """Hash every file of a step directory into its manifest (with the ``owner`` run); return the manifest."""
     files = {rel: {"size": (sdir / rel).stat().st_size, "sha256": sha256_file(sdir / rel)} for rel in _step_files(sdir)}
-    manifest = {"step": int(sdir.name.split("_")[-1]), "files": files}
+    manifest = {"step": int(sdir.name.split("_")[-1]), "files": files, "run": owner}
     atomic_write(sdir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def read_manifest(sdir: Path) -> dict[str, Any]:
+    """The manifest of a step directory, checked for its shape; ``CheckpointError`` naming the file when it is
+    missing, not JSON (torn by a power loss), or not a manifest."""
+    mpath = sdir / MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(f"{sdir}: no {MANIFEST}; the step was never committed")
+    try:
+        manifest = json.loads(mpath.read_bytes().decode())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{mpath}: the manifest cannot be read ({type(e).__name__}); torn or damaged") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if (
+        not isinstance(files, dict)
+        or not isinstance(manifest.get("step"), int)
+        or not all(isinstance(m, dict) and isinstance(m.get("size"), int) and "sha256" in m for m in files.values())
+    ):
+        raise CheckpointError(f"{mpath}: not a kilocard manifest (needs step and files with size and sha256); damaged")
     return manifest
 
 
 def verify_step(sdir: Path) -> None:
     """Raise ``CheckpointError`` naming the step and file unless the files are exactly the manifest's."""
-    mpath = sdir / MANIFEST
-    if not mpath.is_file():
-        raise CheckpointError(f"{sdir}: no {MANIFEST}; the step was never committed")
-    manifest = json.loads(mpath.read_text())
+    manifest = read_manifest(sdir)
     step = manifest["step"]
     for rel, meta in manifest["files"].items():
         p = sdir / rel
@@ -142,34 +170,177 @@ def committed_steps(root: Path) -> list[int]:
     last = latest_committed(root)
     if last is None:
         return []
-    steps = []
+    return sorted((s for s, d in _step_dirs(root) if s <= last and (d / MANIFEST).is_file()), reverse=True)
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """``(step, directory)`` of every ``step_N`` directory under ``root`` (other names skipped)."""
+    out = []
     for d in root.glob("step_*"):
         try:
-            s = int(d.name.split("_")[-1])
+            out.append((int(d.name.split("_")[-1]), d))
         except ValueError:
             continue
-        if s <= last and (d / MANIFEST).is_file():
-            steps.append(s)
-    return sorted(steps, reverse=True)
+    return out
 
 
 def prune(root: Path, keep_last: int, newest: int) -> None:
     """Remove committed steps beyond the newest ``keep_last`` and uncommitted leftovers older than ``newest``."""
     keep = set(committed_steps(root)[: max(keep_last, 1)])
-    for d in root.glob("step_*"):
-        try:
-            s = int(d.name.split("_")[-1])
-        except ValueError:
-            continue
+    for s, d in _step_dirs(root):
         if s not in keep and s <= newest:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def commit_step(root: Path, step: int, keep_last: int) -> None:
-    """Commit a step every rank has finished writing (rank 0): manifest, then tracker, then prune."""
-    write_manifest(step_dir(root, step))
+def commit_step(root: Path, step: int, keep_last: int, owner: str | None = None) -> None:
+    """Commit a step every rank has finished writing (rank 0): manifest (naming the ``owner`` run), then
+    tracker, then prune."""
+    write_manifest(step_dir(root, step), owner)
     atomic_write(root / TRACKER, f"{step}\n")
     prune(root, keep_last, step)
+
+
+# --- one owner per checkpoint directory, and a lost tracker ----------------------------------------
+
+
+def outside(root: Path, run_dir: Path) -> bool:
+    """Whether the checkpoint directory ``root`` lies outside the run directory (it then gets its own lock)."""
+    return not Path(root).resolve().is_relative_to(Path(run_dir).resolve())
+
+
+def run_id(run_dir: Path) -> str:
+    """How a run is named as a checkpoint directory's owner: its run directory, resolved."""
+    return str(Path(run_dir).resolve())
+
+
+def read_owner(root: Path) -> str | None:
+    """The run recorded in ``root/owner.json`` (``None`` when there is none or it is unreadable)."""
+    try:
+        info = json.loads((root / OWNER).read_text())
+    except (OSError, ValueError):
+        return None
+    return info.get("run") if isinstance(info, dict) and isinstance(info.get("run"), str) else None
+
+
+def has_steps(root: Path) -> bool:
+    """Whether ``root`` holds a tracker or any step directory with a manifest (steps someone committed)."""
+    return (root / TRACKER).exists() or any((d / MANIFEST).exists() for d in root.glob("step_*"))
+
+
+def owner_of(root: Path) -> str | None:
+    """Who owns ``root``: its owner file's run, else the run named in the newest step's manifest, else
+    ``"unknown"`` when it holds committed steps without either (written before owners were recorded, or an
+    import by ``kilocard convert``); ``None`` for a directory nobody has committed into."""
+    recorded = read_owner(root)
+    if recorded or not root.is_dir():
+        return recorded
+    for s in sorted(_manifested_steps(root), reverse=True):
+        try:
+            named = read_manifest(step_dir(root, s)).get("run")
+        except CheckpointError:
+            continue
+        if isinstance(named, str):
+            return named
+    return "unknown" if has_steps(root) else None
+
+
+def foreign_message(root: Path, owner: str, field: str = "checkpoint.save") -> str:
+    """One line: the directory, its owner and the two ways on."""
+    who = "a run that did not record its name" if owner == "unknown" else f"run {owner}"
+    resume = f"kilocard run --resume {owner}" if owner != "unknown" else "kilocard run --resume <that run>"
+    return (
+        f"{field}: {root} belongs to {who} (its owner file or committed steps); a checkpoint directory has one "
+        f"owner. "
+        f"Continue that run ({resume}), or start from its weights with checkpoint.load={root} and a "
+        f"checkpoint.save of this run's own (or none)"
+    )
+
+
+def checkpoint_tree_of(path: Path) -> Path | None:
+    """The checkpoint directory (or step) that ``path`` lies in or is, else ``None``: a directory holding a
+    tracker, an owner file or a manifest, or a run directory's ``checkpoints`` (nothing may be written there
+    but the trainer's commits: a stray file fails its step's verification)."""
+    p = Path(path).expanduser().absolute()
+    for d in (p, *p.parents):
+        d = d.resolve() if d.exists() else d
+        if any((d / name).exists() for name in (TRACKER, OWNER, MANIFEST)):
+            return d
+        if d.name == CHECKPOINTS_DIR and (d.parent / HASH_FILE).exists():
+            return d
+    return None
+
+
+def fresh_save_issues(save: str | None) -> list[Issue]:
+    """``CHECKPOINT_SAVE_OWNED``: a new run's ``checkpoint.save`` holds no other run's committed steps
+    (a new run owns nothing yet; relative paths are from the current directory, as the run freezes them)."""
+    if not save:
+        return []
+    root = Path(save).expanduser().absolute()
+    owner = owner_of(root)
+    if owner is None:
+        return []
+    return [
+        error(
+            "CHECKPOINT_SAVE_OWNED",
+            "checkpoint.save",
+            save,
+            foreign_message(root, owner),
+            f"kilocard run --resume {owner if owner != 'unknown' else '<that run>'}, or "
+            f"checkpoint.load={root} checkpoint.save=null",
+        )
+    ]
+
+
+def claim_owner(root: Path, run: str, inside: bool) -> None:
+    """Make ``run`` the owner of ``root`` (rank 0, before any load or commit there).
+
+    Raises ``ForeignCheckpoint`` when another run owns it, or when it holds steps of an unknown run and
+    lies outside the run directory (``inside``: the run's own ``checkpoints``, adopted as written by an
+    older kilocard); a directory without an owner file whose steps name ``run`` gets the file.
+    """
+    owner = owner_of(root)
+    if owner == "unknown" and inside:
+        owner = None
+    if owner is not None and owner != run:
+        raise ForeignCheckpoint(foreign_message(root, owner))
+    if read_owner(root) == run:
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write(root / OWNER, json.dumps({"run": run}) + "\n")
+
+
+def _manifested_steps(root: Path) -> list[int]:
+    """Steps under ``root`` whose directory holds a manifest (committed once, whatever the tracker says)."""
+    return [s for s, d in _step_dirs(root) if (d / MANIFEST).exists()]
+
+
+def recover_tracker(root: Path) -> str | None:
+    """A lost tracker with committed steps left: point it at the newest step whose manifest verifies.
+
+    Returns what was done, in words (``None`` when the tracker is there or nothing was ever committed).
+    Raises ``CheckpointError`` when steps remain but none verifies: the run must not start again from zero.
+    """
+    if (root / TRACKER).exists() or not root.is_dir():
+        return None
+    steps = sorted(_manifested_steps(root), reverse=True)
+    if not steps:
+        return None
+    errors = []
+    for s in steps:
+        try:
+            verify_step(step_dir(root, s))
+        except CheckpointError as e:
+            errors.append(str(e))
+            continue
+        atomic_write(root / TRACKER, f"{s}\n")
+        skipped = f" (newer steps fail verification: {'; '.join(errors)})" if errors else ""
+        return (
+            f"{root / TRACKER} was missing; recovered it: step {s} is the newest step whose manifest verifies{skipped}"
+        )
+    raise CheckpointError(
+        f"{root / TRACKER} is missing and none of the committed steps {sorted(steps)} verifies ({errors[0]}); "
+        f"refusing to start again from step 0 over them: restore the steps, or move {root} away to start fresh"
+    )
 
 
 # --- what a step holds -------------------------------------------------------------------------------
@@ -188,28 +359,14 @@ class TrainerState:
     model: dict[str, Any]
     """The model config the weights belong to (``ModelConfig`` as a dict)."""
     layout: dict[str, Any]
-    """Parallel layout and world size at save time (RNG states are per rank of this layout)."""
+    """The parallel layout at save time, ``kilocard.layout.Layout.to_json()`` (RNG states are per rank of it;
+    ``Layout.from_json`` also reads the degrees-only dict that steps saved before held)."""
     padded_vocab_size: int
     """Vocabulary rows of the saved embedding."""
     config_sha256: str = ""
     """sha256 of the run config that wrote the step."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else the loop wants back (e.g. the stop reason)."""
-
-
-def layout_of(run_cfg: RunConfig, world_size: int) -> dict[str, Any]:
-    """The layout facts that decide whether per-rank state (RNG) maps one-to-one on resume."""
-    p = run_cfg.parallel
-    return {
-        "world_size": world_size,
-        "tp": p.tensor_model_parallel_size,
-        "pp": p.pipeline_model_parallel_size,
-        "vp": p.virtual_pipeline_model_parallel_size,
-        "cp": p.context_parallel_size,
-        "ep": p.expert_model_parallel_size,
-        "etp": p.expert_tensor_parallel_size,
-        "distributed_optimizer": p.use_distributed_optimizer,
-    }
 
 
 def model_differences(saved: dict[str, Any], current: ModelConfig) -> list[str]:

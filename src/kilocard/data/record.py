@@ -1,0 +1,132 @@
+"""What made an indexed dataset: ``PREFIX.meta.json`` beside ``PREFIX.bin/.idx`` (torch-free).
+
+``kilocard preprocess`` writes it (atomically, after the ``.bin/.idx``): the tokenizer as given and
+the sha256 of its file (``null`` for the built-in ``kilocard-bytes``), the tokenizer's vocabulary
+size, the largest token id written, and the document and token counts. ``kilocard validate`` reads
+it for every prefix of ``data.data_path`` and compares it with the run's ``data.tokenizer`` and
+``model.vocab_size`` (``kilocard.validate.datarecord``): data tokenized with one tokenizer and
+trained with another fails only at its first out-of-range id otherwise (an ``IndexError`` in the
+embedding), or not at all while it trains on garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from kilocard.base.digest import sha256_file
+from kilocard.config.schema import BYTES_TOKENIZER
+from kilocard.data.errors import DataError
+from kilocard.data.paths import find_file
+
+RECORD_SUFFIX = ".meta.json"
+"""The record's name: the dataset prefix plus this."""
+HF_FILE = "tokenizer.json"
+"""A model folder's tokenizer file (``kilocard.data.tokenizer`` reads the same)."""
+FORMAT = 1
+"""Version of the record's layout."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataRecord:
+    """``PREFIX.meta.json``: what made one indexed dataset."""
+
+    tokenizer: str
+    """The tokenizer as ``preprocess --tokenizer`` was given it (``kilocard-bytes`` or a path)."""
+    tokenizer_sha256: str | None
+    """sha256 of the tokenizer file; ``None`` for the built-in ``kilocard-bytes``."""
+    vocab_size: int
+    """The tokenizer's vocabulary size (ids 0 .. vocab_size - 1)."""
+    max_token_id: int
+    """The largest token id in the ``.bin``."""
+    documents: int
+    """Documents written."""
+    tokens: int
+    """Token ids written, end-of-document ids included."""
+    format: int = FORMAT
+    """Version of this layout."""
+
+    def identity(self) -> str:
+        """``tokenizer.json (sha256 0a1b2c3d4e5f, 512 ids)``: how messages name the record's tokenizer."""
+        return describe(self.tokenizer, self.tokenizer_sha256, self.vocab_size)
+
+
+def describe(name: str, sha256: str | None, vocab_size: int | None = None) -> str:
+    """A tokenizer as messages name it: its name, the start of its file's sha256 and its size when known."""
+    facts = ([f"sha256 {sha256[:12]}"] if sha256 else []) + ([f"{vocab_size} ids"] if vocab_size else [])
+    return f"{name} ({', '.join(facts)})" if facts else name
+
+
+def record_path(prefix: str) -> Path:
+    """``PREFIX.meta.json``."""
+    return Path(f"{prefix}{RECORD_SUFFIX}")
+
+
+def tokenizer_file(name: str) -> Path | None:
+    """The file of tokenizer ``name`` as ``get_tokenizer`` finds it; ``None`` for ``kilocard-bytes`` or when
+    there is none (the tokenizer rules report that)."""
+    if name == BYTES_TOKENIZER:
+        return None
+    return find_file(name) or find_file(str(Path(name) / HF_FILE))
+
+
+def tokenizer_sha256(name: str) -> str | None:
+    """sha256 of tokenizer ``name``'s file; ``None`` for ``kilocard-bytes`` (or a tokenizer without a file)."""
+    path = tokenizer_file(name)
+    return None if path is None else sha256_file(path)
+
+
+def write_record(prefix: str, record: DataRecord) -> Path:
+    """Write ``PREFIX.meta.json`` atomically (temporary file, fsync, rename); return its path."""
+    path = record_path(prefix)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            json.dump(asdict(record), f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_record(prefix: str) -> DataRecord | None:
+    """The record of ``prefix`` (resolved), ``None`` when it has none (data from before records, or from
+    other tools); ``DataError`` naming the file when it is not a record."""
+    path = record_path(prefix)
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        names = {f.name for f in fields(DataRecord)}
+        return DataRecord(**{k: v for k, v in raw.items() if k in names})
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError) as err:
+        raise DataError(
+            f"data.data_path: {path} is not a kilocard data record ({type(err).__name__}); "
+            f"fix: rebuild the data with `kilocard preprocess`, or delete the file"
+        ) from None
+
+
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+"""The first bytes of a Megatron-Core ``.idx`` (``megatron.core.datasets.indexed_dataset._INDEX_HEADER``)."""
+
+
+def index_documents(prefix: str) -> int | None:
+    """Documents in ``PREFIX.idx`` from its header (header, version, dtype code, sequence count, document
+    count; the document index holds one more entry than there are documents); ``None`` when the file is
+    not a Megatron-Core index."""
+    import struct
+
+    try:
+        with open(f"{prefix}.idx", "rb") as f:
+            head = f.read(len(INDEX_HEADER) + 8 + 1 + 8 + 8)
+    except OSError:
+        return None
+    if len(head) < len(INDEX_HEADER) + 25 or not head.startswith(INDEX_HEADER):
+        return None
+    (entries,) = struct.unpack_from("<Q", head, len(INDEX_HEADER) + 17)
+    return max(entries - 1, 0)

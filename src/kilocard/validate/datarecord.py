@@ -1,0 +1,122 @@
+"""Each ``data.data_path`` prefix against the run: its record (``PREFIX.meta.json``), its split (I/O).
+
+Not ``validate()`` rules (they read files): ``validate.inputpaths.input_path_issues`` runs them with
+the other input checks. For every prefix of ``data.data_path``:
+
+- ``DATA_TOKENIZER_MISMATCH``: the record's tokenizer (its file's sha256, or ``kilocard-bytes``) is not
+  the run's ``data.tokenizer``: the ids mean other words;
+- ``DATA_VOCAB``: the record's largest token id has no row in the padded ``model.vocab_size`` (the run
+  would die with an ``IndexError`` in the embedding);
+- ``DATA_RECORD_MISSING`` (a warning): a prefix without a record (data from before records, or from
+  another tool) is used as before, unchecked;
+- ``EVAL_SPLIT_EMPTY``: with ``trainer.eval_interval`` set, ``data.split`` gives the prefix (its document
+  count from the record, or the ``.idx`` header) no validation document.
+"""
+
+from __future__ import annotations
+
+from kilocard.config.schema import RunConfig
+from kilocard.data.errors import DataError
+from kilocard.data.paths import resolve_data_prefix, split_blend
+from kilocard.data.record import DataRecord, describe, index_documents, read_record, tokenizer_sha256
+from kilocard.data.split import SPLITS, VALID, split_documents, split_weights
+from kilocard.perf.params import padded_vocab_size
+from kilocard.validate.issues import Issue, error, warning
+
+
+def data_record_issues(cfg: RunConfig) -> list[Issue]:
+    """Every record and split issue of the prefixes of ``data.data_path`` (prefixes that do not exist are
+    the path rules' to report)."""
+    if cfg.data.type != "indexed":
+        return []
+    try:
+        prefixes, weights = split_blend(cfg.data.data_path)
+        run_sha = tokenizer_sha256(cfg.data.tokenizer)
+    except (DataError, OSError):
+        return []  # the blend, path and tokenizer rules report these
+    out: list[Issue] = []
+    for n, prefix in enumerate(prefixes):
+        field = f"data.data_path[{n if weights is None else 2 * n + 1}]"
+        try:
+            resolved = resolve_data_prefix(prefix)
+            record = read_record(resolved)
+        except DataError as err:
+            if "not found" not in str(err):
+                what, how = err.parts()
+                out.append(error("DATA_RECORD", field, prefix, what.removeprefix("data.data_path: "), how))
+            continue
+        if record is None:
+            out.append(_missing(field, prefix, cfg.data.tokenizer))
+            documents = index_documents(resolved)
+        else:
+            out += _against_run(cfg, field, prefix, record, run_sha)
+            documents = record.documents
+        out += _valid_documents(cfg, field, prefix, documents)
+    return out
+
+
+def _missing(field: str, prefix: str, tokenizer: str) -> Issue:
+    return warning(
+        "DATA_RECORD_MISSING",
+        field,
+        prefix,
+        f"{prefix} has no record of the tokenizer that made it ({prefix}.meta.json): its token ids are not "
+        f"checked against data.tokenizer and model.vocab_size",
+        f"rebuild it with `kilocard preprocess --tokenizer {tokenizer}` to record them",
+    )
+
+
+def _against_run(cfg: RunConfig, field: str, prefix: str, record: DataRecord, run_sha: str | None) -> list[Issue]:
+    """The record's tokenizer and largest id against the run's ``data.tokenizer`` and ``model.vocab_size``."""
+    out = []
+    run = cfg.data.tokenizer
+    same = record.tokenizer_sha256 == run_sha and (run_sha is not None or record.tokenizer == run)
+    if not same:
+        out.append(
+            error(
+                "DATA_TOKENIZER_MISMATCH",
+                "data.tokenizer",
+                run,
+                f"{field} {prefix} was tokenized with {record.identity()}, but data.tokenizer is "
+                f"{describe(run, run_sha)}",
+                f"set data.tokenizer={record.tokenizer}, or rebuild the data with "
+                f"`kilocard preprocess --tokenizer {run}`",
+            )
+        )
+    m, tp = cfg.model, cfg.parallel.tensor_model_parallel_size
+    if m.vocab_size >= 1 and m.make_vocab_size_divisible_by >= 1 and tp >= 1:
+        padded = padded_vocab_size(m, tp)
+        if record.max_token_id >= padded:
+            out.append(
+                error(
+                    "DATA_VOCAB",
+                    "model.vocab_size",
+                    m.vocab_size,
+                    f"{field} {prefix} holds token ids up to {record.max_token_id} ({record.identity()}), but "
+                    f"model.vocab_size={m.vocab_size} pads to {padded} embedding rows",
+                    f"set model.vocab_size={max(record.vocab_size, record.max_token_id + 1)}",
+                )
+            )
+    return out
+
+
+def _valid_documents(cfg: RunConfig, field: str, prefix: str, documents: int | None) -> list[Issue]:
+    """``EVAL_SPLIT_EMPTY`` when evaluation is on and ``data.split`` gives this prefix no validation document."""
+    if not cfg.trainer.eval_interval or documents is None:
+        return []
+    try:
+        weights = split_weights(cfg.data.split)
+    except DataError:
+        return []  # DATA_SPLIT reports it
+    if weights[VALID] == 0 or split_documents(weights, documents)[VALID] >= 1:
+        return []  # no share at all is rule_eval_split's
+    return [
+        error(
+            "EVAL_SPLIT_EMPTY",
+            "data.split",
+            cfg.data.split,
+            f"data.split={cfg.data.split!r} gives {field} {prefix} ({documents} documents) no {SPLITS[VALID]} "
+            f"document, but trainer.eval_interval={cfg.trainer.eval_interval} evaluates on it",
+            "a larger valid weight (e.g. data.split='90,10,0'), more documents, or trainer.eval_interval=null",
+        )
+    ]
