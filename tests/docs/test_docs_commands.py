@@ -46,6 +46,21 @@ def _all_commands() -> list[Command]:
     return [c for page in doc_pages() for b in blocks(page) for c in commands(b)]
 
 
+def _params() -> list[object]:
+    """One test per command, marked; on a page, every command after a ``slow`` one is ``slow`` too, since it
+    may read what that one made (the page is one shell session)."""
+    out: list[object] = []
+    slow_page: set[Path] = set()
+    for c in _all_commands():
+        marks = _marks(c)
+        if c.block.page in slow_page and pytest.mark.slow not in marks:
+            marks.append(pytest.mark.slow)
+        if pytest.mark.slow in marks:
+            slow_page.add(c.block.page)
+        out.append(pytest.param(c, id=c.where, marks=marks))
+    return out
+
+
 def _marks(cmd: Command) -> list[pytest.MarkDecorator]:
     argv = cmd.argv()
     slurm = "--submit" in argv or "--test-only" in argv or "slurm-" in cmd.text or argv[0] in {"sbatch", "srun"}
@@ -154,7 +169,7 @@ def _shows(output: str, shown: str) -> bool:
     return re.search(pattern, output) is not None
 
 
-@pytest.mark.parametrize("cmd", [pytest.param(c, id=c.where, marks=_marks(c)) for c in _all_commands()])
+@pytest.mark.parametrize("cmd", _params())
 def test_documented_command(
     cmd: Command, pages: dict[Path, Page], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
