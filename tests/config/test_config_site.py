@@ -1,8 +1,9 @@
 """Site configuration outside the package: ``KILOCARD_CONFIG_PATH``, ``hydra.searchpath``, recipes by path.
 
 Every test composes with real Hydra against a site directory made in ``tmp_path``, holding the
-cluster profile and the recipe that the README's "Site configuration" section shows (read from the
-README, so the documented files are the tested ones). The CLI tests run the real console command.
+cluster profile and the recipe that docs/recipes.md's "Site configuration" section shows (read from
+that page, so the documented files are the tested ones; tests/docs runs its commands). The CLI tests
+run the real console command.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ SITE_RECIPE = "mysite_llama3_8b"
 
 
 def readme_site_files() -> dict[str, str]:
-    """The YAML blocks of the README's site section, keyed by the site-relative path each one names."""
-    readme = (data_dir("conf").parent / "README.md").read_text()
+    """The YAML blocks of docs/recipes.md's site section, keyed by the site-relative path each one names
+    (the page names them under ``site/``, the directory its commands use)."""
+    readme = (data_dir("conf").parent / "docs" / "recipes.md").read_text()
     section = readme[readme.index("## Site configuration") :]
     section = section[: section.index("\n## ", 1)]
     files = {}
     for block in re.findall(r"```yaml\n(.*?)```", section, re.S):
-        files[re.search(r"^# (\S+\.yaml)", block, re.M).group(1)] = block
+        files[re.search(r"^# site/(\S+\.yaml)", block, re.M).group(1)] = block
     return files
 
 
@@ -42,11 +44,11 @@ def write_site(root: Path, files: dict[str, str]) -> Path:
 
 @pytest.fixture
 def site(tmp_path: Path) -> Path:
-    """A site directory holding the README's cluster profile and recipe."""
+    """A site directory holding the documented cluster profile and recipe."""
     return write_site(tmp_path / "site", readme_site_files())
 
 
-def test_readme_shows_a_site_profile_and_a_recipe() -> None:
+def test_docs_show_a_site_profile_and_a_recipe() -> None:
     assert set(readme_site_files()) == {f"cluster/{SITE_CLUSTER}.yaml", f"recipes/mysite/{SITE_RECIPE}.yaml"}
 
 

@@ -1,6 +1,6 @@
 """The trainer-overhead benchmark runs end to end and prints both loops' figures.
 
-The ratio it prints is not asserted (timings on shared machines are noisy; the README quotes
+The ratio it prints is not asserted (timings on shared machines are noisy; docs/training.md quotes
 measured figures); what is tested is that the script still drives kilocard's real trainer and the
 bare Megatron-Core loop side by side on CPU ranks and reports every figure it promises.
 """

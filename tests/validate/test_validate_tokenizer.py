@@ -86,7 +86,7 @@ def test_tokenizer_issues_checks_the_padded_vocabulary_against_the_file(tmp_path
 
 
 def test_llama3_cpt_recipe_validates_with_a_llama3_format_tokenizer(tmp_path: Path) -> None:
-    """The recipe's own paths exist only after the README's commands; with a stand-in tiktoken file it passes."""
+    """The recipe's own paths exist only after docs/huggingface.md's commands; a stand-in tiktoken file passes."""
     default = to_run_config(compose(["recipe=llama3_8b_cpt"]))
     assert validate(default).valid, [i.message for i in validate(default).errors]
     (issue,) = tokenizer_issues(default)

@@ -1,4 +1,5 @@
-"""The exit-code policy of every ``kilocard`` verb (one table; README "Exit codes" says the same).
+"""The exit-code policy of every ``kilocard`` verb (one table; docs/validate.md, "Commands and exit codes",
+says the same).
 
 | code | name    | meaning                                                                        |
 |------|---------|--------------------------------------------------------------------------------|

@@ -31,7 +31,7 @@ class Estimates:
     """Step time and MFU; only for a config without errors."""
 
     def to_json(self) -> dict[str, Any]:
-        """The ``estimates`` object of ``kilocard validate --format json`` (README's contract)."""
+        """The ``estimates`` object of ``kilocard validate --format json`` (the contract docs/validate.md states)."""
         out: dict[str, Any] = {
             "memory_bytes_per_gpu": self.memory.to_json() if self.memory is not None else None,
             "hbm_bytes": self.hbm_bytes,
