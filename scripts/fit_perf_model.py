@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fit the step-time model's free parameters once, on the rows of baselines/published.yaml.
 
-The search is ``kilocard.perf.fit.fit`` (coordinate search from several seeded starts, every
+The search is ``kilocard.calibration.fit.fit`` (coordinate search from several seeded starts, every
 parameter in its physical range) and ``fit.cold_fit`` (from the middle of every range, with basin
 hops); the lower loss wins. Prints the fitted values to paste into
 src/kilocard/perf/efficiency.py (FITTED) and the errors per row.
@@ -25,10 +25,10 @@ import sys
 import time
 from multiprocessing import get_context
 
-from kilocard.perf.baselines import baselines_file, compare_row, error_stats, load_rows
-from kilocard.perf.crossval import fold_values, folds_file, load_fold_fits, source_group
+from kilocard.calibration.baselines import baselines_file, compare_row, error_stats, load_rows
+from kilocard.calibration.crossval import fold_values, folds_file, load_fold_fits, source_group
+from kilocard.calibration.fit import HOPS, cold_fit, fit, loss, targets
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import HOPS, cold_fit, fit, loss, targets
 
 
 def fold_fit(args: tuple[str | None, str]) -> tuple[str, dict]:
@@ -81,7 +81,7 @@ def write_folds(file: str | None, jobs: int, refresh: bool = False) -> int:
     )
     doc = {
         "about": "Cross-validation fold fits of the rows beside this file: for each source group, "
-        f"{how}kilocard.perf.fit.cold_fit (hops={HOPS}, seed 0) of the other groups' rows, from the middle of "
+        f"{how}kilocard.calibration.fit.cold_fit (hops={HOPS}, seed 0) of the other groups' rows, from the middle of "
         "every parameter's range. Written by scripts/fit_perf_model.py --folds.",
         "folds": folds,
     }

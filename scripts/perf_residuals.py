@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from kilocard.perf.baselines import compare_row, load_rows, row_inputs
-from kilocard.perf.crossval import source_group
+from kilocard.calibration.baselines import compare_row, load_rows, row_inputs
+from kilocard.calibration.crossval import source_group
 from kilocard.perf.predict import predict_prepared
 from kilocard.perf.steptime import microbatches
 

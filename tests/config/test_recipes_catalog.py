@@ -288,7 +288,7 @@ def test_a_recipe_and_its_published_row_make_the_same_run(all_recipes: dict[str,
     """The row's conversion (``perf.baselines.row_run_config``: what ``kilocard baselines`` predicts and the
     validator checks) and the recipe agree on every parallel field, the batch, the GPUs, the model's shape
     and the precision, except the differences each recipe states (``RECIPE_ROW_DIFFERENCES``)."""
-    from kilocard.perf.baselines import load_rows, row_run_config
+    from kilocard.calibration.baselines import load_rows, row_run_config
 
     rows = {r.id: r for r in load_rows()}
     compared = 0

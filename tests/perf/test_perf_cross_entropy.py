@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kilocard.calibration.baselines import load_rows, row_run_config
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.perf.baselines import load_rows, row_run_config
 from kilocard.perf.predict import features_of, predict
 from kilocard.perf.steptime import CROSS_ENTROPY_BYTES, cross_entropy_bytes
 

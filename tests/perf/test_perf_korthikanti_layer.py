@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from kilocard.perf.baselines import load_rows, row_inputs
+from kilocard.calibration.baselines import load_rows, row_inputs
 from kilocard.perf.efficiency import FITTED
 from kilocard.perf.steptime import stage_microbatch_time
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from kilocard.calibration.baselines import load_rows, row_cluster, row_inputs
 from kilocard.config.schema import ClusterConfig
-from kilocard.perf.baselines import load_rows, row_cluster, row_inputs
 from kilocard.perf.efficiency import FITTED
 from kilocard.perf.predict import hardware_for, predict_prepared
 from kilocard.perf.steptime import all_to_all_time, ring_bandwidth

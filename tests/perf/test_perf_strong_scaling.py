@@ -12,10 +12,10 @@ import dataclasses
 
 import pytest
 
+from kilocard.calibration.baselines import compare_all, load_rows
+from kilocard.calibration.series import series_checks
 from kilocard.config.compose import compose, to_run_config
-from kilocard.perf.baselines import compare_all, load_rows
 from kilocard.perf.predict import predict
-from kilocard.perf.series import series_checks
 
 #: DP degrees that divide the global batch below (1536 sequences, micro-batch 1): whole micro-batches only.
 DPS = (2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96)

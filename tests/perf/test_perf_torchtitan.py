@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from kilocard.calibration.baselines import load_rows, row_inputs, torchtitan_reshards
 from kilocard.config.schema import ClusterConfig, ModelConfig, ParallelConfig, PrecisionConfig, RunConfig, TrainerConfig
-from kilocard.perf.baselines import load_rows, row_inputs, torchtitan_reshards
 from kilocard.perf.efficiency import FITTED
 from kilocard.perf.predict import predict_prepared, prepare
 from kilocard.perf.steptime import ACT_BYTES, dp_comm_fsdp, fp8_cast_bytes, ring_bandwidth

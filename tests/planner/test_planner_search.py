@@ -9,10 +9,11 @@ import re
 
 import pytest
 
+from kilocard.calibration.baselines import load_rows, recipe_index
 from kilocard.cli import main
+from kilocard.commands.plan import render_json, render_text
 from kilocard.config.compose import compose, compose_each, to_run_config
 from kilocard.layout import compute_layout
-from kilocard.perf.baselines import load_rows, recipe_index
 from kilocard.perf.predict import predict
 from kilocard.planner.plots import simulate
 from kilocard.planner.search import (
@@ -21,8 +22,6 @@ from kilocard.planner.search import (
     current_candidate,
     enumerate_candidates,
     plan,
-    render_json,
-    render_text,
 )
 from kilocard.validate import validate
 

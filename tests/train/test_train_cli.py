@@ -35,8 +35,8 @@ def test_readme_demo_trains_and_summarises(kilocard_run):
 
 def test_report_of_a_finished_local_run(kilocard_run, capsys):
     """``kilocard report`` on a real run: the JSON keys a user scripts against, the medians from its records."""
+    from kilocard.calibration.baselines import load_rows, row_run_config
     from kilocard.commands import main
-    from kilocard.perf.baselines import load_rows, row_run_config
     from kilocard.perf.predict import predict
     from kilocard.rundir.freeze import load_verified
 

@@ -8,27 +8,28 @@ import sys
 from pathlib import Path
 
 from kilocard.base.safe_read import FileReadError, read_json
-from kilocard.commands import exits
-from kilocard.commands.output import fail
-from kilocard.perf.baselines import (
+from kilocard.base.table import text_table
+from kilocard.calibration.baselines import (
     Comparison,
     Row,
     baselines_file,
     compare_all,
+    error_stats,
     load_rows,
-    render_json,
-    render_text,
 )
-from kilocard.perf.crossval import folds_file, load_fold_fits, with_cross_validation
-from kilocard.perf.fit import targets
-from kilocard.perf.series import render_series_text, series_checks, series_json
-from kilocard.perf.site import append_row, site_row
-from kilocard.perf.trust import Kind, by_kind, by_kind_lines, kind_json, traits
+from kilocard.calibration.crossval import folds_file, load_fold_fits, with_cross_validation
+from kilocard.calibration.fit import targets
+from kilocard.calibration.series import render_series_text, series_checks, series_json
+from kilocard.calibration.site import append_row, site_row
+from kilocard.calibration.trust import Kind, by_kind, by_kind_lines, kind_json, traits
+from kilocard.commands import exits
+from kilocard.commands.output import fail
 from kilocard.rundir import events
 from kilocard.rundir.events import BadRecord
 from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.rundir.reproduction import NotSteady
 from kilocard.rundir.reproduction import load as load_reproduction
+from kilocard.topology import GiB
 
 HELP = "published MFU baselines vs the performance model"
 #: Shown under ``kilocard baselines --help`` (each parsed by tests/commands/test_cli_help.py).
@@ -125,3 +126,120 @@ def kinds_of(rows: list[Row], comps: list[Comparison]) -> list[Kind]:
     kind = {t.row.id: traits(t.inputs) for t in targets(rows)}
     scored = [c for c in comps if c.rel_error is not None and c.id in kind]
     return by_kind([(kind[c.id], c.rel_error or 0.0, c.cv_rel_error) for c in scored])
+
+
+# --- what baselines prints ------------------------------------------------------------------------
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render_text(comps: list[Comparison]) -> str:
+    """The table ``kilocard baselines`` prints."""
+    header = (
+        "row",
+        "recipe",
+        "convention",
+        "pub TF/s",
+        "pred TF/s",
+        "pub MFU",
+        "pred MFU",
+        "peak",
+        "error",
+        "CV error",
+        "mem GiB / HBM GiB",
+    )
+    lines = [header] + [
+        (
+            c.id,
+            c.recipe or "-",
+            c.convention,
+            _fmt(c.published_tflops_per_gpu, ".0f"),
+            _fmt(c.predicted_tflops_per_gpu, ".0f"),
+            _fmt(c.published_mfu, ".1%"),
+            _fmt(c.predicted_mfu, ".1%"),
+            _fmt(c.peak_tflops, ".0f"),
+            _fmt(c.rel_error, "+.1%") if c.rel_error is not None else "excluded",
+            _fmt(c.cv_rel_error, "+.1%"),
+            headroom(c),
+        )
+        for c in comps
+    ]
+    out = text_table(lines)
+    stats = error_stats(comps)
+    out.append("")
+    out.append(
+        f"in sample: mean |error| {stats['mean_abs_rel_error']:.1%}, max |error| {stats['max_abs_rel_error']:.1%} "
+        f"over {stats['rows_included']} rows with full configurations (TFLOP/s per GPU, each row's own "
+        f"FLOPs convention; MFU = TFLOP/s over the dense peak of the row's GEMM dtype)"
+    )
+    out.append(held_out_line(stats))
+    out.append(memory_line(comps))
+    for c in comps:
+        if c.note:
+            out.append(f"excluded from the statistics: {c.id} ({c.note})")
+    return "\n".join(out)
+
+
+def headroom(c: Comparison) -> str:
+    """``mem / HBM`` in GiB: the memory estimate of the row's configuration against its GPU's memory."""
+    if c.mem_bytes is None or not c.hbm_bytes:
+        return "-"
+    return f"{c.mem_bytes / GiB:.1f} / {c.hbm_bytes / GiB:.1f}"
+
+
+def memory_line(comps: list[Comparison]) -> str:
+    """The rows closest to and furthest from their GPU's memory (estimate over HBM)."""
+    fits = [c for c in comps if c.mem_bytes is not None and c.hbm_bytes]
+    if not fits:
+        return "memory:    no row scored"
+    share = {c.id: c.mem_bytes / c.hbm_bytes for c in fits if c.mem_bytes is not None and c.hbm_bytes}
+    hi, lo = max(share, key=share.__getitem__), min(share, key=share.__getitem__)
+    return (
+        f"memory:    estimate / HBM from {share[lo]:.0%} ({lo}) to {share[hi]:.0%} ({hi}) over {len(share)} rows "
+        "(`kilocard validate` refuses a layout above HBM less 3% and 1 GiB)"
+    )
+
+
+def held_out_line(stats: dict[str, float]) -> str:
+    """The summary of the cross-validated errors."""
+    if not stats["n_scored"]:
+        return "held out:  no row scored (cross-validation needs rows with full configurations from two sources)"
+    return (
+        f"held out:  mean |error| {stats['cv_mean_abs_rel_error']:.1%}, max |error| "
+        f"{stats['cv_max_abs_rel_error']:.1%} over {stats['n_scored']} rows (CV error: each source document "
+        "left out of the fit in turn, its rows predicted by a fit on the others,"
+        " started from values fitted without them)"
+    )
+
+
+def render_json(comps: list[Comparison]) -> str:
+    """The ``--format json`` document."""
+    stats = error_stats(comps)
+    doc = {
+        "rows": [
+            {
+                "id": c.id,
+                "recipe": c.recipe,
+                "convention": c.convention,
+                "published_tflops_per_gpu": c.published_tflops_per_gpu,
+                "predicted_tflops_per_gpu": c.predicted_tflops_per_gpu,
+                "published_mfu": c.published_mfu,
+                "predicted_mfu": c.predicted_mfu,
+                "rel_error": c.rel_error,
+                "cv_rel_error": c.cv_rel_error,
+                "mem_bytes": c.mem_bytes,
+                "hbm_bytes": c.hbm_bytes,
+                "excluded": c.note or None,
+            }
+            for c in comps
+        ],
+        "mean_abs_rel_error": stats["mean_abs_rel_error"],
+        "max_abs_rel_error": stats["max_abs_rel_error"],
+        "rows_included": stats["rows_included"],
+        "cv_mean_abs_rel_error": stats["cv_mean_abs_rel_error"],
+        "cv_max_abs_rel_error": stats["cv_max_abs_rel_error"],
+        "n_scored": stats["n_scored"],
+    }
+    return json.dumps(doc, indent=1)

@@ -6,11 +6,11 @@ import argparse
 
 from omegaconf import DictConfig
 
+from kilocard.calibration.site import SiteFit, site_fit
 from kilocard.config.compose import to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.config.secrets import extract_secret_refs
 from kilocard.perf.efficiency import FITTED
-from kilocard.perf.site import SiteFit, site_fit
 from kilocard.rundir.checkpoint import fresh_save_issues
 from kilocard.validate import validate
 from kilocard.validate.inputpaths import input_path_issues

@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from kilocard.calibration.trust import model_error, model_error_json, model_error_lines
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config, site_calibration
 from kilocard.commands.output import count_line, issue_line
 from kilocard.config.compose import compose_many
 from kilocard.config.schema import RunConfig
-from kilocard.perf.trust import model_error, model_error_json, model_error_lines
 from kilocard.topology import GiB
 from kilocard.validate.issues import Report
 

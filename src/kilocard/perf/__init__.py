@@ -1,2 +1,2 @@
-"""Performance model: parameter counts, FLOPs conventions, memory, step time, goodput (the planner is
-``kilocard.planner``)."""
+"""Performance model: parameter counts, FLOPs conventions, memory, step time, goodput (its calibration on
+published and site rows is ``kilocard.calibration``; the planner is ``kilocard.planner``)."""

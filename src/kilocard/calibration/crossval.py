@@ -3,7 +3,7 @@
 The rows of a baselines file are grouped by the document, or the table of a document, that published
 them (``source_group``).
 Each group in turn is held out: the free parameters are refitted on the other groups' rows and the
-held-out rows are predicted with that fit, which never saw them. The fit is ``kilocard.perf.fit``'s,
+held-out rows are predicted with that fit, which never saw them. The fit is ``kilocard.calibration.fit``'s,
 made fast: one coordinate search, warm-started from the FITTED values, run to convergence at a coarser
 step (``TOL``).
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kilocard.base.safe_read import FileReadError, read_json
-from kilocard.perf.baselines import Comparison, Row
+from kilocard.calibration.baselines import Comparison, Row
+from kilocard.calibration.fit import Target, cold_fit, fit, middles, targets
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import Target, cold_fit, fit, middles, targets
 
 STARTS = 1
 """Coordinate searches per fold from its stored fold fit (``fit`` uses 6 starts)."""
@@ -38,10 +38,10 @@ class FoldFit:
     trained_on: frozenset[str]
     """Ids of the rows it was fitted on; a fold holding out any of them cannot start from it."""
     values: dict[str, float]
-    """The free parameters' values (``kilocard.perf.fit.FREE`` names)."""
+    """The free parameters' values (``kilocard.calibration.fit.FREE`` names)."""
     train_loss: float | None = None
     """Its loss on the rows it was fitted on, as stored (6 decimals): the same values giving another
-    loss now mean the model changed since the fit (``kilocard.perf.trust`` refuses such a file)."""
+    loss now mean the model changed since the fit (``kilocard.calibration.trust`` refuses such a file)."""
 
 
 def folds_file(baselines_file: Path) -> Path:

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from kilocard.calibration.baselines import (
+    compare_all,
+    error_stats,
+    flops_per_token,
+    load_rows,
+    published,
+    row_run_config,
+)
+from kilocard.calibration.unstated import DEFAULTS, recompute_of_modules
 from kilocard.cli import main
-from kilocard.perf.baselines import compare_all, error_stats, flops_per_token, load_rows, published, row_run_config
 from kilocard.perf.flops import flops_per_iteration
-from kilocard.perf.unstated import DEFAULTS, recompute_of_modules
 
 TINY = (
     "{id: %s, gpu: h100-sxm5-80gb, gpus: 8, precision: bf16,"

@@ -13,13 +13,12 @@ optimizer, gradient/parameter/TP/pipeline overlap). A row may override either wi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from kilocard.base.safe_read import FileReadError, read_yaml
-from kilocard.base.table import text_table
+from kilocard.calibration.unstated import INTERLEAVED, apply_policy
 from kilocard.config.schema import (
     ClusterConfig,
     ModelConfig,
@@ -34,8 +33,7 @@ from kilocard.perf.efficiency import FITTED, PerfModelParams
 from kilocard.perf.flops import CONVENTIONS, flops_per_iteration
 from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import PredictionInputs, predict_prepared, prepare, require_gpu
-from kilocard.perf.unstated import INTERLEAVED, apply_policy
-from kilocard.topology import GiB, cluster_hbm_bytes
+from kilocard.topology import cluster_hbm_bytes
 
 #: Per-GPU network bandwidth (one direction) of the DGX system of each GPU: one NIC per GPU.
 DGX_NETWORK_GBS: dict[str, float] = {
@@ -63,14 +61,14 @@ class Row:
     id: str
     """Row id (``sc21-1.7b``)."""
     raw: dict[str, Any]
-    """The row as written, with its unstated facts filled (``kilocard.perf.unstated``)."""
+    """The row as written, with its unstated facts filled (``kilocard.calibration.unstated``)."""
     complete: bool
     """The row is scored: every fact the model needs is published or filled by the policy (no
     ``unverified``/missing value) and the row is not ``excluded``."""
     missing: list[str]
     """Dotted names of the facts that are unverified or missing."""
     filled: dict[str, Any] = field(default_factory=dict)
-    """Unstated facts filled by the policy's defaults (``kilocard.perf.unstated``), by dotted name."""
+    """Unstated facts filled by the policy's defaults (``kilocard.calibration.unstated``), by dotted name."""
     excluded: str = ""
     """Why the row is kept out of the scoring although it is listed (``excluded:`` in the file)."""
     series: str | None = None
@@ -385,7 +383,7 @@ class Comparison:
     note: str
     """Why the row is excluded from the statistics (empty when included)."""
     cv_rel_error: float | None = None
-    """The same error when the row's source is held out of the fit (``kilocard.perf.crossval``);
+    """The same error when the row's source is held out of the fit (``kilocard.calibration.crossval``);
     ``None`` when not cross-validated."""
     mem_bytes: int | None = None
     """Estimated memory per GPU of the row's configuration (``kilocard.perf.memory``, what ``validate``
@@ -489,117 +487,3 @@ def compare_all(
     """Compare every row of a baselines file."""
     index = recipe_index() if recipes is None else recipes
     return [compare_row(r, index, params) for r in load_rows(path)]
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def render_text(comps: list[Comparison]) -> str:
-    """The table ``kilocard baselines`` prints."""
-    header = (
-        "row",
-        "recipe",
-        "convention",
-        "pub TF/s",
-        "pred TF/s",
-        "pub MFU",
-        "pred MFU",
-        "peak",
-        "error",
-        "CV error",
-        "mem GiB / HBM GiB",
-    )
-    lines = [header] + [
-        (
-            c.id,
-            c.recipe or "-",
-            c.convention,
-            _fmt(c.published_tflops_per_gpu, ".0f"),
-            _fmt(c.predicted_tflops_per_gpu, ".0f"),
-            _fmt(c.published_mfu, ".1%"),
-            _fmt(c.predicted_mfu, ".1%"),
-            _fmt(c.peak_tflops, ".0f"),
-            _fmt(c.rel_error, "+.1%") if c.rel_error is not None else "excluded",
-            _fmt(c.cv_rel_error, "+.1%"),
-            headroom(c),
-        )
-        for c in comps
-    ]
-    out = text_table(lines)
-    stats = error_stats(comps)
-    out.append("")
-    out.append(
-        f"in sample: mean |error| {stats['mean_abs_rel_error']:.1%}, max |error| {stats['max_abs_rel_error']:.1%} "
-        f"over {stats['rows_included']} rows with full configurations (TFLOP/s per GPU, each row's own "
-        f"FLOPs convention; MFU = TFLOP/s over the dense peak of the row's GEMM dtype)"
-    )
-    out.append(held_out_line(stats))
-    out.append(memory_line(comps))
-    for c in comps:
-        if c.note:
-            out.append(f"excluded from the statistics: {c.id} ({c.note})")
-    return "\n".join(out)
-
-
-def headroom(c: Comparison) -> str:
-    """``mem / HBM`` in GiB: the memory estimate of the row's configuration against its GPU's memory."""
-    if c.mem_bytes is None or not c.hbm_bytes:
-        return "-"
-    return f"{c.mem_bytes / GiB:.1f} / {c.hbm_bytes / GiB:.1f}"
-
-
-def memory_line(comps: list[Comparison]) -> str:
-    """The rows closest to and furthest from their GPU's memory (estimate over HBM)."""
-    fits = [c for c in comps if c.mem_bytes is not None and c.hbm_bytes]
-    if not fits:
-        return "memory:    no row scored"
-    share = {c.id: c.mem_bytes / c.hbm_bytes for c in fits if c.mem_bytes is not None and c.hbm_bytes}
-    hi, lo = max(share, key=share.__getitem__), min(share, key=share.__getitem__)
-    return (
-        f"memory:    estimate / HBM from {share[lo]:.0%} ({lo}) to {share[hi]:.0%} ({hi}) over {len(share)} rows "
-        "(`kilocard validate` refuses a layout above HBM less 3% and 1 GiB)"
-    )
-
-
-def held_out_line(stats: dict[str, float]) -> str:
-    """The summary of the cross-validated errors."""
-    if not stats["n_scored"]:
-        return "held out:  no row scored (cross-validation needs rows with full configurations from two sources)"
-    return (
-        f"held out:  mean |error| {stats['cv_mean_abs_rel_error']:.1%}, max |error| "
-        f"{stats['cv_max_abs_rel_error']:.1%} over {stats['n_scored']} rows (CV error: each source document "
-        "left out of the fit in turn, its rows predicted by a fit on the others,"
-        " started from values fitted without them)"
-    )
-
-
-def render_json(comps: list[Comparison]) -> str:
-    """The ``--format json`` document."""
-    stats = error_stats(comps)
-    doc = {
-        "rows": [
-            {
-                "id": c.id,
-                "recipe": c.recipe,
-                "convention": c.convention,
-                "published_tflops_per_gpu": c.published_tflops_per_gpu,
-                "predicted_tflops_per_gpu": c.predicted_tflops_per_gpu,
-                "published_mfu": c.published_mfu,
-                "predicted_mfu": c.predicted_mfu,
-                "rel_error": c.rel_error,
-                "cv_rel_error": c.cv_rel_error,
-                "mem_bytes": c.mem_bytes,
-                "hbm_bytes": c.hbm_bytes,
-                "excluded": c.note or None,
-            }
-            for c in comps
-        ],
-        "mean_abs_rel_error": stats["mean_abs_rel_error"],
-        "max_abs_rel_error": stats["max_abs_rel_error"],
-        "rows_included": stats["rows_included"],
-        "cv_mean_abs_rel_error": stats["cv_mean_abs_rel_error"],
-        "cv_max_abs_rel_error": stats["cv_max_abs_rel_error"],
-        "n_scored": stats["n_scored"],
-    }
-    return json.dumps(doc, indent=1)

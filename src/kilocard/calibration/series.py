@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kilocard.perf.baselines import Comparison, Row
+from kilocard.calibration.baselines import Comparison, Row
 
 TOLERANCE = 0.03
 """Largest accepted gap between the predicted and the published MFU change (0.03: 3 MFU points)."""

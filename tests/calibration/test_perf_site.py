@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from kilocard.calibration.baselines import load_rows, row_run_config
+from kilocard.calibration.site import append_row, site_fit, site_row
 from kilocard.commands import main
 from kilocard.config.compose import compose, to_run_config
-from kilocard.perf.baselines import load_rows, row_run_config
 from kilocard.perf.efficiency import FITTED, flat, with_values
 from kilocard.perf.predict import predict
-from kilocard.perf.site import append_row, site_fit, site_row
 
 #: The site's GPUs run their GEMMs slower than the published clusters' (clocks held down, say).
 PERTURBED = {"hopper.gemm_efficiency": flat(FITTED)["hopper.gemm_efficiency"] * 0.88}

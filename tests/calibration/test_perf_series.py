@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
+from kilocard.calibration.baselines import compare_all, load_rows
+from kilocard.calibration.series import TOLERANCE, SeriesCheck, series_checks
 from kilocard.cli import main
 from kilocard.paths import data_dir
-from kilocard.perf.baselines import compare_all, load_rows
-from kilocard.perf.series import TOLERANCE, SeriesCheck, series_checks
 
 
 @pytest.fixture

@@ -31,11 +31,11 @@ from typing import Any
 import yaml
 
 from kilocard.base.safe_read import FileReadError, read_bytes, read_json, read_yaml
+from kilocard.calibration.baselines import _row, baselines_file, load_rows, row_cluster, row_run_config
+from kilocard.calibration.fit import FREE, Target, coordinate_search, fit, targets
 from kilocard.config.schema import RunConfig
 from kilocard.paths import cache_dir
-from kilocard.perf.baselines import _row, baselines_file, load_rows, row_cluster, row_run_config
 from kilocard.perf.efficiency import FITTED, PerfModelParams, flat, with_values
-from kilocard.perf.fit import FREE, Target, coordinate_search, fit, targets
 from kilocard.perf.predict import precision_of, step_layout
 
 SITE_WEIGHT = 4.0

@@ -8,13 +8,13 @@ import math
 import pytest
 import yaml
 
+from kilocard.calibration import crossval
+from kilocard.calibration.baselines import Row, baselines_file, compare_row, load_rows
+from kilocard.calibration.crossval import FoldFit, held_out_errors, load_fold_fits, source_group
+from kilocard.calibration.fit import FREE, fit, free_values, loss, setup, targets
+from kilocard.calibration.trust import stored_held_out
 from kilocard.cli import main
-from kilocard.perf import crossval
-from kilocard.perf.baselines import Row, baselines_file, compare_row, load_rows
-from kilocard.perf.crossval import FoldFit, held_out_errors, load_fold_fits, source_group
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import FREE, fit, free_values, loss, setup, targets
-from kilocard.perf.trust import stored_held_out
 
 
 @pytest.fixture(scope="module")

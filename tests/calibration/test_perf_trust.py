@@ -10,12 +10,10 @@ import shutil
 
 import pytest
 
-from kilocard.cli import main
-from kilocard.config.compose import compose, to_run_config
-from kilocard.perf.baselines import baselines_file, load_rows
-from kilocard.perf.crossval import FoldFit, folds_file, load_fold_fits, source_group
-from kilocard.perf.fit import targets
-from kilocard.perf.trust import (
+from kilocard.calibration.baselines import baselines_file, load_rows
+from kilocard.calibration.crossval import FoldFit, folds_file, load_fold_fits, source_group
+from kilocard.calibration.fit import targets
+from kilocard.calibration.trust import (
     MIN_ROWS,
     band,
     by_kind,
@@ -26,6 +24,8 @@ from kilocard.perf.trust import (
     stored_held_out,
     traits,
 )
+from kilocard.cli import main
+from kilocard.config.compose import compose, to_run_config
 
 FIX = "scripts/fit_perf_model.py --folds"
 

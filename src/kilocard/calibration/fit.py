@@ -9,7 +9,7 @@ HBM efficiency for Hopper and Blackwell: ``FREE``); every parameter stays in its
 (``PHYSICAL_RANGES``). The loss has several minima, so ``fit`` runs from a few seeded starting points
 and keeps the best. ``cold_fit`` starts from the middle of every range instead (nothing it starts from
 has seen any row) and hops between minima (``hop``); cross-validation's fold fits use it
-(``kilocard.perf.crossval``). Rows are built once (``Target``) and predicted under each trial parameter set.
+(``kilocard.calibration.crossval``). Rows are built once (``Target``) and predicted under each trial parameter set.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kilocard.perf.baselines import Row, compare_row, row_inputs
+from kilocard.calibration.baselines import Row, compare_row, row_inputs
 from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, PerfModelParams, flat, with_values
 from kilocard.perf.predict import PredictionInputs, predict_prepared
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from kilocard.calibration.baselines import compare_all, error_stats, load_rows, row_inputs, row_run_config
 from kilocard.cli import main
-from kilocard.perf.baselines import compare_all, error_stats, load_rows, row_inputs, row_run_config
 from kilocard.perf.efficiency import FITTED, with_values
 from kilocard.perf.predict import predict, predict_prepared
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from kilocard.perf.baselines import load_rows, row_inputs, row_run_config
+from kilocard.calibration.baselines import load_rows, row_inputs, row_run_config
 from kilocard.validate import ERROR, WARNING, validate
 
 ROWS = [r for r in load_rows() if r.complete]
@@ -59,7 +59,8 @@ def test_the_performance_model_predicts_the_layout_the_validator_checks(reports)
 
 
 def test_baselines_prints_each_rows_estimate_against_its_gpus_memory(reports):
-    from kilocard.perf.baselines import compare_row, render_json, render_text
+    from kilocard.calibration.baselines import compare_row
+    from kilocard.commands.baselines import render_json, render_text
 
     comps = [compare_row(r, {}) for r in ROWS]
     for c in comps:  # the validator's estimate, not a second computation

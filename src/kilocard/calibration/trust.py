@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kilocard.base.table import text_table
+from kilocard.calibration.baselines import baselines_file, load_rows
+from kilocard.calibration.crossval import FoldFit, by_source, fold_values, folds_file, load_fold_fits, usable
+from kilocard.calibration.fit import Target, free_values, loss, targets
 from kilocard.config.schema import RunConfig
-from kilocard.perf.baselines import baselines_file, load_rows
-from kilocard.perf.crossval import FoldFit, by_source, fold_values, folds_file, load_fold_fits, usable
 from kilocard.perf.efficiency import FITTED, with_values
-from kilocard.perf.fit import Target, free_values, loss, targets
 from kilocard.perf.predict import PredictionInputs, gpu_family, precision_of, require_gpu
 
 MIN_ROWS = 5
