@@ -15,7 +15,7 @@ from kilocard.commands.report import count_line, issue_line
 from kilocard.config.compose import compose_many
 from kilocard.config.schema import RunConfig
 from kilocard.perf.trust import model_error, model_error_json, model_error_lines
-from kilocard.topology import GiB
+from kilocard.topology import GiB, GroupPlacement
 from kilocard.validate.issues import Report
 
 HELP = "check layout, batch, precision, topology and memory"
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "json"), default="text")
 
 
-def _scope_text(g) -> str:
+def _scope_text(g: GroupPlacement) -> str:
     if g.size <= 1:
         return "single rank"
     return {

@@ -21,12 +21,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from kilocard.config.schema import RunConfig
 from kilocard.layout import compute_layout, split_layers
-from kilocard.perf.flops import CURRENT, flops_per_iteration, shape_from_model
+from kilocard.perf.flops import CURRENT, ModelShape, flops_per_iteration, shape_from_model
 from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import hardware_for, precision_of, step_time
 from kilocard.perf.steptime import Hardware
@@ -293,9 +293,10 @@ class Plan:
     """Why ``model_error`` is unknown (no stored fold fits, or a broken file)."""
 
 
-def _predictor(cfg: RunConfig, hw: Hardware):
+def _predictor(cfg: RunConfig, hw: Hardware) -> tuple[Callable[[Candidate], float], dict[int, float]]:
     """``step(candidate) -> seconds`` (shapes and FLOPs cached per TP) and the FLOPs per TP."""
-    shapes, flops = {}, {}
+    shapes: dict[int, ModelShape] = {}
+    flops: dict[int, float] = {}
     par = cfg.parallel
 
     def step(c: Candidate) -> float:
@@ -372,7 +373,7 @@ class _Walk:
     over_memory: int = 0
     min_memory: int | None = None
 
-    def run(self, timed, top: int, max_validations: int) -> bool:
+    def run(self, timed: Iterable[tuple[float, int, Candidate]], top: int, max_validations: int) -> bool:
         """Walk until ``top`` layouts and the config's own are known; True when the budget ran out."""
         for t, _, c in timed:
             is_own = c == self.own

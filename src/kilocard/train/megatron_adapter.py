@@ -293,16 +293,17 @@ def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable
     batch = next(data_iterator)
     dev = next(model.parameters()).device
 
-    def on_device(t):
-        return t if t is None or t.device == dev else t.to(dev, non_blocking=True)
+    def on_device(t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == dev else t.to(dev, non_blocking=True)
 
     tokens, labels, loss_mask, position_ids = (
         on_device(batch[k]) for k in ("tokens", "labels", "loss_mask", "position_ids")
     )
-    mask = on_device(batch.get("attention_mask"))
+    mask = batch.get("attention_mask")
+    mask = None if mask is None else on_device(mask)
     output = model(tokens, position_ids, mask, labels=labels)
 
-    def loss_func(output_tensor: torch.Tensor):
+    def loss_func(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         losses = output_tensor.float().view(-1)
         m = loss_mask.view(-1).float()
         loss = torch.sum(losses * m) / m.sum().clamp(min=1.0)
