@@ -1,14 +1,116 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the ``unit`` tier (docs/testing.md).
+
+A test is in the ``unit`` tier unless it carries a marker of ``NOT_UNIT`` or uses a fixture of
+``PROCESS_FIXTURES``: the hook below marks it, so ``pytest -m unit`` (``scripts/test.sh --fast``)
+selects it. A unit test starts no Python process and imports none of ``HEAVY_MODULES``; the guard
+below fails one that does (mark it ``integration``, or import lazily), and ``-m unit`` refuses a
+test module that imports one of them at the top (collecting would pay for it).
+"""
 
 import os
+import sys
 
 import pytest
+
+NOT_UNIT = ("slow", "slurm", "gpu", "mcore_range", "integration")
+"""Markers that keep a test out of the unit tier."""
+PROCESS_FIXTURES = frozenset({"local_slurm", "kilocard_run"})
+"""Fixtures that start processes (a Slurm cluster, ``kilocard run``): a test using one is not a unit test."""
+HEAVY_MODULES = ("torch", "megatron", "transformers")
+"""Imported by no unit test, and by no test module at collection time."""
+
+_python_starts: list[str] = []
+"""Command lines of the Python processes started since the current test began (the audit hook fills it)."""
+
+
+def _audit(event, args):
+    """Note each Python interpreter (or ``kilocard``/``torchrun`` script) a test starts."""
+    if event == "subprocess.Popen":
+        argv = [str(a) for a in (args[1] if isinstance(args[1], list | tuple) else [args[1]])]
+        exe = os.path.basename(str(args[0] or (argv[0] if argv else "")))
+        if exe.startswith("python") or exe in ("kilocard", "torchrun") or str(args[0]) == sys.executable:
+            _python_starts.append(" ".join(argv)[:200])
 
 
 def pytest_configure(config):
     """The suite tests the shipped configs: a site's KILOCARD_CONFIG_PATH in the caller's shell would add its
     recipes to every catalog test (tests that need a site directory set the variable themselves)."""
     os.environ.pop("KILOCARD_CONFIG_PATH", None)
+    sys.addaudithook(_audit)
+    global _unit_only
+    _unit_only = (config.option.markexpr or "").strip() == "unit"
+
+
+def _heavy_loaded():
+    return {m for m in HEAVY_MODULES if m in sys.modules}
+
+
+def pytest_collectreport(report):
+    """Under ``-m unit``: refuse a test module whose import pulled in torch, megatron or transformers."""
+    heavy = _heavy_loaded()
+    if heavy and report.nodeid.endswith(".py") and _unit_only:
+        raise pytest.UsageError(
+            f"{report.nodeid} imports {', '.join(sorted(heavy))} when collected: the unit tier must not pay for it; "
+            f"fix: import it inside the test or fixture that needs it"
+        )
+
+
+_unit_only = False
+"""Whether this session selects the unit tier alone (``-m unit``)."""
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m unit``, skip importing a test module whose ``pytestmark`` keeps all its tests out of the tier
+    (its imports, torch's among them, would cost the collection seconds for nothing)."""
+    if _unit_only and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return bool(_module_marks(collection_path) & set(NOT_UNIT)) or None
+    return None
+
+
+def _module_marks(path):
+    """The marker names of a module's top-level ``pytestmark`` (read from its source, not imported)."""
+    import ast
+
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+            return {
+                n.attr
+                for n in ast.walk(node.value)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"
+            }
+    return set()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark every test the unit tier holds (before ``-m`` deselects)."""
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in NOT_UNIT) and not PROCESS_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """What was loaded before a unit test and its fixtures ran (``_unit_tier_guard`` compares)."""
+    if item.get_closest_marker("unit") is not None:
+        item.stash[_LOADED_BEFORE] = _heavy_loaded()
+        del _python_starts[:]
+
+
+_LOADED_BEFORE = pytest.StashKey[set]()
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_guard(request):
+    """A unit test that starts a Python process or imports a heavy module fails, naming what it did."""
+    yield
+    before = request.node.stash.get(_LOADED_BEFORE, None)
+    if before is None:
+        return
+    imported = _heavy_loaded() - before
+    if _python_starts or imported:
+        did = f"started {_python_starts[0]!r}" if _python_starts else f"imported {', '.join(sorted(imported))}"
+        pytest.fail(f"unit test {did}: mark it integration (tests/conftest.py, docs/testing.md)", pytrace=False)
 
 
 @pytest.fixture(scope="session")

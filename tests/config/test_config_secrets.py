@@ -81,6 +81,7 @@ def test_run_and_sbatch_write_nothing(verb, override, field, tmp_path, monkeypat
     assert files_holding(tmp_path, VALUE.encode()) == []
 
 
+@pytest.mark.integration  # sbatch builds the code snapshot's wheel
 def test_sbatch_canonical_form_keeps_the_value_off_disk(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(NAME, VALUE)
     rc = main(

@@ -11,6 +11,8 @@ import re
 import shlex
 import zipfile
 
+import pytest
+
 from kilocard.cli import main
 from kilocard.launch.image import DEFAULT_BASE, dockerfile
 from kilocard.launch.package import mcore_range
@@ -47,6 +49,7 @@ def test_dockerfile_installs_the_pinned_wheel_on_the_base_and_checks_it_at_build
     assert {k for k, _ in ins} <= {"FROM", "COPY", "RUN", "ENV", "LABEL"}
 
 
+@pytest.mark.integration  # builds the code snapshot's wheel
 def test_image_verb_writes_the_build_context_and_the_import_line(tmp_path, capsys):
     out = tmp_path / "ctx"
     assert main(["image", "--output", str(out)]) == 0
@@ -65,6 +68,7 @@ def test_image_verb_writes_the_build_context_and_the_import_line(tmp_path, capsy
     assert "Dockerfile exists" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # builds the code snapshot's wheel
 def test_image_base_is_configurable(tmp_path, capsys):
     assert main(["image", "--output", str(tmp_path / "c"), "--base", "registry.site/nemo:26.01"]) == 0
     assert instructions((tmp_path / "c" / "Dockerfile").read_text())[0] == ("FROM", "registry.site/nemo:26.01")

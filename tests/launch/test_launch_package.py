@@ -28,6 +28,7 @@ def python_in(site: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration  # builds the wheel / runs a fresh interpreter
 def test_snapshot_is_the_checkouts_wheel_unpacked_with_pinned_dependencies(tmp_path):
     """code/ holds the wheel, site/ imports on its own (conf included), requirements pin this host's versions."""
     from importlib import metadata
@@ -50,6 +51,7 @@ def test_snapshot_is_the_checkouts_wheel_unpacked_with_pinned_dependencies(tmp_p
     assert wheel.stat().st_size > 10_000
 
 
+@pytest.mark.integration  # builds the wheel / runs a fresh interpreter
 def test_installed_kilocard_without_checkout_is_repacked(tmp_path):
     """kilocard installed from a wheel (no pyproject above it): its files are re-packed into a wheel."""
     (tmp_path / "first").mkdir()
@@ -71,6 +73,7 @@ def test_installed_kilocard_without_checkout_is_repacked(tmp_path):
     assert (tmp_path / "again" / "site" / "kilocard" / "launch" / "package.py").exists()
 
 
+@pytest.mark.integration  # builds the code snapshot's wheel
 def test_sbatch_writes_the_snapshot_and_says_provenance_is_the_submit_hosts(tmp_path, capsys):
     """The run dir has code/ and preflight.py; provenance.json is labelled as the submit host's view."""
     assert main(["sbatch", *TINY, f"cluster.shared_fs={tmp_path}"]) == 0
@@ -106,6 +109,7 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path, capsys):
     assert not root.exists()
 
 
+@pytest.mark.integration  # builds the wheel / runs a fresh interpreter
 def test_a_failed_wheel_build_is_one_line_and_leaves_no_run_directory(tmp_path):
     """A checkout pip cannot build: PackageError naming it and the fix; the half-made run dir is removed."""
     from kilocard.config.compose import compose
@@ -126,6 +130,7 @@ def test_a_failed_wheel_build_is_one_line_and_leaves_no_run_directory(tmp_path):
     assert list(root.iterdir()) == []
 
 
+@pytest.mark.integration  # builds the wheel / runs a fresh interpreter
 def test_a_sweep_builds_once_and_an_edit_rebuilds(tmp_path, monkeypatch):
     """checkout_wheel reuses the process's build while the sources are unchanged; any edit rebuilds."""
     from kilocard.launch import package

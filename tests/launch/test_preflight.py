@@ -12,7 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from venvs import REPO, venv_without
+
+pytestmark = pytest.mark.integration  # runs preflight.py in real interpreters (each imports torch and megatron)
 
 SCRIPT = REPO / "slurm" / "preflight.py"
 RANGE = ["--mcore-min", "0.16.1", "--mcore-below", "0.20"]

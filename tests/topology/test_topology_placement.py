@@ -37,6 +37,7 @@ def test_gpu_table_has_the_datasheet_dense_peaks():
         h100.peak("fp4")
 
 
+@pytest.mark.integration  # reads Megatron-Core's default rank order
 def test_rank_order_is_megatron_cores_default():
     import inspect
 
