@@ -14,7 +14,7 @@ import pytest
 
 NOT_UNIT = ("slow", "slurm", "gpu", "mcore_range", "integration")
 """Markers that keep a test out of the unit tier."""
-PROCESS_FIXTURES = frozenset({"local_slurm", "kilocard_run"})
+PROCESS_FIXTURES = frozenset({"local_slurm", "kilocard_run", "finished_tiny_run"})
 """Fixtures that start processes (a Slurm cluster, ``kilocard run``): a test using one is not a unit test."""
 HEAVY_MODULES = ("torch", "megatron", "transformers")
 """Imported by no unit test, and by no test module at collection time."""
@@ -217,3 +217,33 @@ class KilocardRun:
 def kilocard_run(tmp_path):
     """Launch ``kilocard run`` on local CPU ranks from a private directory (see ``KilocardRun``)."""
     return KilocardRun(tmp_path)
+
+
+SHARED_SECRET = ("KC_SHARED_RUN_SECRET", "s3cr3t-v4lue-shared-run")
+"""Name and value of the secret the shared run reads from its environment (``launcher.env``, canonical form)."""
+SHARED_RUN_ARGS = (
+    "recipe=tiny_gpt",
+    "trainer.train_iters=3",
+    "trainer.tensorboard=false",
+    "trainer.profile_steps=[2,3]",
+    "checkpoint.save=ckrel",
+    f"+launcher.env.{SHARED_SECRET[0]}='${{oc.env:{SHARED_SECRET[0]}}}'",
+)
+"""One short single-rank run that several tests only inspect or resume: a profiled window, a relative
+``checkpoint.save`` and a secret in ``launcher.env``."""
+
+
+class FinishedRun:
+    """A ``kilocard run`` that ended: its launcher (``KilocardRun``), exit code, output and run directory."""
+
+    def __init__(self, launcher, code, out, run_dir):
+        self.launcher, self.code, self.out, self.run_dir = launcher, code, out, run_dir
+
+
+@pytest.fixture(scope="session")
+def finished_tiny_run(tmp_path_factory):
+    """``kilocard run`` of ``SHARED_RUN_ARGS`` once per session (training a tiny model costs a process, torch
+    and Megatron-Core start-up each time). Tests read it or resume it elsewhere; none may change what it wrote."""
+    launcher = KilocardRun(tmp_path_factory.mktemp("finished_tiny_run"))
+    code, out, run_dir = launcher(*SHARED_RUN_ARGS, **dict([SHARED_SECRET]))
+    return FinishedRun(launcher, code, out, run_dir)
