@@ -106,3 +106,18 @@ def test_guard_fails_a_unit_test_that_starts_python_or_imports_torch(tmp_path):
     assert "2 passed, 2 errors" in proc.stdout, proc.stdout[-3000:]
     assert re.search(r"unit test started '.*python[^']* -c pass': mark it integration", proc.stdout), proc.stdout
     assert "unit test imported torch: mark it integration" in proc.stdout
+
+
+def test_unit_tier_refuses_a_module_that_imports_torch_when_collected(tmp_path):
+    """``-m unit`` on a module with ``import torch`` at the top: a usage error (exit 4) naming the module."""
+    (tmp_path / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_heavy.py").write_text("import torch  # noqa: F401\n\n\ndef test_nothing():\n    pass\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "unit", "-p", "no:cacheprovider", "-Wignore", "test_heavy.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 4, (proc.stdout + proc.stderr)[-3000:]
+    assert "test_heavy.py imports torch when collected" in proc.stdout + proc.stderr
