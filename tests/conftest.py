@@ -23,13 +23,23 @@ _python_starts: list[str] = []
 """Command lines of the Python processes started since the current test began (the audit hook fills it)."""
 
 
+_WHEEL_BUILD = "-m pip wheel"
+"""The code snapshot's wheel (``launcher.packaging=snapshot``): the first ``sbatch`` of a session builds it and
+kilocard keeps it for the process, so one build per session is allowed to whichever unit test comes first."""
+_wheel_builds: list[str] = []
+
+
 def _audit(event, args):
     """Note each Python interpreter (or ``kilocard``/``torchrun`` script) a test starts."""
     if event == "subprocess.Popen":
         argv = [str(a) for a in (args[1] if isinstance(args[1], list | tuple) else [args[1]])]
         exe = os.path.basename(str(args[0] or (argv[0] if argv else "")))
         if exe.startswith("python") or exe in ("kilocard", "torchrun") or str(args[0]) == sys.executable:
-            _python_starts.append(" ".join(argv)[:200])
+            cmdline = " ".join(argv)
+            if _WHEEL_BUILD in cmdline and not _wheel_builds:
+                _wheel_builds.append(cmdline)
+                return
+            _python_starts.append(cmdline[:200])
 
 
 def pytest_configure(config):
