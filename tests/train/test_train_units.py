@@ -146,6 +146,7 @@ def test_throughput_names_its_peak_and_uses_megatron_flops():
     assert f["tokens_per_s_per_gpu"] == pytest.approx(rc.trainer.global_batch_size * rc.model.seq_length / 8 / 2.0)
 
 
+@pytest.mark.integration  # TensorBoard's writer is torch.utils.tensorboard
 def test_metrics_writer_tensorboard_scalars_read_back(tmp_path):
     """Every numeric field of a record is a ``train/<key>`` scalar at its step, read by TensorBoard's own reader."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
