@@ -4,10 +4,16 @@
 # differential tests (marker mcore_range) again on megatron-core 0.19.2, the top of the supported
 # range (.oracle/, installed by scripts/install_oracle.sh, put first on the path). Arguments are
 # passed to the first pytest only (and skip the second pass).
+# --fast: the unit tier only (marker unit, set by tests/conftest.py; docs/testing.md): no processes,
+# no torch, no second pass; the arguments after it go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS=1
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  exec .venv/bin/python -m pytest -q --durations=10 -m unit "$@"
+fi
 .venv/bin/python -m pytest -q --durations=15 "$@"
 if [ "$#" -eq 0 ]; then
   echo "--- second pass: megatron-core 0.19.2 (marker mcore_range) ---"

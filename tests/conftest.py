@@ -1,14 +1,126 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the ``unit`` tier (docs/testing.md).
+
+A test is in the ``unit`` tier unless it carries a marker of ``NOT_UNIT`` or uses a fixture of
+``PROCESS_FIXTURES``: the hook below marks it, so ``pytest -m unit`` (``scripts/test.sh --fast``)
+selects it. A unit test starts no Python process and imports none of ``HEAVY_MODULES``; the guard
+below fails one that does (mark it ``integration``, or import lazily), and ``-m unit`` refuses a
+test module that imports one of them at the top (collecting would pay for it).
+"""
 
 import os
+import sys
 
 import pytest
+
+NOT_UNIT = ("slow", "slurm", "gpu", "mcore_range", "integration")
+"""Markers that keep a test out of the unit tier."""
+PROCESS_FIXTURES = frozenset({"local_slurm", "kilocard_run", "finished_tiny_run"})
+"""Fixtures that start processes (a Slurm cluster, ``kilocard run``): a test using one is not a unit test."""
+HEAVY_MODULES = ("torch", "megatron", "transformers")
+"""Imported by no unit test, and by no test module at collection time."""
+
+_python_starts: list[str] = []
+"""Command lines of the Python processes started since the current test began (the audit hook fills it)."""
+
+
+_WHEEL_BUILD = "-m pip wheel"
+"""The code snapshot's wheel (``launcher.packaging=snapshot``): the first ``sbatch`` of a session builds it and
+kilocard keeps it for the process, so one build per session is allowed to whichever unit test comes first."""
+_wheel_builds: list[str] = []
+
+
+def _audit(event, args):
+    """Note each Python interpreter (or ``kilocard``/``torchrun`` script) a test starts."""
+    if event == "subprocess.Popen":
+        argv = [str(a) for a in (args[1] if isinstance(args[1], list | tuple) else [args[1]])]
+        exe = os.path.basename(str(args[0] or (argv[0] if argv else "")))
+        if exe.startswith("python") or exe in ("kilocard", "torchrun") or str(args[0]) == sys.executable:
+            cmdline = " ".join(argv)
+            if _WHEEL_BUILD in cmdline and not _wheel_builds:
+                _wheel_builds.append(cmdline)
+                return
+            _python_starts.append(cmdline[:200])
 
 
 def pytest_configure(config):
     """The suite tests the shipped configs: a site's KILOCARD_CONFIG_PATH in the caller's shell would add its
     recipes to every catalog test (tests that need a site directory set the variable themselves)."""
     os.environ.pop("KILOCARD_CONFIG_PATH", None)
+    sys.addaudithook(_audit)
+    global _unit_only
+    _unit_only = (config.option.markexpr or "").strip() == "unit"
+
+
+def _heavy_loaded():
+    return {m for m in HEAVY_MODULES if m in sys.modules}
+
+
+def pytest_collectreport(report):
+    """Under ``-m unit``: refuse a test module whose import pulled in torch, megatron or transformers."""
+    heavy = _heavy_loaded()
+    if heavy and report.nodeid.endswith(".py") and _unit_only:
+        raise pytest.UsageError(
+            f"{report.nodeid} imports {', '.join(sorted(heavy))} when collected: the unit tier must not pay for it; "
+            f"fix: import it inside the test or fixture that needs it"
+        )
+
+
+_unit_only = False
+"""Whether this session selects the unit tier alone (``-m unit``)."""
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m unit``, skip importing a test module whose ``pytestmark`` keeps all its tests out of the tier
+    (its imports, torch's among them, would cost the collection seconds for nothing)."""
+    if _unit_only and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return bool(_module_marks(collection_path) & set(NOT_UNIT)) or None
+    return None
+
+
+def _module_marks(path):
+    """The marker names of a module's top-level ``pytestmark`` (read from its source, not imported)."""
+    import ast
+
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+            return {
+                n.attr
+                for n in ast.walk(node.value)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"
+            }
+    return set()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark every test the unit tier holds (before ``-m`` deselects)."""
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in NOT_UNIT) and not PROCESS_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """What was loaded before a unit test and its fixtures ran (``_unit_tier_guard`` compares)."""
+    if item.get_closest_marker("unit") is not None:
+        item.stash[_LOADED_BEFORE] = _heavy_loaded()
+        del _python_starts[:]
+
+
+_LOADED_BEFORE = pytest.StashKey[set]()
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_guard(request):
+    """A unit test that starts a Python process or imports a heavy module fails, naming what it did."""
+    yield
+    before = request.node.stash.get(_LOADED_BEFORE, None)
+    if before is None:
+        return
+    imported = _heavy_loaded() - before
+    if _python_starts or imported:
+        did = f"started {_python_starts[0]!r}" if _python_starts else f"imported {', '.join(sorted(imported))}"
+        pytest.fail(f"unit test {did}: mark it integration (tests/conftest.py, docs/testing.md)", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -115,3 +227,33 @@ class KilocardRun:
 def kilocard_run(tmp_path):
     """Launch ``kilocard run`` on local CPU ranks from a private directory (see ``KilocardRun``)."""
     return KilocardRun(tmp_path)
+
+
+SHARED_SECRET = ("KC_SHARED_RUN_SECRET", "s3cr3t-v4lue-shared-run")
+"""Name and value of the secret the shared run reads from its environment (``launcher.env``, canonical form)."""
+SHARED_RUN_ARGS = (
+    "recipe=tiny_gpt",
+    "trainer.train_iters=3",
+    "trainer.tensorboard=false",
+    "trainer.profile_steps=[2,3]",
+    "checkpoint.save=ckrel",
+    f"+launcher.env.{SHARED_SECRET[0]}='${{oc.env:{SHARED_SECRET[0]}}}'",
+)
+"""One short single-rank run that several tests only inspect or resume: a profiled window, a relative
+``checkpoint.save`` and a secret in ``launcher.env``."""
+
+
+class FinishedRun:
+    """A ``kilocard run`` that ended: its launcher (``KilocardRun``), exit code, output and run directory."""
+
+    def __init__(self, launcher, code, out, run_dir):
+        self.launcher, self.code, self.out, self.run_dir = launcher, code, out, run_dir
+
+
+@pytest.fixture(scope="session")
+def finished_tiny_run(tmp_path_factory):
+    """``kilocard run`` of ``SHARED_RUN_ARGS`` once per session (training a tiny model costs a process, torch
+    and Megatron-Core start-up each time). Tests read it or resume it elsewhere; none may change what it wrote."""
+    launcher = KilocardRun(tmp_path_factory.mktemp("finished_tiny_run"))
+    code, out, run_dir = launcher(*SHARED_RUN_ARGS, **dict([SHARED_SECRET]))
+    return FinishedRun(launcher, code, out, run_dir)

@@ -77,7 +77,20 @@ class GpuSpec:
         return self.peak_flops[dtype]
 
 
-def _nv(name, bf16, fp8, fp4, fp32, tf32, mem_mib, hbm_bw, nvlink_bidir, domain, cc, note) -> GpuSpec:
+def _nv(
+    name: str,
+    bf16: float,
+    fp8: float | None,
+    fp4: float | None,
+    fp32: float,
+    tf32: float,
+    mem_mib: int,
+    hbm_bw: float,
+    nvlink_bidir: float,
+    domain: int,
+    cc: tuple[int, int],
+    note: str,
+) -> GpuSpec:
     peaks = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": bf16}
     if fp8:
         peaks["fp8"] = fp8

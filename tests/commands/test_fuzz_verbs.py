@@ -34,6 +34,10 @@ from kilocard.config.compose import compose
 from kilocard.rundir import events
 from kilocard.rundir.freeze import write_frozen
 
+pytestmark = (
+    pytest.mark.integration
+)  # every verb in-process with hostile files: some verbs (preprocess, convert) import the training stack; ~60 s
+
 ENV = "KILOCARD_CONFIG_PATH"
 
 

@@ -29,6 +29,7 @@ def run_show(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*kilocard_command(), "show", *args], env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration  # runs the kilocard console script
 @pytest.mark.parametrize(
     "args, must_contain",
     [

@@ -12,15 +12,12 @@ import dataclasses
 import warnings
 
 import pytest
-import torch
 
-from kilocard.backends import Backend
 from kilocard.config.compose import compose, to_run_config
 from kilocard.config.megatron import MEGATRON_GROUPS, megatron_fields, megatron_kwargs
 from kilocard.config.schema import KILOCARD_OWN_FIELDS, RunConfig
 from kilocard.perf.megatron_lm import megatron_lm_args
 
-CPU = Backend(name="cpu", dist_backend="gloo", local_spec=True)
 #: Fields the adapter sets from the backend or converts (a callable, an enum, CPU switches).
 ADAPTED = {
     "gated_linear_unit",
@@ -47,8 +44,17 @@ def test_mapping_covers_every_schema_field_except_kilocards_own() -> None:
     assert not own_names & set(megatron_fields(cfg))
 
 
+@pytest.fixture(scope="module")
+def cpu():
+    """The CPU backend (``kilocard.backends`` imports torch: only the tests that build Megatron-Core configs)."""
+    from kilocard.backends import Backend
+
+    return Backend(name="cpu", dist_backend="gloo", local_spec=True)
+
+
+@pytest.mark.integration  # builds real Megatron-Core configs
 @pytest.mark.parametrize("recipe", ["tiny_gpt", "tiny_moe"])
-def test_adapter_configs_carry_every_mapped_value(recipe: str) -> None:
+def test_adapter_configs_carry_every_mapped_value(recipe: str, cpu) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on CPU machines
         from megatron.core.distributed import DistributedDataParallelConfig
@@ -56,7 +62,7 @@ def test_adapter_configs_carry_every_mapped_value(recipe: str) -> None:
 
         from kilocard.train.megatron_adapter import transformer_config
     cfg = to_run_config(compose([f"recipe={recipe}"]))
-    tc = transformer_config(cfg, CPU)
+    tc = transformer_config(cfg, cpu)
     mapped = megatron_fields(cfg)
     checked = 0
     for cls, built in (
@@ -87,7 +93,8 @@ def test_megatron_lm_args_start_from_the_mapping() -> None:
             assert args[name] == value, name
 
 
-def test_attention_backend_reaches_megatron_core_and_a_bad_name_is_one_line() -> None:
+@pytest.mark.integration  # builds a real Megatron-Core config
+def test_attention_backend_reaches_megatron_core_and_a_bad_name_is_one_line(cpu) -> None:
     """``model.attention_backend`` used to be charged by the step-time model but never passed to Megatron-Core."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -95,15 +102,18 @@ def test_attention_backend_reaches_megatron_core_and_a_bad_name_is_one_line() ->
 
         from kilocard.train.megatron_adapter import UnsupportedConfig, transformer_config
     cfg = to_run_config(compose(["recipe=tiny_gpt", "model.attention_backend=local"]))
-    assert transformer_config(cfg, CPU).attention_backend == AttnBackend.local
+    assert transformer_config(cfg, cpu).attention_backend == AttnBackend.local
     bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention_backend="sdpa"))
     with pytest.raises(UnsupportedConfig, match=r"^model.attention_backend: 'sdpa' is not one of .*auto"):
-        transformer_config(bad, CPU)
+        transformer_config(bad, cpu)
 
 
-def test_what_the_cpu_trainer_cannot_build_is_refused_in_one_line() -> None:
+@pytest.mark.integration  # builds Megatron-Core configs (imports torch)
+def test_what_the_cpu_trainer_cannot_build_is_refused_in_one_line(cpu) -> None:
     """Megatron-FSDP, activation offloading and the precision-aware optimizer reach the estimates (the published
     runs used them) but the trainer builds none of them on CPU ranks: each is refused naming field and fix."""
+    import torch
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from kilocard.train.megatron_adapter import UnsupportedConfig, optimizer_config, transformer_config, wrap_ddp
@@ -115,7 +125,7 @@ def test_what_the_cpu_trainer_cannot_build_is_refused_in_one_line() -> None:
     with pytest.raises(UnsupportedConfig, match=r"^parallel.use_megatron_fsdp: .*set parallel.use_megatron_fsdp=false"):
         wrap_ddp(with_("parallel", use_megatron_fsdp=True), None, [])
     with pytest.raises(UnsupportedConfig, match=r"^parallel.cpu_offloading: .*set parallel.cpu_offloading=false"):
-        transformer_config(with_("parallel", cpu_offloading=True, cpu_offloading_num_layers=1), CPU)
+        transformer_config(with_("parallel", cpu_offloading=True, cpu_offloading_num_layers=1), cpu)
     if not torch.cuda.is_available():  # with GPUs Megatron-Core builds it (Transformer Engine's FusedAdam)
         with pytest.raises(UnsupportedConfig, match=r"^optim.use_precision_aware_optimizer: .*=false"):
             optimizer_config(with_("optim", use_precision_aware_optimizer=True))

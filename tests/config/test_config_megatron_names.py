@@ -50,6 +50,7 @@ def mcore():
     }
 
 
+@pytest.mark.integration  # builds real Megatron-Core configs
 def test_every_field_is_megatron_cores_or_listed_as_kilocards_own(mcore) -> None:
     names: set[str] = mcore["names"]
     unmapped = [
@@ -86,6 +87,7 @@ def megatron_kwargs(rc: RunConfig, known: set[str]) -> dict[str, object]:
     return kw
 
 
+@pytest.mark.integration  # builds real Megatron-Core configs
 def test_every_recipe_builds_a_real_transformer_config(mcore, all_recipes: dict[str, RunConfig]) -> None:
     for name, rc in all_recipes.items():
         cls = mcore["mla"] if rc.model.multi_latent_attention else mcore["tc"]
@@ -97,6 +99,7 @@ def test_every_recipe_builds_a_real_transformer_config(mcore, all_recipes: dict[
         assert cfg.num_layers == rc.model.num_layers
 
 
+@pytest.mark.integration  # builds real Megatron-Core configs
 def test_megatron_core_rejects_a_bad_split(mcore, all_recipes: dict[str, RunConfig]) -> None:
     """The construction above is a real check: an uneven pipeline split is refused."""
     rc = all_recipes["deepseek_v3"]

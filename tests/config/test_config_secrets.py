@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SHARED_SECRET
 from kilocard.cli import main
 from kilocard.config.compose import compose
 from kilocard.config.explain import ComposeError
@@ -86,6 +87,7 @@ def test_run_and_sbatch_write_nothing(verb, override, field, tmp_path, monkeypat
     assert files_holding(tmp_path, VALUE.encode()) == []
 
 
+@pytest.mark.integration  # sbatch builds the code snapshot's wheel
 def test_sbatch_canonical_form_keeps_the_value_off_disk(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(NAME, VALUE)
     rc = main(
@@ -98,16 +100,17 @@ def test_sbatch_canonical_form_keeps_the_value_off_disk(tmp_path, monkeypatch, c
 
 
 @pytest.mark.slow
-def test_run_canonical_form_keeps_the_value_off_disk(kilocard_run):
-    """``kilocard run`` used to freeze the resolved value into config.yaml; now only the name is written."""
-    rc, out, run_dir = kilocard_run(
-        "recipe=tiny_gpt", "trainer.train_iters=1", f"+launcher.env.{NAME}='${{oc.env:{NAME}}}'", **{NAME: VALUE}
-    )
-    assert rc == 0 and run_dir is not None, out
-    assert f"secret_env:\n  - {NAME}" in (run_dir / "config.yaml").read_text()
-    assert files_holding(kilocard_run.workdir, VALUE.encode()) == []
+def test_run_canonical_form_keeps_the_value_off_disk(finished_tiny_run):
+    """``kilocard run`` used to freeze the resolved value into config.yaml; now only the name is written (the
+    shared run reads ``SHARED_SECRET`` through ``+launcher.env.NAME='${oc.env:NAME}'``)."""
+    name, value = SHARED_SECRET
+    run_dir = finished_tiny_run.run_dir
+    assert finished_tiny_run.code == 0 and run_dir is not None, finished_tiny_run.out
+    assert f"secret_env:\n  - {name}" in (run_dir / "config.yaml").read_text()
+    assert files_holding(finished_tiny_run.launcher.workdir, value.encode()) == []
 
 
+@pytest.mark.integration  # writes a snapshot run directory with sbatch
 def test_a_frozen_config_is_never_resolved_again(tmp_path, monkeypatch, capsys):
     """Resolve once, at freeze time: interpolation text in a frozen config.yaml (an old run, an edit with
     its hash redone) is refused where it is loaded, not resolved against the loading rank's environment."""

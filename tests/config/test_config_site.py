@@ -192,6 +192,7 @@ def kilocard(args: list[str], site: Path, tmp_path: Path) -> subprocess.Complete
     return subprocess.run([*command, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.integration  # runs the kilocard console script
 def test_cli_show_and_validate_with_env_var(site: Path, tmp_path: Path) -> None:
     shown = kilocard(["show", f"recipe={SITE_RECIPE}", "-p", "cluster.partition"], site, tmp_path)
     assert (shown.returncode, shown.stdout.strip()) == (0, "gpu"), shown.stderr
@@ -200,6 +201,7 @@ def test_cli_show_and_validate_with_env_var(site: Path, tmp_path: Path) -> None:
     assert '"world_size": 16' in checked.stdout
 
 
+@pytest.mark.integration  # runs the kilocard console script
 def test_cli_collision_is_exit_2_one_line(tmp_path: Path) -> None:
     site = write_site(tmp_path / "site", {"cluster/local_cpu.yaml": "name: local_cpu\n"})
     out = kilocard(["validate"], site, tmp_path)

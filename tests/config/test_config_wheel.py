@@ -15,12 +15,17 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration  # builds the wheel and composes in a fresh interpreter
 
 PROBE = """
 import json, kilocard
 from kilocard.paths import data_dir
 from kilocard.config.compose import compose, to_run_config
+
 rc = to_run_config(compose(["recipe=llama3_70b"]))
 print(json.dumps({"pkg": kilocard.__file__, "conf": str(data_dir("conf")), "layers": rc.model.num_layers,
                   "gpus": rc.cluster.nodes * rc.cluster.gpus_per_node, "tp": rc.parallel.tensor_model_parallel_size}))

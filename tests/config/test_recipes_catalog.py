@@ -235,6 +235,7 @@ def test_moe_10t_fills_500k_gpus(all_recipes: dict[str, RunConfig]) -> None:
     assert (rc.cluster.name, rc.cluster.nodes, world(rc)) == ("h100_dgx", 62500, 500_000)
 
 
+@pytest.mark.integration  # runs the kilocard console script
 def test_kilocard_recipes_prints_every_recipe(all_recipes: dict[str, RunConfig], tmp_path: Path, monkeypatch) -> None:
     """The table (summarised here, then read from its cache by real ``kilocard recipes`` processes)
     lists every recipe with its GPU count and baseline."""

@@ -17,6 +17,8 @@ from kilocard import cli
 from kilocard.config.schema import ModelConfig
 from kilocard.convert import maps
 
+pytestmark = pytest.mark.integration  # converts real checkpoints: torch, safetensors and transformers
+
 
 def convert(capsys, *argv):
     """(exit code, stderr) of ``kilocard convert ARGV`` in this process."""

@@ -21,6 +21,8 @@ from tiny_hf import convert_all, hf_tensors, make, model_class, recipe_of
 from kilocard.rundir import checkpoint as ck
 from kilocard.rundir import names
 
+pytestmark = pytest.mark.integration  # converts real checkpoints: torch and transformers
+
 KINDS = ("llama", "llama31", "mixtral", "qwen2")
 TOLERANCE = 1e-4
 """Largest |logit difference| allowed between Megatron-Core and transformers in fp32."""

@@ -19,6 +19,8 @@ from tiny_hf import make
 from bad_files import finishes
 from kilocard import cli
 
+pytestmark = pytest.mark.integration  # builds tiny checkpoints with torch
+
 INDEX = "model.safetensors.index.json"
 
 

@@ -11,6 +11,7 @@ import multiprocessing
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -18,6 +19,8 @@ import kilocard.data.datasets  # noqa: F401  (imported before the fork, so the r
 from kilocard.config.compose import compose, to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.data.iterator import build_train_iterator
+
+pytestmark = pytest.mark.integration  # two gloo ranks (torch) read one index cache
 
 WORLD = 2
 STEPS = 4

@@ -17,6 +17,8 @@ from kilocard.data.errors import DataError
 from kilocard.data.iterator import build_train_iterator
 from kilocard.data.tokenizer import get_tokenizer
 
+pytestmark = pytest.mark.integration  # Megatron-Core's datasets and torch's DataLoader
+
 SHAPES = {"tokens": torch.int64, "labels": torch.int64, "loss_mask": torch.float32, "position_ids": torch.int64}
 
 

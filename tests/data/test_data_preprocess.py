@@ -13,6 +13,8 @@ from kilocard.data.byte_tokenizer import ByteTokenizer
 from kilocard.data.tokenizer import get_tokenizer
 from kilocard.paths import data_dir
 
+pytestmark = pytest.mark.integration  # writes and reads Megatron-Core's indexed dataset
+
 TEXTS = ["The river rose in the night.", "Zoë's café serves crème brûlée — 5 €.", "", "line one\nline two\ttab"]
 CORPUS = data_dir("conf").parent / "data" / "tiny_corpus"
 

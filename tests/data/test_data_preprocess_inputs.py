@@ -16,6 +16,8 @@ from bad_files import finishes, make
 from kilocard.cli import main
 from kilocard.data.preprocess import usable_cpus
 
+pytestmark = pytest.mark.integration  # imports torch/Megatron-Core when collected
+
 
 def preprocess(capsys, src, prefix, *extra):
     capsys.readouterr()

@@ -18,6 +18,8 @@ from kilocard.cli import main
 from kilocard.data.record import index_documents, read_record
 from kilocard.paths import data_dir
 
+pytestmark = pytest.mark.integration  # preprocess writes Megatron-Core indexed data (imports the training stack)
+
 CORPUS = data_dir("conf").parent / "data" / "tiny_corpus"
 TOKENIZER = CORPUS / "tokenizer.json"
 

@@ -31,6 +31,8 @@ from tokenizer_files import (
     train_tokenizer_script,
 )
 
+pytestmark = pytest.mark.integration  # preprocessing and the iterator: Megatron-Core's indexed dataset and torch
+
 SAMPLE = "Zoë's café,  at 5 o'clock:\n\tÜber-ñ 日本語 the end"
 FORGED = "a document that mentions <|endoftext|> and <|end_of_text|> and </s>"
 BUILDERS = {

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 
+@pytest.mark.integration  # a fresh interpreter: what `import kilocard` loads
 def test_import_is_light() -> None:
     """``import kilocard`` and ``kilocard.api`` import no torch or Megatron-Core (a fresh interpreter)."""
     code = (

@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration  # runs the kilocard console script
+
 KILOCARD = Path(sys.executable).with_name("kilocard")
 BASE = ["recipe=tiny_gpt", "trainer.train_iters=1"]
 

@@ -50,6 +50,7 @@ def test_dockerfile_installs_the_pinned_wheel_on_the_base_and_checks_it_at_build
     assert {k for k, _ in ins} <= {"FROM", "COPY", "RUN", "ENV", "LABEL"}
 
 
+@pytest.mark.integration  # builds the code snapshot's wheel
 def test_image_verb_writes_the_build_context_and_the_import_line(tmp_path, capsys):
     out = tmp_path / "ctx"
     assert main(["image", "--output", str(out)]) == 0
@@ -68,6 +69,7 @@ def test_image_verb_writes_the_build_context_and_the_import_line(tmp_path, capsy
     assert "Dockerfile exists" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # builds the code snapshot's wheel
 def test_image_base_is_configurable(tmp_path, capsys):
     assert main(["image", "--output", str(tmp_path / "c"), "--base", "registry.site/nemo:26.01"]) == 0
     assert instructions((tmp_path / "c" / "Dockerfile").read_text())[0] == ("FROM", "registry.site/nemo:26.01")

@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from kilocard import exitcodes
 from kilocard.config.compose import compose
 from kilocard.launch import ftlaunch
@@ -71,6 +73,7 @@ def _kilocard(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.integration  # a real venv without NVRx
 def test_in_job_restarts_without_nvrx_are_refused_before_anything_is_written(tmp_path):
     """A venv without nvidia-resiliency-ext (a real interpreter, NVRx's packages left out): a new run and a
     resume with launcher.max_restarts=1 are each refused with exit 2 and one line naming the field and both

@@ -27,6 +27,7 @@ def python_in(site: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration  # builds the wheel / runs a fresh interpreter
 def test_snapshot_is_the_checkouts_wheel_unpacked_with_pinned_dependencies(tmp_path):
     """code/ holds the wheel, site/ imports on its own (conf included), requirements pin this host's versions."""
     from importlib import metadata
@@ -49,6 +50,7 @@ def test_snapshot_is_the_checkouts_wheel_unpacked_with_pinned_dependencies(tmp_p
     assert wheel.stat().st_size > 10_000
 
 
+@pytest.mark.integration  # builds the wheel / runs a fresh interpreter
 def test_installed_kilocard_without_checkout_is_repacked(tmp_path):
     """kilocard installed from a wheel (no pyproject above it): its files are re-packed into a wheel."""
     (tmp_path / "first").mkdir()
@@ -70,6 +72,7 @@ def test_installed_kilocard_without_checkout_is_repacked(tmp_path):
     assert (tmp_path / "again" / "site" / "kilocard" / "launch" / "package.py").exists()
 
 
+@pytest.mark.integration  # builds the code snapshot's wheel
 def test_sbatch_writes_the_snapshot_and_says_provenance_is_the_submit_hosts(tmp_path, capsys):
     """The run dir has code/ and preflight.py; provenance.json is labelled as the submit host's view."""
     assert main(["sbatch", *TINY, f"cluster.shared_fs={tmp_path}"]) == 0
@@ -105,6 +108,7 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path, capsys):
     assert not root.exists()
 
 
+@pytest.mark.integration  # runs a fresh interpreter / git / pip
 def test_snapshot_needs_no_build_backend_and_pip_installs_it(tmp_path):
     """The snapshot is packed from the checkout's files: no hatchling, no pip at submit time (an install
     without the test extra, `pip install -e .`, used to fail with "No module named 'hatchling'").
@@ -150,6 +154,7 @@ def test_an_unusable_checkout_is_one_line_and_leaves_no_run_directory(tmp_path):
     assert list(root.iterdir()) == []
 
 
+@pytest.mark.integration  # runs a fresh interpreter / git / pip
 def test_untracked_source_files_make_the_provenance_dirty(tmp_path):
     """``launcher.packaging=snapshot`` ships an untracked module of the checkout, so provenance.json may
     not say ``dirty: false`` for it (it did: untracked files were not looked at); an untracked file the

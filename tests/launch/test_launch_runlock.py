@@ -53,6 +53,7 @@ def holder(run_dir):
     proc.wait()
 
 
+@pytest.mark.integration  # holds the lock from a second process
 def test_lock_names_its_holder_and_a_dead_holder_does_not_block(run_dir, holder):
     """A held lock refuses with pid, host and job id; once the holder dies (SIGKILL) it is free again."""
     with pytest.raises(RunDirBusy) as e:
@@ -66,6 +67,7 @@ def test_lock_names_its_holder_and_a_dead_holder_does_not_block(run_dir, holder)
     assert (run_dir / LOCK_FILE).read_text() == ""
 
 
+@pytest.mark.integration  # holds the lock from a second process
 def test_a_requeued_job_waits_for_its_own_earlier_start_to_let_go(run_dir, holder, monkeypatch, capsys):
     """The holder is job 4242 before its requeue (restart 0): restart 1 waits for it and takes the lock
     once it exits; a different job, or the same start, is refused at once."""
@@ -103,6 +105,7 @@ def test_a_filesystem_without_flock_is_named_not_a_crash(run_dir, monkeypatch):
         acquire(run_dir)
 
 
+@pytest.mark.integration  # holds the lock from a second process
 def test_second_kilocard_run_resume_is_refused_at_once_naming_the_holder(run_dir, holder):
     """``kilocard run --resume`` of a held run directory exits 1 before any rank starts."""
     proc = subprocess.run(

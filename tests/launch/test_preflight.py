@@ -12,7 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from venvs import REPO, venv_without
+
+pytestmark = pytest.mark.integration  # runs preflight.py in real interpreters (each imports torch and megatron)
 
 SCRIPT = REPO / "slurm" / "preflight.py"
 RANGE = ["--mcore-min", "0.16.1", "--mcore-below", "0.20"]
@@ -30,11 +34,14 @@ def record(run_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def test_ready_node_records_versions_and_passes(tmp_path):
-    proc = preflight(sys.executable, tmp_path, "--gpus-per-node", "0", *RANGE)
+def test_ready_node_with_nvrx_records_versions_and_passes(tmp_path):
+    """kilocard's own environment, with ``--need-nvrx`` (rendered when launcher.max_restarts > 0): it passes
+    and records every version, NVRx's included."""
+    proc = preflight(sys.executable, tmp_path, "--gpus-per-node", "0", *RANGE, "--need-nvrx")
     assert proc.returncode == 0, proc.stderr
     rec = record(tmp_path)
     assert rec["megatron-core"].startswith("0.16.1") and rec["torch"] and rec["kilocard"]
+    assert rec["nvidia-resiliency-ext"] == "0.4.1"
     assert rec["gpu_count"] == 0 and rec["problems"] == [] and rec["restart"] == 1
     assert not (tmp_path / "FAILED").exists()
 
@@ -49,30 +56,21 @@ def test_gpu_count_and_version_range_are_bad_config_naming_node_and_reason(tmp_p
     assert len(proc.stderr.strip().splitlines()) == 1  # one line, no traceback
 
 
-def test_venv_without_megatron_core_fails_in_seconds_naming_the_module(tmp_path):
-    venv = venv_without(tmp_path, ("megatron",))
+def test_venv_without_megatron_core_and_nvrx_fails_in_seconds_naming_each_module(tmp_path):
+    """A node whose Python lacks megatron-core, and NVRx which in-job restarts (``--need-nvrx``) need: the
+    preflight fails within seconds, naming each missing module and the fix for the restarts."""
+    from kilocard.launch.ftlaunch import MODULE
+
+    venv = venv_without(tmp_path, ("megatron", "nvidia_resiliency"))
     t0 = time.monotonic()
-    proc = preflight(str(venv / "bin" / "python"), tmp_path / "run", "--gpus-per-node", "0", *RANGE)
+    proc = preflight(str(venv / "bin" / "python"), tmp_path / "run", "--gpus-per-node", "0", *RANGE, "--need-nvrx")
     assert proc.returncode == 2, proc.stderr
     assert time.monotonic() - t0 < 60
     failed = (tmp_path / "run" / "FAILED").read_text()
     assert "import megatron.core failed: ModuleNotFoundError" in failed
-    assert record(tmp_path / "run")["megatron-core"] is None
-
-
-def test_in_job_restarts_need_nvrx_on_the_node(tmp_path):
-    """``--need-nvrx`` (rendered when launcher.max_restarts > 0): a node whose Python lacks NVRx fails the
-    preflight naming the module and the fix; with NVRx it passes and records its version."""
-    from kilocard.launch.ftlaunch import MODULE
-
-    venv = venv_without(tmp_path, ("nvidia_resiliency",))
-    proc = preflight(str(venv / "bin" / "python"), tmp_path / "run", "--gpus-per-node", "0", *RANGE, "--need-nvrx")
-    assert proc.returncode == 2, proc.stderr
-    assert f"import {MODULE} failed" in (tmp_path / "run" / "FAILED").read_text()
+    assert f"import {MODULE} failed" in failed
     assert "launcher.max_restarts=0" in proc.stderr
-    ok = preflight(sys.executable, tmp_path / "ok", "--gpus-per-node", "0", *RANGE, "--need-nvrx")
-    assert ok.returncode == 0, ok.stderr
-    assert record(tmp_path / "ok")["nvidia-resiliency-ext"] == "0.4.1"
+    assert record(tmp_path / "run")["megatron-core"] is None
 
 
 def test_preflight_names_the_launcher_module_the_batch_script_runs():

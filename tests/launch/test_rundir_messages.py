@@ -28,6 +28,7 @@ def run_main(argv, capsys):
     return rc, out, err
 
 
+@pytest.mark.integration  # runs kilocard in a fresh interpreter
 @pytest.mark.skipif(not (CHECKOUT / ".git").exists(), reason="kilocard runs from a checkout only here")
 def test_missing_git_records_an_unknown_version_instead_of_blaming_shared_fs(tmp_path, monkeypatch, capsys):
     """Without git on the PATH the run is written; provenance says why the commit is unknown."""
@@ -69,6 +70,7 @@ sys.exit(main(["run", "--resume", sys.argv[1]]))
 """
 
 
+@pytest.mark.integration  # runs kilocard in a fresh interpreter
 def test_read_only_run_dir_on_resume_is_one_line():
     """A run directory the user cannot write: exit 2 naming it, before any rank starts (was a traceback)."""
     root = Path(tempfile.mkdtemp(prefix="kilocard-ro-"))

@@ -262,7 +262,7 @@ def test_preview_and_written_run_share_one_runs_root(tmp_path, capsys, monkeypat
     args = [*TINY, "cluster.shared_fs=runs", "launcher.run_name=exp"]
     rc, out, err = run_cli([*args, "--dry-run"], capsys)
     assert rc == 0, err
-    assert out.startswith(f"# run dir: {tmp_path / 'runs' / 'exp'} (dry run: nothing written)\n")
+    assert out.startswith(f"#!/bin/bash\n# run dir: {tmp_path / 'runs' / 'exp'} (dry run: nothing written)\n")
     rc, out, err = run_cli(args, capsys)
     assert rc == 0, err
     run_dir = tmp_path / "runs" / "exp"

@@ -234,6 +234,7 @@ def test_container_mounts_are_derived_and_never_redundant():
     assert mounts == {"/lustre:/lustre,/datasets/code:/datasets/code"}
 
 
+@pytest.mark.integration  # reads the CPU shim's proven versions (imports torch)
 def test_preflight_range_is_kilocards_declared_one():
     """The preflight's megatron-core range is pyproject's, its floor the CPU shim's first proven version."""
     import tomllib

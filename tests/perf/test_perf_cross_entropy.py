@@ -22,6 +22,7 @@ def _with_cross_entropy(cfg: RunConfig, fusion: bool, impl: str = "native") -> R
     return replace(cfg, model=model)
 
 
+@pytest.mark.integration  # measures Megatron-Core's cross entropy in a fresh interpreter
 def test_unfused_bytes_are_what_megatron_core_moves() -> None:
     """The eager path (``cross_entropy_loss_fusion`` off), run from the megatron-core wheel under a
     dispatch mode that adds up each kernel's reads and writes (``tests/cross_entropy_traffic.py``, in its

@@ -37,6 +37,7 @@ def test_gpu_table_has_the_datasheet_dense_peaks():
         h100.peak("fp4")
 
 
+@pytest.mark.integration  # reads Megatron-Core's default rank order
 def test_rank_order_is_megatron_cores_default():
     import inspect
 
@@ -55,6 +56,7 @@ def _brute_force_cross(tp, cp, ep, dp, pp, name, unit):
     return any(len({r // unit for r in g}) > 1 for g in gen.get_ranks(name))
 
 
+@pytest.mark.integration  # Megatron-Core's rank generator
 @pytest.mark.parametrize("unit", [2, 4, 6, 8])
 def test_analytic_crossing_equals_megatron_rank_generator(unit):
     checked = 0
@@ -102,6 +104,7 @@ def _layout(tp, cp, dp, pp, unit, tp_pp_dp):
     )
 
 
+@pytest.mark.integration  # Megatron-Core's rank generator
 @pytest.mark.parametrize("tp_pp_dp", [False, True])
 @pytest.mark.parametrize("unit", [2, 4, 8])
 def test_layout_groups_follow_the_rank_order_megatron_core_builds(unit, tp_pp_dp):

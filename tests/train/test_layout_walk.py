@@ -15,6 +15,7 @@ import inspect
 import json
 from pathlib import Path
 
+import pytest
 from megatron.core import parallel_state as ps
 
 from kilocard.cli import main
@@ -24,6 +25,8 @@ from kilocard.rundir import checkpoint as ck
 from kilocard.rundir.freeze import load_verified
 from kilocard.train import entry
 from kilocard.train import megatron_adapter as ma
+
+pytestmark = pytest.mark.integration  # imports Megatron-Core
 
 
 def _sbatch_run_dir(tmp_path: Path, capsys, *overrides: str) -> Path:

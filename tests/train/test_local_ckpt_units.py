@@ -15,6 +15,8 @@ import torch.distributed as dist
 from kilocard.rundir import checkpoint as ck
 from kilocard.train import local_ckpt as lc
 
+pytestmark = pytest.mark.integration  # torch.distributed and NVRx's local checkpoint manager
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_rank():

@@ -17,6 +17,8 @@ from kilocard.config.compose import compose, to_run_config
 from kilocard.rundir.names import BLOCKLIST, EXIT_DIR_ENV, FAILED_RANKS, UNHEALTHY_NODES_ENV
 from kilocard.train import health
 
+pytestmark = pytest.mark.integration  # the node health check runs on torch.distributed
+
 
 def test_fault_injection_names_nodes():
     env = {UNHEALTHY_NODES_ENV: "n2, n5"}

@@ -11,10 +11,9 @@ from kilocard import exitcodes
 pytestmark = pytest.mark.slow
 
 
-def test_profile_steps_write_a_trace_of_the_window(kilocard_run):
-    code, out, run_dir = kilocard_run(
-        "recipe=tiny_gpt", "trainer.train_iters=3", "trainer.profile_steps=[2,3]", "trainer.tensorboard=false"
-    )
+def test_profile_steps_write_a_trace_of_the_window(finished_tiny_run):
+    """The shared run profiles steps 2 and 3 of 3 (``conftest.SHARED_RUN_ARGS``)."""
+    code, out, run_dir = finished_tiny_run.code, finished_tiny_run.out, finished_tiny_run.run_dir
     assert code == exitcodes.DONE, out[-3000:]
     assert [p.name for p in (run_dir / "profile").iterdir()] == ["rank_0_steps_2-3.json"]
     trace = json.loads((run_dir / "profile" / "rank_0_steps_2-3.json").read_text())

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from kilocard.launch.local import torchrun_command
 
 
@@ -25,6 +27,7 @@ def wait_for_usr1_handler(pid: int, timeout_s: float = 60.0) -> None:
     raise AssertionError(f"process {pid} never installed a SIGUSR1 handler")
 
 
+@pytest.mark.integration  # signals a real rank process
 def test_usr1_while_importing_does_not_kill_the_rank(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "kilocard.train", str(tmp_path / "missing")], stderr=subprocess.PIPE, text=True
@@ -55,6 +58,7 @@ runpy.run_module("kilocard.train", run_name="__main__")
 """
 
 
+@pytest.mark.integration  # signals a real rank process
 def test_usr1_after_the_outcome_does_not_kill_the_rank_while_python_shuts_down(tmp_path):
     """Slurm's USR1 can come after the last step. CPython gives every signal it handled its default
     disposition back when it shuts down, and USR1's default is death: exit -10 (138 under srun), read by

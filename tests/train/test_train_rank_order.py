@@ -18,6 +18,8 @@ import pytest
 from kilocard.layout import compute_layout
 from run_configs import cfg_of
 
+pytestmark = pytest.mark.integration  # plays the ranks in a subprocess that imports torch and Megatron-Core
+
 SCRIPT = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")

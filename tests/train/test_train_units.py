@@ -51,6 +51,7 @@ def test_every_rank_recording_done_under_a_failed_launcher_is_a_fault(tmp_path):
     assert exitcodes.from_exit_dir(str(tmp_path), 1) == exitcodes.FAULT
 
 
+@pytest.mark.integration  # a real child process
 def test_exitcodes_module_prints_the_run_code_for_the_batch_script(tmp_path):
     import subprocess
     import sys
@@ -81,6 +82,7 @@ def test_torchrun_command_runs_the_train_module(tmp_path):
     )
 
 
+@pytest.mark.integration  # a real child process
 def test_watchdog_exits_fault_with_a_clear_message():
     code = (
         "from kilocard.train.signals import Watchdog; import time; w = Watchdog(0.3, 3).start(); "
@@ -107,6 +109,7 @@ time.sleep(30)
 """
 
 
+@pytest.mark.integration  # a real child process
 def test_watchdog_exit_leaves_no_spawned_process_behind(tmp_path):
     """The processes a hung rank started (the checkpoint writer's spawned Manager, a forked writer) die with
     it: an orphan would hold the rank's output open (Slurm waits 60 s for it) and stay on the node."""
@@ -143,6 +146,7 @@ def test_throughput_names_its_peak_and_uses_megatron_flops():
     assert f["tokens_per_s_per_gpu"] == pytest.approx(rc.trainer.global_batch_size * rc.model.seq_length / 8 / 2.0)
 
 
+@pytest.mark.integration  # TensorBoard's writer is torch.utils.tensorboard
 def test_metrics_writer_tensorboard_scalars_read_back(tmp_path):
     """Every numeric field of a record is a ``train/<key>`` scalar at its step, read by TensorBoard's own reader."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -172,6 +176,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # the rank dies mid-save: no cleanup runs
 """
 
 
+@pytest.mark.integration  # a real child process
 @pytest.mark.parametrize("guard", [True, False])
 def test_forked_helpers_die_with_their_rank(guard, tmp_path):
     """A process forked by a rank (as Megatron-Core's checkpoint writers are) is SIGKILLed when the
@@ -198,6 +203,7 @@ def test_forked_helpers_die_with_their_rank(guard, tmp_path):
     assert alive is not guard
 
 
+@pytest.mark.integration  # a real child process
 def test_checkpoint_files_and_names_import_without_torch():
     """The launchers and the progress table read what the ranks write (tracker, manifest, metrics, exit
     codes) by the same names, without importing torch: ``kilocard.rundir.names`` and the file layer."""

@@ -92,6 +92,7 @@ def test_corpus_is_big_and_covers_every_kind():
     assert len({json.dumps(e["overrides"]) for e in CORPUS}) == len(CORPUS), "duplicate entries"
 
 
+@pytest.mark.integration  # runs the kilocard console script
 def test_every_invalid_input_is_refused_by_every_verb(guarded, tmp_path):
     root, env, record = guarded
     corpus_json, results_json = tmp_path / "corpus.json", tmp_path / "results.json"
@@ -111,6 +112,7 @@ def test_every_invalid_input_is_refused_by_every_verb(guarded, tmp_path):
     assert_nothing_written(root, record)
 
 
+@pytest.mark.integration  # runs the kilocard console script
 def test_console_script_refuses_with_one_line(guarded):
     root, env, record = guarded
     picks = {"shell": VERBS[0], "range": VERBS[1], "path": VERBS[2]}

@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 
 from kilocard.config.compose import compose, to_run_config
-from kilocard.data.byte_tokenizer import ByteTokenizer
-from kilocard.data.tokenizer import get_tokenizer
 from kilocard.validate import validate
 from kilocard.validate.tokenizer import BYTES_VOCAB, tokenizer_issues
 from run_configs import cfg_of
@@ -22,7 +20,14 @@ from tokenizer_files import hf_tokenizer_json, tiktoken_file
 TINY = {"model.make_vocab_size_divisible_by": 128, "data.tokenizer": "kilocard-bytes"}
 
 
+# The tokenizers subclass Megatron-Core's tokenizer base class: a test that loads one imports Megatron-Core and torch.
+LOADS_A_TOKENIZER = pytest.mark.integration
+
+
+@LOADS_A_TOKENIZER
 def test_builtin_vocabulary_size_is_the_byte_tokenizers() -> None:
+    from kilocard.data.byte_tokenizer import ByteTokenizer
+
     assert BYTES_VOCAB == ByteTokenizer().vocab_size
 
 
@@ -51,6 +56,7 @@ def test_padded_vocabulary_must_cover_the_byte_tokenizer(values: dict, valid: bo
         assert issue.hint == "set model.vocab_size=258"
 
 
+@LOADS_A_TOKENIZER
 def test_tokenizer_issues_names_a_missing_file_and_validate_stays_pure(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope" / "tokenizer.json")
     cfg = cfg_of({**TINY, "model.vocab_size": 258, "data.tokenizer": missing})
@@ -65,6 +71,7 @@ def test_tokenizer_issues_names_a_missing_file_and_validate_stays_pure(tmp_path:
     assert "unknown tokenizer" in issue.message and "kilocard-bytes or the path of" in issue.hint
 
 
+@LOADS_A_TOKENIZER
 def test_tokenizer_issues_checks_the_padded_vocabulary_against_the_file(tmp_path: Path) -> None:
     path = str(hf_tokenizer_json(tmp_path, vocab_size=400))
     small = cfg_of({**TINY, "model.vocab_size": 258, "data.tokenizer": path})  # pads to 384 < 400
@@ -85,8 +92,11 @@ def test_tokenizer_issues_checks_the_padded_vocabulary_against_the_file(tmp_path
     assert tokenizer_issues(cfg_of({**TINY, "model.vocab_size": 258})) == []  # the pure rule covers the built-in
 
 
+@LOADS_A_TOKENIZER
 def test_llama3_cpt_recipe_validates_with_a_llama3_format_tokenizer(tmp_path: Path) -> None:
     """The recipe's own paths exist only after docs/huggingface.md's commands; a stand-in tiktoken file passes."""
+    from kilocard.data.tokenizer import get_tokenizer
+
     default = to_run_config(compose(["recipe=llama3_8b_cpt"]))
     assert validate(default).valid, [i.message for i in validate(default).errors]
     (issue,) = tokenizer_issues(default)

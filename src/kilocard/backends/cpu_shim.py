@@ -43,6 +43,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable
 from importlib import metadata
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,6 +57,12 @@ SKIP_ENV = "KILOCARD_CPU_SHIM_SKIP"
 _applied: frozenset[int] | None = None
 
 
+def _replace(owner: object, name: str, new: object) -> None:
+    """Replace ``owner.name`` with ``new``: each section patches torch or Megatron-Core on purpose (a plain
+    assignment to a method or a class, which a type checker rightly flags as a mistake elsewhere)."""
+    setattr(owner, name, new)
+
+
 class ShimVersionError(RuntimeError):
     """The installed megatron-core is not a version the shim was proven against."""
 
@@ -63,7 +70,7 @@ class ShimVersionError(RuntimeError):
 def _patch_rng_tracker() -> None:
     import megatron.core.tensor_parallel.random as rnd
 
-    def add(self, name, seed):
+    def add(self: Any, name: str, seed: int) -> None:
         self._is_initialized = True
         if seed in self.seeds_:
             raise Exception(f"seed {seed} already exists")
@@ -73,9 +80,9 @@ def _patch_rng_tracker() -> None:
         self.states_[name] = torch.get_rng_state()
         torch.set_rng_state(orig)
 
-    rnd.CudaRNGStatesTracker.add = add
-    rnd._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-    rnd._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    _replace(rnd.CudaRNGStatesTracker, "add", add)
+    _replace(rnd, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
+    _replace(rnd, "_set_cuda_rng_state", lambda state, *a, **k: torch.set_rng_state(state))
 
 
 def _is_cuda(d: object) -> bool:
@@ -88,7 +95,7 @@ def _is_cuda(d: object) -> bool:
 
 def _to_cpu_device(f: Callable, pos: int | None = None) -> Callable:
     @functools.wraps(f)
-    def wrapper(*a, **k):
+    def wrapper(*a: Any, **k: Any) -> Any:
         if "device" in k and _is_cuda(k["device"]):
             k["device"] = "cpu"
         if pos is not None and len(a) > pos and _is_cuda(a[pos]):
@@ -122,66 +129,74 @@ _FACTORIES = (
 
 def _patch_devices() -> None:
     for name in _FACTORIES:
-        setattr(torch, name, _to_cpu_device(getattr(torch, name)))
+        _replace(torch, name, _to_cpu_device(getattr(torch, name)))
     for name in ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor"):
-        setattr(torch.Tensor, name, _to_cpu_device(getattr(torch.Tensor, name)))
-    torch.Tensor.to = _to_cpu_device(torch.Tensor.to, pos=1)
-    torch.Tensor.cuda = lambda self, *a, **k: self
-    torch.cuda.current_device = lambda: 0
+        _replace(torch.Tensor, name, _to_cpu_device(getattr(torch.Tensor, name)))
+    _replace(torch.Tensor, "to", _to_cpu_device(torch.Tensor.to, pos=1))
+    _replace(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    _replace(torch.cuda, "current_device", lambda: 0)
 
 
 class _NullEvent:
-    def __init__(self, *a, **k):
+    """``torch.cuda.Event`` on a CPU rank: every operation is already complete."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
         pass
 
-    def record(self, *a, **k):
+    def record(self, *a: Any, **k: Any) -> None:
         pass
 
-    def wait(self, *a, **k):
+    def wait(self, *a: Any, **k: Any) -> None:
         pass
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         pass
 
-    def query(self):
+    def query(self) -> bool:
         return True
 
-    def elapsed_time(self, other):
+    def elapsed_time(self, other: _NullEvent) -> float:
         return 0.0
 
 
 class _NullStream(_NullEvent):
-    def wait_stream(self, *a):
+    """``torch.cuda.Stream`` on a CPU rank: one stream, nothing to wait for."""
+
+    def wait_stream(self, *a: Any) -> None:
         pass
 
-    def wait_event(self, *a):
+    def wait_event(self, *a: Any) -> None:
         pass
 
-    def record_event(self, e=None):
+    def record_event(self, e: _NullEvent | None = None) -> _NullEvent:
         return e or _NullEvent()
 
 
 def _patch_cuda_runtime() -> None:
     null = _NullStream()
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.Stream, torch.cuda.Event = _NullStream, _NullEvent
-    torch.cuda.current_stream = torch.cuda.default_stream = lambda *a, **k: null
-    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
-    torch.Tensor.record_stream = lambda self, s: None
+    _replace(torch.cuda, "synchronize", lambda *a, **k: None)
+    _replace(torch.cuda, "Stream", _NullStream)
+    _replace(torch.cuda, "Event", _NullEvent)
+    _replace(torch.cuda, "current_stream", lambda *a, **k: null)
+    _replace(torch.cuda, "default_stream", lambda *a, **k: null)
+    _replace(torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext())
+    _replace(torch.Tensor, "record_stream", lambda self, s: None)
 
 
 def _patch_te_general_gemm() -> None:
     import megatron.core.transformer.moe.moe_utils as moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
+        _replace(moe_utils, "te_general_gemm", None)
 
 
 def _patch_alltoall_splits() -> None:
     import megatron.core.transformer.moe.token_dispatcher as td
 
-    td.maybe_move_tensor_to_cpu = lambda t, as_numpy=False, record_stream=False: (
-        t.numpy() if as_numpy and torch.is_tensor(t) else t
+    _replace(
+        td,
+        "maybe_move_tensor_to_cpu",
+        lambda t, as_numpy=False, record_stream=False: t.numpy() if as_numpy and torch.is_tensor(t) else t,
     )
 
 
@@ -189,26 +204,26 @@ def _patch_tensor_type() -> None:
     orig_type = torch.Tensor.type
     spoof = {"torch.FloatTensor", "torch.HalfTensor", "torch.BFloat16Tensor"}
 
-    def type_(self, dtype=None, non_blocking=False, **kw):
+    def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kw: Any) -> Any:
         if dtype is None and not kw:
             t = orig_type(self)
             return "torch.cuda." + t[6:] if t in spoof else t
         return orig_type(self, dtype, non_blocking, **kw)
 
-    torch.Tensor.type = type_
+    _replace(torch.Tensor, "type", type_)
 
 
 def _patch_sequence_parallel_norm() -> None:
     import megatron.core.transformer.torch_norm as tn
 
-    def norm_new(cls, config, hidden_size, eps=1e-5, *a, **k):
+    def norm_new(cls: type, config: Any, hidden_size: int, eps: float = 1e-5, *a: Any, **k: Any) -> torch.nn.Module:
         kind = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}[config.normalization]
         norm = kind(hidden_size, eps=eps)
         for p in norm.parameters():
             p.sequence_parallel = config.sequence_parallel
         return norm
 
-    tn.WrappedTorchNorm.__new__ = staticmethod(norm_new)
+    _replace(tn.WrappedTorchNorm, "__new__", staticmethod(norm_new))
 
 
 def _patch_uneven_collectives() -> None:
@@ -217,7 +232,9 @@ def _patch_uneven_collectives() -> None:
     def uneven(ts: list[torch.Tensor]) -> bool:
         return len({tuple(t.shape) for t in ts}) > 1
 
-    def all_gather_v(tensor_list, tensor, group=None, async_op=False):
+    def all_gather_v(
+        tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
+    ) -> Any:
         if not uneven(tensor_list):
             return all_gather(tensor_list, tensor, group=group, async_op=async_op)
         pad = tensor.new_zeros((max(t.shape[0] for t in tensor_list),) + tuple(tensor.shape[1:]))
@@ -227,7 +244,13 @@ def _patch_uneven_collectives() -> None:
         for out, b in zip(tensor_list, bufs, strict=False):
             out.copy_(b[: out.shape[0]])
 
-    def reduce_scatter_v(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    def reduce_scatter_v(
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: Any = dist.ReduceOp.SUM,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Any:
         if not uneven(input_list):
             return reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)
         full = torch.cat([t.contiguous() for t in input_list])
@@ -235,7 +258,8 @@ def _patch_uneven_collectives() -> None:
         start = sum(t.shape[0] for t in input_list[: dist.get_rank(group)])
         output.copy_(full[start : start + output.shape[0]])
 
-    dist.all_gather, dist.reduce_scatter = all_gather_v, reduce_scatter_v
+    _replace(dist, "all_gather", all_gather_v)
+    _replace(dist, "reduce_scatter", reduce_scatter_v)
 
 
 def _patch_distopt_adam_step() -> None:
@@ -243,7 +267,7 @@ def _patch_distopt_adam_step() -> None:
 
     orig_set_states = DO._set_main_param_and_optimizer_states
 
-    def set_states(self, model_param, tensors):
+    def set_states(self: Any, model_param: torch.nn.Parameter, tensors: dict[str, torch.Tensor]) -> Any:
         gi, go = self.model_param_group_index_map[model_param]
         st = self.optimizer.state.get(self.optimizer.param_groups[gi]["params"][go], {})
         if "step" in st and "step" not in tensors:
@@ -252,15 +276,15 @@ def _patch_distopt_adam_step() -> None:
 
     orig_load_sd = DO.load_state_dict
 
-    def load_sd(self, state_dict):
+    def load_sd(self: Any, state_dict: dict[str, Any]) -> Any:
         out = orig_load_sd(self, state_dict)
         for s in self.optimizer.state.values():
             if torch.is_tensor(s.get("step")):
                 s["step"] = s["step"].clone()
         return out
 
-    DO._set_main_param_and_optimizer_states = set_states
-    DO.load_state_dict = load_sd
+    _replace(DO, "_set_main_param_and_optimizer_states", set_states)
+    _replace(DO, "load_state_dict", load_sd)
 
 
 def _patch_sync_save_results_queue() -> None:
@@ -271,7 +295,7 @@ def _patch_sync_save_results_queue() -> None:
     results: queue.Queue = queue.Queue()
     # 0.16 names it _get_write_results_queue(); 0.19 get_write_results_queue(mp_mode="spawn")
     name = "get_write_results_queue" if hasattr(fa, "get_write_results_queue") else "_get_write_results_queue"
-    setattr(fa, name, lambda *args, **kwargs: results)
+    _replace(fa, name, lambda *args, **kwargs: results)
 
 
 SECTIONS: dict[int, Callable[[], None]] = {

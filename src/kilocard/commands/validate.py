@@ -15,7 +15,7 @@ from kilocard.commands.common import add_config_args, add_path_check_arg, check_
 from kilocard.commands.output import count_line, issue_line
 from kilocard.config.compose import compose_many
 from kilocard.config.schema import RunConfig
-from kilocard.topology import GiB
+from kilocard.topology import GiB, GroupPlacement
 from kilocard.validate.issues import Report
 
 HELP = "check layout, batch, precision, topology and memory"
@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _scope_text(g) -> str:
+def _scope_text(g: GroupPlacement) -> str:
     if g.size <= 1:
         return "single rank"
     return {

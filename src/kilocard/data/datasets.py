@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Sized
 from pathlib import Path
+from typing import cast
 
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
@@ -154,9 +156,10 @@ def build_train_dataset(run_cfg: RunConfig, config: GPTDatasetConfig) -> Dataset
         check_split_documents(config, TRAIN, "more documents or a larger train weight")
     needed = train_samples(run_cfg)
     dataset = build_split_dataset(config, TRAIN, needed)
-    if len(dataset) < needed:
+    have = len(cast(Sized, dataset))
+    if have < needed:
         raise DataError(
-            f"data.data_path: the unweighted blend gives {len(dataset)} train samples but the run needs "
+            f"data.data_path: the unweighted blend gives {have} train samples but the run needs "
             f"{needed}; fix: give weights ([w1, p1, w2, p2]) so Megatron draws more epochs"
         )
     return dataset

@@ -64,12 +64,13 @@ class HuggingFaceTokenizer(FileTokenizer):
         self._tok.encode_special_tokens = True
         self._vocab: dict[str, int] = self._tok.get_vocab(with_added_tokens=True)
         named = _configured_tokens(path)
-        self._eod = self._special_id(named.get("eos_token"), EOD_NAMES)
-        if self._eod is None:
+        eod = self._special_id(named.get("eos_token"), EOD_NAMES)
+        if eod is None:
             raise DataError(
                 f"data.tokenizer: {path} defines none of {', '.join(EOD_NAMES)} to end a document; "
                 f'fix: put a {CONFIG_FILE} with "eos_token" beside it'
             )
+        self._eod: int = eod
         pad = self._special_id(named.get("pad_token"), PAD_NAMES)
         self._pad = NO_PAD if pad in (None, self._eod) else pad  # Megatron-Core refuses a pad equal to the EOD
         super().__init__(path)

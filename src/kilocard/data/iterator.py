@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
+from typing import cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -118,7 +119,7 @@ def eval_batches(
     t = run_cfg.trainer
     per_step = t.micro_batch_size * dp_size
     micro = rounds * (t.global_batch_size // per_step)
-    size = len(dataset)
+    size = len(cast(Sized, dataset))
     batches = (
         [(start + k * per_step + dp_rank * t.micro_batch_size + j) % size for j in range(t.micro_batch_size)]
         for k in range(micro)

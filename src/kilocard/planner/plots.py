@@ -8,6 +8,7 @@ input has arrived, and the idle time left over is the bubble.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,11 +16,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from kilocard.config.schema import RunConfig  # noqa: E402
 from kilocard.layout import data_parallel_size, world_size  # noqa: E402
-from kilocard.planner.search import OWN_MARK, table_rows  # noqa: E402
+from kilocard.planner.search import OWN_MARK, Candidate, Plan, Ranked, table_rows  # noqa: E402
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")
 MEMORY_COLORS = {"weights": "#7f7f7f", "gradients": "#bcbd22", "optimizer": "#17becf", "activations": "#9467bd"}
@@ -33,7 +35,7 @@ TOTAL_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 1.0}
 """Behind each memory total, so the usable-HBM line never crosses its digits."""
 
 
-def _label(key: str, c) -> str:
+def _label(key: str, c: Candidate) -> str:
     """Two short lines under a bar: the table's ``#`` and the layout (recompute and micro-batch below)."""
     head = [f"TP{c.tp}", f"PP{c.pp}"] + ([f"VP{c.vp}"] if c.vp else [])
     head += [f"CP{c.cp}"] * (c.cp > 1) + [f"EP{c.ep}"] * (c.ep > 1)
@@ -41,7 +43,7 @@ def _label(key: str, c) -> str:
     return f"#{key}\n{' '.join(head)}\n{' '.join(tail)}"
 
 
-def plot_plan(plan, path: str) -> None:
+def plot_plan(plan: Plan, path: str) -> None:
     """Predicted MFU per table row (top, zoomed) and its memory per GPU by component (bottom), the
     bars named as the rows of ``kilocard plan``'s table (``*``: the config's own layout)."""
     entries = table_rows(plan)
@@ -56,7 +58,7 @@ def plot_plan(plan, path: str) -> None:
     plt.close(fig)
 
 
-def mfu_panel(ax, plan, entries) -> None:
+def mfu_panel(ax: Axes, plan: Plan, entries: list[tuple[str, Ranked]]) -> None:
     """MFU bars with their values; the axis spans the values (not from zero) so differences show."""
     mfu = [100 * r.mfu for _, r in entries]
     colors = [OWN_COLOR if k.endswith(OWN_MARK) else OTHER_COLOR for k, _ in entries]
@@ -73,7 +75,7 @@ def mfu_panel(ax, plan, entries) -> None:
     )
 
 
-def memory_panel(ax, plan, entries) -> None:
+def memory_panel(ax: Axes, plan: Plan, entries: list[tuple[str, Ranked]]) -> None:
     """Stacked memory per GPU with each part's GiB inside its segment (when tall enough) and the total
     above; the legend sits outside the axes, right of them."""
     x = range(len(entries))
@@ -139,7 +141,8 @@ def rank_order(rank: int, pp: int, vp: int, micro: int) -> list[Op]:
     return order
 
 
-def _dependency(op: Op, pp: int, vp: int):
+def _dependency(op: Op, pp: int, vp: int) -> tuple[str, int, int, int] | None:
+    """The pass ``op`` waits for, as ``(kind, rank, chunk, micro)``; None for the first stage's first chunk."""
     if op.kind == "F":
         if op.rank > 0:
             return ("F", op.rank - 1, op.chunk, op.micro)
@@ -154,7 +157,7 @@ def simulate(pp: int, vp: int, micro: int, t_fwd: float, t_bwd: float) -> dict[O
     orders = [rank_order(r, pp, vp, micro) for r in range(pp)]
     pos = [0] * pp
     free = [0.0] * pp
-    done: dict[tuple, float] = {}
+    done: dict[tuple[str, int, int, int], float] = {}
     times: dict[Op, tuple[float, float]] = {}
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -182,7 +185,7 @@ MIN_LABEL_PX = 14
 """Narrowest pass (pixels) that gets its own box and label; denser schedules are drawn as runs."""
 
 
-def plot_schedule(candidate, cfg: RunConfig, path: str, max_micro: int = 0) -> float:
+def plot_schedule(candidate: Candidate, cfg: RunConfig, path: str, max_micro: int = 0) -> float:
     """Draw the pipeline schedule of ``candidate``; return the bubble fraction of the drawn part.
 
     Forward and backward passes have one colour each (legend); when a pass would be narrower than
@@ -243,7 +246,7 @@ def _block_label(kind: str, ops: list[Op]) -> str:
     return f"1F1B x{len(ops)}" if kind == "FB" else f"{kind}x{len(ops)}"
 
 
-def _runs(times: dict[Op, tuple[float, float]], merge: float):
+def _runs(times: dict[Op, tuple[float, float]], merge: float) -> Iterator[tuple[int, str, float, float, list[Op]]]:
     """(rank, kind, start, end, passes) per drawn box: each pass; or, with ``merge`` (the narrowest
     width drawn alone), each back-to-back run of one kind (``F``/``B``), and back-to-back runs that
     are single passes or narrower than ``merge`` together as one alternating block (``FB``, the
@@ -271,7 +274,7 @@ def _short(block: tuple[str, float, float, list[Op]], merge: float) -> bool:
     return block[2] - block[1] < merge or len(block[3]) == 1
 
 
-def _kind_runs(ordered: list[tuple[float, float, Op]]):
+def _kind_runs(ordered: list[tuple[float, float, Op]]) -> Iterator[tuple[str, float, float, list[Op]]]:
     """(kind, start, end, passes) of each back-to-back run of passes of one kind on one rank."""
     run: list[tuple[float, float, Op]] = []
     for s, e, op in ordered:

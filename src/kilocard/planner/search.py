@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from kilocard.calibration.site import SiteFit
@@ -28,7 +28,7 @@ from kilocard.calibration.trust import ErrorBand, model_error
 from kilocard.config.schema import RunConfig
 from kilocard.layout import MEGATRON_NAMES, compute_layout, data_parallel_size, split_layers, world_size
 from kilocard.perf.efficiency import FITTED, PerfModelParams
-from kilocard.perf.flops import CURRENT, flops_per_iteration, shape_from_model
+from kilocard.perf.flops import CURRENT, ModelShape, flops_per_iteration, shape_from_model
 from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import hardware_for, precision_of, step_time
 from kilocard.perf.steptime import Hardware
@@ -287,9 +287,12 @@ class Plan:
     """The site refit the predictions used (``perf.site_baselines``), with its rows' leave-one-out error."""
 
 
-def _predictor(cfg: RunConfig, hw: Hardware, params: PerfModelParams = FITTED):
+def _predictor(
+    cfg: RunConfig, hw: Hardware, params: PerfModelParams = FITTED
+) -> tuple[Callable[[Candidate], float], dict[int, float]]:
     """``step(candidate) -> seconds`` (shapes and FLOPs cached per TP) and the FLOPs per TP."""
-    shapes, flops = {}, {}
+    shapes: dict[int, ModelShape] = {}
+    flops: dict[int, float] = {}
     par = cfg.parallel
 
     def step(c: Candidate) -> float:
@@ -370,7 +373,7 @@ class _Walk:
     over_memory: int = 0
     min_memory: int | None = None
 
-    def run(self, timed, top: int, max_validations: int) -> bool:
+    def run(self, timed: Iterable[tuple[float, int, Candidate]], top: int, max_validations: int) -> bool:
         """Walk until ``top`` layouts and the config's own are known; True when the budget ran out."""
         for t, _, c in timed:
             is_own = c == self.own

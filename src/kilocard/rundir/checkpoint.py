@@ -434,9 +434,11 @@ def load_root_and_step(
     Verifies the manifest (the caller runs this on rank 0 only). Raises ``CheckpointError`` naming the
     step and file and the newest intact committed step, unless ``fallback`` lets that step be used.
     """
-    if save_root is not None and latest_committed(save_root) is not None:
-        return save_root, _pick(save_root, committed_steps(save_root), fallback, latest_committed(save_root), _own_fix)
-    if load_root is None or latest_committed(load_root) is None:
+    own = latest_committed(save_root) if save_root is not None else None
+    if own is not None:
+        return save_root, _pick(save_root, committed_steps(save_root), fallback, own, _own_fix)
+    newest = latest_committed(load_root) if load_root is not None else None
+    if load_root is None or newest is None:
         if load_root is not None:
             raise CheckpointError(f"checkpoint.load: {load_root} holds no committed step ({TRACKER} missing)")
         return None, None
@@ -448,7 +450,7 @@ def load_root_and_step(
                 f"(committed: {sorted(steps)})"
             )
         steps = [s for s in steps if s <= ckpt_step]
-    wanted = latest_committed(load_root) if ckpt_step is None else ckpt_step
+    wanted = newest if ckpt_step is None else ckpt_step
     return load_root, _pick(load_root, steps, fallback, wanted, _load_fix)
 
 

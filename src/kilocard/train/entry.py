@@ -14,11 +14,18 @@ import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kilocard import exitcodes
 from kilocard.rundir import events
 from kilocard.rundir.freeze import FrozenConfigError, load_verified
-from kilocard.train.signals import StopFlag, die_with_parent_in_forks, record_exit
+from kilocard.train.signals import StopFlag, Watchdog, die_with_parent_in_forks, record_exit
+
+if TYPE_CHECKING:  # torch-importing modules: imported where a rank needs them
+    from kilocard.backends import Backend
+    from kilocard.config.schema import RunConfig
+    from kilocard.train.dist_env import RankEnv
+    from kilocard.train.trainer import Trainer
 
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistNetworkError")
 """Text of a collective that failed because another rank's process went away (gloo/NCCL/TCPStore)."""
@@ -61,14 +68,16 @@ def train(run_dir: Path, stop: StopFlag, started: float | None = None) -> int:
     return code
 
 
-def _record_start(run_dir: Path, env, started: float, attempt: dict[str, bool]) -> None:
+def _record_start(run_dir: Path, env: RankEnv, started: float, attempt: dict[str, bool]) -> None:
     """Rank 0 (holding the run directory) records this launch attempt in events.jsonl."""
     if env.rank == 0:
         events.append(run_dir, "start", when=started, world_size=env.world_size, **events.attempt_fields(os.environ))
         attempt["recorded"] = True
 
 
-def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, started: float, attempt) -> int:
+def _train_verified(
+    run_dir: Path, run_cfg: RunConfig, sha: str, env: RankEnv, stop: StopFlag, started: float, attempt: dict[str, bool]
+) -> int:
     from torch.distributed.checkpoint.api import CheckpointException
 
     from kilocard.backends import select
@@ -131,7 +140,15 @@ def _train_verified(run_dir: Path, run_cfg, sha: str, env, stop: StopFlag, start
         _shutdown()
 
 
-def build_trainer(run_dir: Path, run_cfg, sha: str, backend, stop, watchdog, timeout_minutes: int):
+def build_trainer(
+    run_dir: Path,
+    run_cfg: RunConfig,
+    sha: str,
+    backend: Backend,
+    stop: StopFlag,
+    watchdog: Watchdog,
+    timeout_minutes: int,
+) -> Trainer:
     """Megatron-Core's parallel state, the seeds, and this rank's ``Trainer`` (process group already up).
 
     The layout is computed once, from the frozen config, and passed on: to ``initialize_model_parallel``,
@@ -159,7 +176,15 @@ def build_trainer(run_dir: Path, run_cfg, sha: str, backend, stop, watchdog, tim
     return Trainer(run_cfg, lay, run_dir, sha, backend, stop, watchdog)
 
 
-def _train_in_group(run_dir: Path, run_cfg, sha, backend, stop, watchdog, timeout) -> int:
+def _train_in_group(
+    run_dir: Path,
+    run_cfg: RunConfig,
+    sha: str,
+    backend: Backend,
+    stop: StopFlag,
+    watchdog: Watchdog,
+    timeout: datetime.timedelta,
+) -> int:
     import torch.distributed as dist
 
     from kilocard.rundir.metrics import MetricsWriter

@@ -87,7 +87,8 @@ def _manager_class() -> type:
             final = self._local_ckpt_path_from_id(ckpt_id, False)
             with open(dirty, "xb") as f:
                 w = _HashingWriter(f)
-                torch.save(state_dict, w)
+                # torch.save takes any object with write and flush (its docs); its FileLike stub says IO[bytes]
+                torch.save(state_dict, w)  # type: ignore[arg-type]
             final.with_name(final.name + DIGEST_SUFFIX).write_text(w.h.hexdigest() + "\n")
             dirty.rename(final)
 
@@ -144,7 +145,7 @@ class LocalTier:
 
     def _drop_bad_files(self) -> list[str]:
         """Remove this rank's local files (and leftovers of unfinished saves) whose sha256 does not verify."""
-        out = []
+        out: list[str] = []
         d = self.directory
         if not d.is_dir():
             return out

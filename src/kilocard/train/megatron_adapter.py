@@ -326,16 +326,17 @@ def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable
     raw = next(data_iterator)
     dev = next(model.parameters()).device
 
-    def on_device(t):
-        return t if t is None or t.device == dev else t.to(dev, non_blocking=True)
+    def on_device(t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == dev else t.to(dev, non_blocking=True)
 
     keys = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
-    batch = get_batch_on_this_cp_rank({k: on_device(raw.get(k)) for k in keys})  # no-op without CP
+    on_rank = {k: on_device(raw[k]) for k in keys if raw.get(k) is not None}
+    batch = get_batch_on_this_cp_rank({**dict.fromkeys(keys), **on_rank})  # no-op without CP
     tokens, labels, loss_mask, position_ids = (batch[k] for k in keys[:4])
     mask = batch["attention_mask"]
     output = model(tokens, position_ids, mask, labels=labels)
 
-    def loss_func(output_tensor: torch.Tensor):
+    def loss_func(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         losses = output_tensor.float().view(-1)
         m = loss_mask.view(-1).float()
         loss = torch.sum(losses * m) / m.sum().clamp(min=1.0)

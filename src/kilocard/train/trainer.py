@@ -337,7 +337,8 @@ class Trainer:
 
         t0 = time.perf_counter()
         b, t = self.built, self.cfg.trainer
-        start = 0 if split == TEST else valid_start(self.step, t.eval_interval, t.eval_iters, t.global_batch_size)
+        interval = t.eval_interval or max(self.step, 1)  # no interval: the one evaluation reads from the start
+        start = 0 if split == TEST else valid_start(self.step, interval, t.eval_iters, t.global_batch_size)
         dp_rank = self.ps.get_data_parallel_rank()
         data = self._eval_data[split]
         iterators = [
