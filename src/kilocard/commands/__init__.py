@@ -18,6 +18,7 @@ from kilocard import __version__
 from kilocard.base.quiet import quiet_library_warnings
 from kilocard.commands import (
     baselines,
+    budget,
     convert,
     exits,
     goodput,
@@ -45,6 +46,7 @@ COMMANDS: dict[str, ModuleType] = {
     "sbatch": sbatch,
     "baselines": baselines,
     "plan": plan,
+    "budget": budget,
     "image": image,
     "logs": logs,
     "convert": convert,
