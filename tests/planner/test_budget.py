@@ -4,6 +4,9 @@ answer on Chinchilla's and Llama 3's own budgets (real composition, real planner
 from __future__ import annotations
 
 import json
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +30,7 @@ from kilocard.planner.budget import (
 from kilocard.validate import validate
 
 CHINCHILLA_FLOPS = 5.76e23
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +142,32 @@ def test_cli_bad_value_exits_2(capsys):
     assert "gpus=12: not whole nodes of 8 GPUs" in err and len(err.strip().splitlines()) == 1
 
 
-def test_cli_json_carries_pick_and_candidates(capsys):
-    assert commands.main(["budget", "recipe=llama3_70b", "gpus=16384", "days=50", "--format", "json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["pick"] is not None
-    keys = {"params", "active_params", "tokens", "global_batch_size", "layout", "days", "loss", "jobs"}
-    assert all(keys <= set(c) for c in doc["candidates"])
-    pick = doc["candidates"][doc["pick"]]
-    assert pick["days"] == pytest.approx(50, rel=0.01) and pick["jobs"] >= 1
+def docs_commands() -> list[str]:
+    """The command lines of docs/budget.md's ``bash`` blocks."""
+    out, inside = [], False
+    for line in (ROOT / "docs" / "budget.md").read_text().splitlines():
+        if line.startswith("```"):
+            inside = line.strip() == "```bash"
+        elif inside and line.strip():
+            out.append(line)
+    return out
+
+
+@pytest.mark.parametrize("line", docs_commands())
+def test_docs_commands_exit_as_the_page_says(line, tmp_path, monkeypatch, capsys):
+    """The page's commands (the issue's three among them) in-process, with the exit code the page states;
+    ``--format json`` carries ``pick`` and the candidates' fields, ``--plot`` writes its picture."""
+    monkeypatch.chdir(tmp_path)
+    command, _, comment = line.partition("#")
+    m = re.search(r"\bexit (\d+)\b", comment)
+    words = shlex.split(command)
+    assert words[0] == "kilocard"
+    assert commands.main(words[1:]) == (int(m.group(1)) if m else 0)
+    out = capsys.readouterr().out
+    if "--format" in words:
+        doc = json.loads(out)
+        keys = {"params", "active_params", "tokens", "global_batch_size", "layout", "days", "loss", "jobs"}
+        assert doc["pick"] is not None and all(keys <= set(c) for c in doc["candidates"])
+        assert doc["candidates"][doc["pick"]]["days"] == pytest.approx(90, rel=0.01)
+    if "--plot" in words:
+        assert (tmp_path / words[words.index("--plot") + 1]).stat().st_size > 10_000

@@ -356,11 +356,12 @@ def job_sizes(gpus: int, per_node: int) -> list[int]:
     return fit[:MAX_JOB_TRIES]
 
 
-def find_job(base: RunConfig, gpus: int) -> tuple[Ranked, int, float, str] | None:
+def find_job(base: RunConfig, gpus: int, sizes: list[int] | None = None) -> tuple[Ranked, int, float, str] | None:
     """(plan's best layout, GPUs per job, goodput, why a smaller job) for one job on all ``gpus``, else for the
-    largest of ``job_sizes`` that has a layout with goodput of at least ``MIN_GOODPUT``; ``None`` when none does."""
+    largest of ``job_sizes`` (or of ``sizes``) that has a layout with goodput of at least ``MIN_GOODPUT``;
+    ``None`` when none does."""
     why = ""
-    for size in [gpus, *job_sizes(gpus, base.cluster.gpus_per_node)]:
+    for size in sizes or [gpus, *job_sizes(gpus, base.cluster.gpus_per_node)]:
         cfg = on_gpus(base, size)
         p = plan(cfg, top=1, max_validations=60)
         if not p.top:
@@ -423,7 +424,15 @@ def evaluate(
         return _no_layout(model, gbs, gpus, d0, fpt)
     best, job_gpus, gp, why = found
     jobs = gpus // job_gpus
-    note = f"{why}: split into {jobs} concurrent jobs of {job_gpus} GPUs" if job_gpus != gpus else ""
+    if jobs > 1:  # each job trains its own model on its share of the compute: the batch law at that share
+        smaller = round_batch(batch_tokens(batch_compute(model, d0 / jobs)) / model.seq_length)
+        again = dataclasses.replace(base, trainer=dataclasses.replace(base.trainer, global_batch_size=smaller))
+        refit = find_job(again, gpus, [job_gpus]) if smaller != gbs else None
+        if refit is not None:
+            best, _, gp, _ = refit
+            base, gbs = again, smaller
+            why += f"; each job's batch re-derived for its share of the compute: {gbs} sequences"
+    note = f"split into {jobs} concurrent jobs of {job_gpus} GPUs: {why}" if jobs > 1 else ""
     tput = gbs * model.seq_length / best.step_time_s
     if tokens is None:
         if budget.flops is not None:
@@ -569,7 +578,7 @@ def budget_plan(cfg: RunConfig, budget: Budget, count: int = MAX_CANDIDATES) -> 
     )
     why = "no candidate has a layout the validator accepts"
     if pick is not None:
-        why = f"lowest predicted loss ({law}) of the {len(scored)} sizes that fit the budget"
+        why = f"the lowest predicted loss of the {len(scored)} sizes that fit the budget"
     return BudgetPlan(
         budget=budget,
         gpus=world_size(cfg.cluster),
