@@ -571,11 +571,7 @@ def budget_plan(cfg: RunConfig, budget: Budget, count: int = MAX_CANDIDATES) -> 
     scored = [(c.loss, i) for i, c in enumerate(cands) if c.loss is not None]
     pick = min(scored)[1] if scored else None
     moe = is_moe(cfg.model)
-    law = (
-        "Ludziejewski et al. 2025 joint MoE law (losses comparable among MoE candidates only)"
-        if moe
-        else DEFAULT_LAW.name
-    )
+    law = "Ludziejewski et al. 2025, joint MoE law (compare among MoE sizes only)" if moe else DEFAULT_LAW.name
     why = "no candidate has a layout the validator accepts"
     if pick is not None:
         why = f"the lowest predicted loss of the {len(scored)} sizes that fit the budget"
@@ -704,26 +700,30 @@ def plot_frontier(p: BudgetPlan, png: str) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     fitted = [c for c in p.candidates if c.loss is not None and c.flops > 0]
-    lo, hi = p.compute / 100, p.compute * 100
+    pick = p.candidates[p.pick] if p.pick is not None else None
+    lo = min([p.compute, *(c.flops for c in fitted)]) / 30
+    hi = max([p.compute, *(c.flops for c in fitted)]) * 30
     xs = [lo * (hi / lo) ** (i / 99) for i in range(100)]
-    frontier = [math.inf] * len(xs)
-    for c in fitted:
-        per_token = c.flops / c.tokens
-        ys = [_loss_of(c, x / per_token) for x in xs]
-        frontier = [min(a, b) for a, b in zip(frontier, ys, strict=True)]
-        ax.plot(xs, ys, lw=1, alpha=0.6, label=f"{_si(c.params)} params")
-    ax.plot(xs, frontier, "k--", lw=1.5, label="frontier (best size per compute)")
-    ax.axvline(p.compute, color="0.3", ls="-.", lw=1.2, label=f"budget {p.compute:.3g} FLOPs")
-    if p.pick is not None:
-        c = p.candidates[p.pick]
-        ax.plot([c.flops], [c.loss], "r*", ms=14, label=f"pick: {_si(c.params)} on {_si(c.tokens)} tokens")
+    curves = [[_loss_of(c, x / (c.flops / c.tokens)) for x in xs] for c in fitted]
+    if curves:
+        frontier = [min(col) for col in zip(*curves, strict=True)]
+        ax.plot(xs, frontier, color="0.75", lw=5, label="frontier (best size per compute)")
+    for c, ys in zip(fitted, curves, strict=True):
+        ax.plot(xs, ys, lw=1.2, label=f"{_si(c.params)} params ({_si(c.active_params)} active)")
+    nominal = "" if p.budget.flops is not None else f" (GPU-days at {NOMINAL_MFU:.0%} MFU)"
+    ax.axvline(p.compute, color="0.3", ls="-.", lw=1.2, label=f"budget {p.compute:.3g} FLOPs{nominal}")
+    if pick is not None and pick.jobs > 1:
+        share = f"one job's share: 1/{pick.jobs} of the budget ({pick.job_gpus} GPUs)"
+        ax.axvline(p.compute / pick.jobs, color="0.5", ls=":", lw=1.2, label=share)
+    if pick is not None and pick.loss is not None:
+        label = f"pick: {_si(pick.params)} on {_si(pick.tokens)} tokens"
+        ax.plot([pick.flops], [pick.loss], "r*", ms=14, label=label, zorder=5)
     ax.set_xscale("log")
     ax.set_xlabel(f"training FLOPs per model ({CONVENTION})")
-    ax.set_ylabel("predicted loss")
+    ax.set_ylabel("predicted loss (the law's units)")
     if fitted:
-        best = min(c.loss for c in fitted if c.loss is not None)
-        ax.set_ylim(best - 0.1, best + 0.6)
-    ax.set_title(f"{p.gpu}: loss vs compute ({p.law})", fontsize=9)
+        ax.set_ylim(min(min(ys) for ys in curves) - 0.02, max(c.loss for c in fitted if c.loss is not None) + 0.25)
+    ax.set_title(f"{p.gpus} x {p.gpu}: predicted loss vs compute\n{p.law}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
