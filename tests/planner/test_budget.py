@@ -169,5 +169,10 @@ def test_docs_commands_exit_as_the_page_says(line, tmp_path, monkeypatch, capsys
         keys = {"params", "active_params", "tokens", "global_batch_size", "layout", "days", "loss", "jobs"}
         assert doc["pick"] is not None and all(keys <= set(c) for c in doc["candidates"])
         assert doc["candidates"][doc["pick"]]["days"] == pytest.approx(90, rel=0.01)
+        recipe = next(w for w in words if w.startswith("recipe="))
+        for c in doc["candidates"]:  # the MoE family's sizes (scaled expert FFNs, dense-layer list) validate too
+            if c["layout"] is not None:
+                report = validate(to_run_config(compose([recipe, *c["overrides"]])))
+                assert report.valid, (c["params"], [e.message for e in report.errors])
     if "--plot" in words:
         assert (tmp_path / words[words.index("--plot") + 1]).stat().st_size > 10_000
