@@ -340,6 +340,8 @@ def batch_compute(m: ModelConfig, tokens: float) -> float:
     return (6.0 * (pc.active - pc.embedding) + 6.0 * m.num_layers * m.hidden_size * m.seq_length) * tokens
 
 
+SPLIT_GAIN = 1.05
+"""A smaller job is chosen only when its model trains at least this much faster than the larger job's."""
 MIN_GOODPUT = 0.5
 """A job size whose expected goodput is below this is not planned (failures would cost more than they leave)."""
 
@@ -357,10 +359,13 @@ def job_sizes(gpus: int, per_node: int) -> list[int]:
 
 
 def find_job(base: RunConfig, gpus: int, sizes: list[int] | None = None) -> tuple[Ranked, int, float, str] | None:
-    """(plan's best layout, GPUs per job, goodput, why a smaller job) for one job on all ``gpus``, else for the
-    largest of ``job_sizes`` (or of ``sizes``) that has a layout with goodput of at least ``MIN_GOODPUT``;
-    ``None`` when none does."""
-    why = ""
+    """(plan's best layout, GPUs per job, goodput, why a smaller job) for the job size whose model trains the most
+    tokens per second (throughput x goodput): one job on all ``gpus``, else down ``job_sizes`` (or ``sizes``),
+    walking on while a smaller job is faster per model (its batch no longer forces model parallelism onto
+    spare GPUs); sizes without a layout or with goodput below ``MIN_GOODPUT`` are skipped. ``None`` when none
+    fits."""
+    why, found, rate = "", None, 0.0
+    gbs_tokens = base.trainer.global_batch_size * base.model.seq_length
     for size in sizes or [gpus, *job_sizes(gpus, base.cluster.gpus_per_node)]:
         cfg = on_gpus(base, size)
         p = plan(cfg, top=1, max_validations=60)
@@ -377,8 +382,30 @@ def find_job(base: RunConfig, gpus: int, sizes: list[int] | None = None) -> tupl
                 f"(goodput {max(gp, 0.0):.0%} with {RESTART_S:.0f} s restarts)"
             )
             continue
-        return p.top[0], size, gp, why
-    return None
+        r = gbs_tokens / p.top[0].step_time_s * gp
+        if found is not None and r <= rate * SPLIT_GAIN:
+            break
+        if found is not None:
+            why = why or (
+                f"a batch of {base.trainer.global_batch_size} sequences leaves one job on {found[1]} GPUs to model "
+                f"parallelism at {found[0].mfu:.0%} MFU; a job on {size} GPUs trains its model {r / rate:.1f}x faster"
+            )
+        found, rate = (p.top[0], size, gp, why), r
+    return found
+
+
+def starved(best: Ranked, gbs: int, gpus: int) -> str:
+    """A note when the batch cannot feed the GPUs' data parallelism: each replica gets fewer micro-batches than
+    pipeline stages, so the GPUs beyond what the batch feeds only add model parallelism (and bubbles)."""
+    c = best.candidate
+    dp = gpus // (c.tp * c.pp * c.cp)
+    micro = gbs // (dp * c.mbs)
+    if c.pp == 1 or micro >= c.pp:
+        return ""
+    return (
+        f"a batch of {gbs} sequences feeds {dp} data-parallel replicas with {micro} micro-batch(es) each for "
+        f"{c.pp} pipeline stages (MFU {best.mfu:.0%}): the GPUs outgrow the batch; smaller jobs are slower per model"
+    )
 
 
 def layout_of(r: Ranked) -> dict[str, object]:
@@ -432,11 +459,11 @@ def evaluate(
             best, _, gp, _ = refit
             base, gbs = again, smaller
             why += f"; each job's batch re-derived for its share of the compute: {gbs} sequences"
-    note = f"split into {jobs} concurrent jobs of {job_gpus} GPUs: {why}" if jobs > 1 else ""
+    note = f"split into {jobs} concurrent jobs of {job_gpus} GPUs: {why}" if jobs > 1 else starved(best, gbs, job_gpus)
     tput = gbs * model.seq_length / best.step_time_s
     if tokens is None:
         if budget.flops is not None:
-            tokens = budget.flops / fpt
+            tokens = budget.flops / jobs / fpt  # each concurrent job spends its share
         else:
             tokens = (budget.days or 0.0) * SECONDS_PER_DAY * tput * gp
     days = tokens / (tput * gp) / SECONDS_PER_DAY
