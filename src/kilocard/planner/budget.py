@@ -342,6 +342,8 @@ def batch_compute(m: ModelConfig, tokens: float) -> float:
 
 SPLIT_GAIN = 1.05
 """A smaller job is chosen only when its model trains at least this much faster than the larger job's."""
+MAX_MFU = 0.65
+"""No layout is expected above this MFU: a job at more than ``MAX_MFU / (2 SPLIT_GAIN)`` is not halved for speed."""
 MIN_GOODPUT = 0.5
 """A job size whose expected goodput is below this is not planned (failures would cost more than they leave)."""
 
@@ -391,6 +393,8 @@ def find_job(base: RunConfig, gpus: int, sizes: list[int] | None = None) -> tupl
                 f"parallelism at {found[0].mfu:.0%} MFU; a job on {size} GPUs trains its model {r / rate:.1f}x faster"
             )
         found, rate = (p.top[0], size, gp, why), r
+        if 2 * SPLIT_GAIN * p.top[0].mfu > MAX_MFU:
+            break  # half the GPUs would need an MFU no layout reaches to train this model faster
     return found
 
 
