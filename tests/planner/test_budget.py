@@ -58,7 +58,7 @@ def test_batch_law_reproduces_deepseek_llm_table(layers, hidden, tokens, batch, 
 
 def test_compute_optima_of_the_two_chinchilla_fits():
     """The replication's fit puts Chinchilla's budget at ~70B / ~1.4T (about 20 tokens per parameter); Hoffmann's
-    own approach-3 constants put it near 40B."""
+    own approach-3 constants (rounded, as published) put it near 32B: well under 70B."""
     n, d = BESIROGLU.optimum(CHINCHILLA_FLOPS)
     assert n == pytest.approx(70e9, rel=0.1) and d == pytest.approx(1.4e12, rel=0.1)
     assert 15 < d / n < 25

@@ -61,7 +61,8 @@ class Chinchilla:
 
 
 HOFFMANN = Chinchilla("Hoffmann et al. 2022 (approach 3)", 1.69, 406.4, 410.7, 0.34, 0.28)
-"""Chinchilla's own fit: its optimum for 5.76e23 FLOPs lies near 40B parameters (not Chinchilla's 70B)."""
+"""Chinchilla's own fit: with these rounded constants its optimum for 5.76e23 FLOPs lies near 32B parameters
+(often quoted as ~40B), well under Chinchilla's 70B."""
 BESIROGLU = Chinchilla("Besiroglu et al. 2024 (replication)", 1.8172, 482.01, 2085.43, 0.3478, 0.3658)
 """The replication's refit of approach 3, consistent with Hoffmann's approaches 1 and 2 (~20 tokens/param)."""
 DEFAULT_LAW = BESIROGLU
@@ -640,7 +641,11 @@ def budget_line(p: BudgetPlan) -> str:
     else:
         given = f"{p.gpus} x {p.gpu} for {b.days:g} days (~{p.compute:.3g} FLOPs at {NOMINAL_MFU:.0%} MFU)"
     n, d = p.optimum
-    return f"budget: {given}; compute optimum of {DEFAULT_LAW.name}: {_si(n)} params on {_si(d)} tokens"
+    h, _ = HOFFMANN.optimum(p.compute)
+    return (
+        f"budget: {given}; compute optimum of {DEFAULT_LAW.name}: {_si(n)} params on {_si(d)} tokens "
+        f"(Hoffmann's approach-3 constants: {_si(h)} params)"
+    )
 
 
 HEADER = (
