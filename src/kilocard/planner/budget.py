@@ -149,6 +149,9 @@ def family_depth(hidden: float) -> float:
 
 
 LAYER_STEP = 8
+MAX_DEPTH_RATIO = 2.0
+"""The recipe's depth relative to the Llama 3 curve at its width is kept within this factor either way (a
+tiny test model's depth says nothing about a large one's)."""
 """Depths are rounded to a multiple of this, so that power-of-two pipelines divide them."""
 
 
@@ -161,10 +164,12 @@ def width_step(m: ModelConfig) -> int:
 
 def scaled_model(m: ModelConfig, hidden: int) -> ModelConfig:
     """``m`` at width ``hidden``: heads, FFN, expert FFNs and the query LoRA rank scale with the width; layers
-    follow the Llama 3 depth curve relative to ``m``'s own depth (rounded to a multiple of ``LAYER_STEP``);
-    head size, KV groups, vocabulary, sequence, experts, top-k and the leading dense layers are kept."""
+    follow the Llama 3 depth curve times ``m``'s own depth ratio to it (within ``MAX_DEPTH_RATIO``, rounded
+    to a multiple of ``LAYER_STEP``); head size, KV groups, vocabulary, sequence, experts, top-k and the
+    leading dense layers are kept."""
     r = hidden / m.hidden_size
-    depth = m.num_layers * family_depth(hidden) / family_depth(m.hidden_size)
+    own = min(MAX_DEPTH_RATIO, max(1 / MAX_DEPTH_RATIO, m.num_layers / family_depth(m.hidden_size)))
+    depth = own * family_depth(hidden)
     layers = max(LAYER_STEP, round(depth / LAYER_STEP) * LAYER_STEP)
     head = m.kv_channels or m.hidden_size // m.num_attention_heads
 
