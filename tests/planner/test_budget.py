@@ -75,6 +75,13 @@ def test_shape_rule_lands_on_llama3_shapes(llama70b, hidden, layers):
     assert m.vocab_size == llama70b.model.vocab_size and m.seq_length == llama70b.model.seq_length
 
 
+def test_a_tiny_recipe_depth_does_not_set_a_large_models_depth():
+    """tiny_gpt's few layers at a small width would put hundreds of layers at width 4096; the recipe's ratio to the
+    Llama 3 curve is kept within 2x, so the 4096-wide size has 16 to 64 layers (Llama 3 8B: 32)."""
+    tiny = to_run_config(compose(["recipe=tiny_gpt"])).model
+    assert 16 <= scaled_model(tiny, 4096).num_layers <= 64
+
+
 def test_job_sizes_are_power_of_two_nodes_whose_restarts_leave_half_the_time():
     """At Llama 3's failure rate a job of 2^16 GPUs fails every ~46 minutes: 10-minute restarts alone cost ~22%;
     at 2^17 GPUs ~43%, at 2^18 over half: the largest size tried for 500,000 GPUs is 2^17."""
