@@ -36,6 +36,7 @@ FROZEN_VERBS = (
     "sbatch",
     "baselines",
     "plan",
+    "budget",
     "image",
     "logs",
     "convert",

@@ -24,6 +24,7 @@ from kilocard.base.safe_read import FileReadError
 from kilocard.base.shell import ShellValueError
 from kilocard.commands import (
     baselines,
+    budget,
     convert,
     exits,
     goodput,
@@ -57,6 +58,7 @@ COMMANDS: dict[str, ModuleType] = {
     "sbatch": sbatch,
     "baselines": baselines,
     "plan": plan,
+    "budget": budget,
     "image": image,
     "logs": logs,
     "convert": convert,
