@@ -27,6 +27,8 @@ HF_FILE = "tokenizer.json"
 """A model folder's tokenizer file (``kilocard.data.tokenizer`` reads the same)."""
 FORMAT = 1
 """Version of the record's layout."""
+OMITTED_WHEN_NONE = ("assistant_tokens",)
+"""Fields left out of the file when unset, so a record of plain text reads as it did before they existed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +47,9 @@ class DataRecord:
     """Documents written."""
     tokens: int
     """Token ids written, end-of-document ids included."""
+    assistant_tokens: int | None = None
+    """``preprocess --chat``: tokens that carry loss (assistant turns; the ``PREFIX_loss_mask`` dataset beside
+    marks them); ``None`` for plain text, where every token does."""
     format: int = FORMAT
     """Version of this layout."""
 
@@ -84,7 +89,8 @@ def write_record(prefix: str, record: DataRecord) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with tmp.open("w", encoding="utf-8") as f:
-            json.dump(asdict(record), f, indent=1, sort_keys=True)
+            fields_ = {k: v for k, v in asdict(record).items() if k not in OMITTED_WHEN_NONE or v is not None}
+            json.dump(fields_, f, indent=1, sort_keys=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
