@@ -1,6 +1,6 @@
-"""Every command docs/install.md, docs/tracking.md and docs/where.md show runs, with the exit code the text
-says (``# exit N`` after it, else 0), in page order in one scratch directory per page; ``<run>`` is the run
-directory the page's latest ``run dir:`` line printed. A block whose first line is
+"""Every command docs/install.md, docs/tracking.md, docs/where.md and docs/finetune.md show runs, with the
+exit code the text says (``# exit N`` after it, else 0), in page order in one scratch directory per page;
+``<run>`` is the run directory the page's latest ``run dir:`` line printed. A block whose first line is
 ``# not run by the docs test: REASON`` names the test that runs it instead.
 """
 
@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.slow  # docs/where.md trains two steps on a CPU rank
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ("install.md", "tracking.md", "where.md")
+PAGES = ("install.md", "tracking.md", "where.md", "finetune.md")
 EXIT = re.compile(r"#.*?\bexit (\d+)\b")
 OPT_OUT = "# not run by the docs test:"
 

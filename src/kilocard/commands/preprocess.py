@@ -37,7 +37,7 @@ def execute(args: argparse.Namespace) -> int:
     """Write the dataset; 2 (one line naming the file, line and fix) on bad input."""
     # kilocard.data imports torch and Megatron-Core (~6 s): only this verb pays for it.
     from kilocard.data.errors import DataError
-    from kilocard.data.preprocess import preprocess_chat, preprocess_jsonl
+    from kilocard.data.preprocess import mask_prefix, preprocess_chat, preprocess_jsonl
 
     try:
         if args.chat:
@@ -50,4 +50,6 @@ def execute(args: argparse.Namespace) -> int:
         f"wrote {result.prefix}.bin/.idx: {result.documents} documents, {result.tokens} tokens ({args.tokenizer}) "
         f"in {result.seconds:.1f} s, {result.documents_per_second:.0f} documents/s with {args.workers} worker(s)"
     )
+    if result.assistant_tokens is not None:
+        print(f"wrote {mask_prefix(result.prefix)}.bin/.idx: {result.assistant_tokens} assistant tokens carry loss")
     return exits.OK

@@ -24,6 +24,7 @@ from typing import Any
 import numpy
 
 from kilocard.data.errors import DataError
+from kilocard.data.record import HF_FILE, tokenizer_file
 
 ROLES = ("system", "user", "assistant", "tool")
 """Roles a message may have."""
@@ -34,15 +35,15 @@ Messages = list[dict[str, str]]
 
 
 def tokenizer_folder(name: str) -> Path:
-    """The Hugging Face tokenizer folder of ``--tokenizer`` (a folder, or the ``tokenizer.json`` in one)."""
-    path = Path(name).expanduser()
-    folder = path if path.is_dir() else path.parent
-    if not (folder / "tokenizer.json").is_file():
+    """The Hugging Face tokenizer folder of ``--tokenizer`` (a folder, or the ``tokenizer.json`` in one), looked up
+    as ``data.tokenizer`` is (the current directory, then kilocard's shipped root)."""
+    found = tokenizer_file(name)
+    if found is None or found.name != HF_FILE:
         raise DataError(
-            f"--tokenizer: {name} is not a Hugging Face tokenizer folder (no tokenizer.json); "
-            f"fix: --chat needs the folder of a Hugging Face model (tokenizer.json and tokenizer_config.json)"
+            f"--tokenizer: {name} is not a Hugging Face tokenizer folder (no {HF_FILE}); "
+            f"fix: --chat needs the folder of a Hugging Face model ({HF_FILE} and tokenizer_config.json)"
         )
-    return folder
+    return found.parent
 
 
 def load_chat_tokenizer(name: str) -> Any:

@@ -60,6 +60,8 @@ class PreprocessResult:
     """Token ids written, EODs included."""
     seconds: float
     """Wall time of reading, tokenizing and writing."""
+    assistant_tokens: int | None = None
+    """``--chat``: tokens that carry loss (the ``PREFIX_text_document_loss_mask`` dataset marks them)."""
 
     @property
     def documents_per_second(self) -> float:
@@ -294,4 +296,7 @@ def preprocess_chat(input_path: str, output_prefix: str, tokenizer: str) -> Prep
         for _, tmp in files:
             for p in tmp:
                 p.unlink(missing_ok=True)
-    return PreprocessResult(prefix=prefix, documents=documents, tokens=tokens, seconds=time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return PreprocessResult(
+        prefix=prefix, documents=documents, tokens=tokens, seconds=seconds, assistant_tokens=assistant
+    )
