@@ -13,8 +13,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from tokenizers import Tokenizer
 
 from kilocard.cli import main
-from kilocard.data.preprocess import mask_prefix
-from kilocard.data.record import read_record
+from kilocard.data.record import mask_prefix, read_record
 from kilocard.paths import data_dir
 
 CHAT = data_dir("conf").parent / "data" / "tiny_chat"

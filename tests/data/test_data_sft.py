@@ -7,6 +7,9 @@ newline, then the answer through ``<|end|>``), independently of the mask file.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -102,3 +105,27 @@ def test_sft_without_a_mask_dataset_is_one_line(tmp_path) -> None:
     with pytest.raises(DataError) as err:
         _dataset(tmp_path, prefix="data/tiny_corpus/tiny_corpus_text_document")
     assert "has no loss mask" in str(err.value) and "preprocess --chat" in str(err.value)
+
+
+def _validate(capsys, *overrides: str) -> tuple[int, str]:
+    from kilocard.cli import main
+
+    capsys.readouterr()
+    code = main(["validate", "recipe=tiny_llama_sft", *overrides])
+    text = capsys.readouterr()
+    lines = (text.out + text.err).splitlines()
+    return code, "\n".join(line for line in lines if line.startswith(("ERROR", "WARNING", "no problems")))
+
+
+def test_validate_refuses_sft_data_without_its_mask_and_warns_on_chat_data_without_sft(tmp_path, capsys) -> None:
+    shutil.copytree(CHAT, tmp_path / "chat")
+    prefix = tmp_path / "chat" / "tiny_chat_text_document"
+    assert _validate(capsys, f"data.data_path=[{prefix}]") == (0, "no problems found")
+    code, lines = _validate(capsys, f"data.data_path=[{prefix}]", "data.sft=false")
+    assert code == 0 and lines.startswith("WARNING SFT_OFF: data.sft = False: ") and "data.sft=true" in lines
+    for ext in ("bin", "idx"):
+        Path(f"{prefix}_loss_mask.{ext}").unlink()
+    code, lines = _validate(capsys, f"data.data_path=[{prefix}]")
+    assert code == 1 and lines.startswith("ERROR SFT_LOSS_MASK: data.data_path[0] = ") and "preprocess --chat" in lines
+    code, lines = _validate(capsys, "data=mock", "data.sft=true")
+    assert code == 1 and "ERROR SFT_LOSS_MASK: data.sft = True: " in lines

@@ -37,7 +37,8 @@ def execute(args: argparse.Namespace) -> int:
     """Write the dataset; 2 (one line naming the file, line and fix) on bad input."""
     # kilocard.data imports torch and Megatron-Core (~6 s): only this verb pays for it.
     from kilocard.data.errors import DataError
-    from kilocard.data.preprocess import mask_prefix, preprocess_chat, preprocess_jsonl
+    from kilocard.data.preprocess import preprocess_chat, preprocess_jsonl
+    from kilocard.data.record import mask_prefix
 
     try:
         if args.chat:

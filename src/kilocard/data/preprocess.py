@@ -33,12 +33,10 @@ from tqdm import tqdm
 from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.chat import encode_conversation, load_chat_tokenizer, messages_of
 from kilocard.data.errors import DataError
-from kilocard.data.record import DataRecord, record_path, tokenizer_sha256, write_record
+from kilocard.data.record import DataRecord, mask_prefix, record_path, tokenizer_sha256, write_record
 from kilocard.data.tokenizer import MegatronTokenizerBase, get_tokenizer
 
 SUFFIX = "_text_document"
-MASK_SUFFIX = "_loss_mask"
-"""``kilocard preprocess --chat``'s loss mask: the indexed dataset ``PREFIX_text_document_loss_mask``."""
 BATCH_LINES = 64
 """Lines per task sent to a worker."""
 AHEAD_PER_WORKER = 4
@@ -170,11 +168,6 @@ def _progress(path: Path) -> tqdm:
 def _check_workers(workers: int) -> None:
     if workers < 1:
         raise DataError(f"--workers: {workers} is not a process count; fix: --workers 1 or more (e.g. the CPU count)")
-
-
-def mask_prefix(prefix: str) -> str:
-    """The loss-mask dataset beside token dataset ``prefix`` (``PREFIX_loss_mask``)."""
-    return f"{prefix}{MASK_SUFFIX}"
 
 
 def _output_files(prefix: str) -> tuple[list[Path], list[Path]]:

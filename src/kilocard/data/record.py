@@ -64,6 +64,15 @@ def describe(name: str, sha256: str | None, vocab_size: int | None = None) -> st
     return f"{name} ({', '.join(facts)})" if facts else name
 
 
+MASK_SUFFIX = "_loss_mask"
+"""``kilocard preprocess --chat``'s loss mask beside the token dataset: ``PREFIX_text_document_loss_mask``."""
+
+
+def mask_prefix(prefix: str) -> str:
+    """The loss-mask dataset beside token dataset ``prefix`` (``PREFIX_loss_mask``)."""
+    return f"{prefix}{MASK_SUFFIX}"
+
+
 def record_path(prefix: str) -> Path:
     """``PREFIX.meta.json``."""
     return Path(f"{prefix}{RECORD_SUFFIX}")

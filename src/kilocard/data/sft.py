@@ -23,7 +23,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from kilocard.data.errors import DataError
-from kilocard.data.preprocess import mask_prefix
+from kilocard.data.record import mask_prefix
 
 
 def open_mask(prefix: str, tokens: IndexedDataset) -> IndexedDataset:
