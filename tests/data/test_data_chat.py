@@ -114,3 +114,12 @@ def test_bad_conversations_are_one_line_exit_2(
     err = capsys.readouterr().err.strip()
     assert expected in err and "fix:" in err and len(err.splitlines()) == 1
     assert not list(tmp_path.glob("sft*"))
+
+
+def test_chat_refuses_workers_it_would_not_use(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    src = tmp_path / "c.jsonl"
+    src.write_text(json.dumps(CONVERSATIONS[1]) + "\n")
+    args = ["preprocess", "--chat", "--input", str(src), "--tokenizer", str(CHAT), "--workers", "4"]
+    assert main([*args, "--output-prefix", str(tmp_path / "sft")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--workers: 4 with --chat" in err and len(err.splitlines()) == 1

@@ -40,6 +40,12 @@ def execute(args: argparse.Namespace) -> int:
     from kilocard.data.preprocess import preprocess_chat, preprocess_jsonl
     from kilocard.data.record import mask_prefix
 
+    if args.chat and args.workers != 1:
+        return fail(
+            "preprocess",
+            f"--workers: {args.workers} with --chat; fix: drop --workers (--chat renders in one process)",
+            exits.USAGE,
+        )
     try:
         if args.chat:
             result = preprocess_chat(args.input, args.output_prefix, args.tokenizer)

@@ -49,7 +49,7 @@ def tokenizer_folder(name: str) -> Path:
 def load_chat_tokenizer(name: str) -> Any:
     """transformers' tokenizer of folder ``name`` (offline), which must have a chat template."""
     folder = tokenizer_folder(name)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only: transformers never reaches the Hub
     try:
         from transformers import AutoTokenizer
     except ImportError as err:
