@@ -29,14 +29,16 @@ def texts(corpus: Path = HERE / "tiny_corpus.jsonl") -> list[str]:
     return [json.loads(line)["text"] for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def train(documents: Iterable[str], vocab_size: int = VOCAB_SIZE) -> Tokenizer:
-    """A byte-level BPE ``Tokenizer`` trained on ``documents``."""
+def train(
+    documents: Iterable[str], vocab_size: int = VOCAB_SIZE, special_tokens: list[str] = SPECIAL_TOKENS
+) -> Tokenizer:
+    """A byte-level BPE ``Tokenizer`` trained on ``documents``, ``special_tokens`` first."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

@@ -9,7 +9,10 @@ from kilocard.commands.output import fail
 
 HELP = "turn JSONL text into Megatron .bin/.idx"
 #: Shown under ``kilocard preprocess --help`` (each parsed by tests/commands/test_cli_help.py).
-EXAMPLES = ("kilocard preprocess --input corpus.jsonl --output-prefix data/corpus --tokenizer kilocard-bytes",)
+EXAMPLES = (
+    "kilocard preprocess --input corpus.jsonl --output-prefix data/corpus --tokenizer kilocard-bytes",
+    "kilocard preprocess --chat --input conversations.jsonl --tokenizer HF_DIR --output-prefix data/sft",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,20 +25,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="kilocard-bytes, or a local tokenizer.json / SentencePiece model / tiktoken BPE file (or its folder)",
     )
     p.add_argument("--workers", type=int, default=1, help="tokenizer processes (output identical for any count)")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="conversations ({'messages': [...]} or {'prompt', 'completion'}) rendered with the tokenizer folder's "
+        "chat template; also writes PREFIX_text_document_loss_mask (1 on assistant tokens)",
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
     """Write the dataset; 2 (one line naming the file, line and fix) on bad input."""
     # kilocard.data imports torch and Megatron-Core (~6 s): only this verb pays for it.
     from kilocard.data.errors import DataError
-    from kilocard.data.preprocess import preprocess_jsonl
+    from kilocard.data.preprocess import preprocess_chat, preprocess_jsonl
+    from kilocard.data.record import mask_prefix
 
+    if args.chat and args.workers != 1:
+        return fail(
+            "preprocess",
+            f"--workers: {args.workers} with --chat; fix: drop --workers (--chat renders in one process)",
+            exits.USAGE,
+        )
     try:
-        result = preprocess_jsonl(args.input, args.output_prefix, args.tokenizer, args.workers)
+        if args.chat:
+            result = preprocess_chat(args.input, args.output_prefix, args.tokenizer)
+        else:
+            result = preprocess_jsonl(args.input, args.output_prefix, args.tokenizer, args.workers)
     except DataError as err:
         return fail("preprocess", str(err), exits.USAGE)
     print(
         f"wrote {result.prefix}.bin/.idx: {result.documents} documents, {result.tokens} tokens ({args.tokenizer}) "
         f"in {result.seconds:.1f} s, {result.documents_per_second:.0f} documents/s with {result.workers} worker(s)"
     )
+    if result.assistant_tokens is not None:
+        print(f"wrote {mask_prefix(result.prefix)}.bin/.idx: {result.assistant_tokens} assistant tokens carry loss")
     return exits.OK

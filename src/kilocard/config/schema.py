@@ -294,6 +294,9 @@ class DataConfig:
     """Where dataset index caches go; ``None`` means ``<run_dir>/data_cache``."""
     num_workers: int = 0
     """DataLoader worker processes per rank."""
+    sft: bool = False
+    """Supervised fine-tuning (Megatron-LM ``--sft``): every prefix has the assistant-only loss mask
+    ``PREFIX_loss_mask`` of ``kilocard preprocess --chat`` beside it, and only assistant tokens carry loss."""
 
 
 @dataclass(kw_only=True)

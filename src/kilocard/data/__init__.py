@@ -40,6 +40,9 @@ create_attention_mask=True) -> TrainIterator``
   in the current directory first, then under kilocard's shipped root (the repository in a source
   checkout, the package in a wheel), so ``data/tiny_corpus/tiny_corpus_text_document`` works from
   anywhere.
+* ``data.sft``: ``SFTDataset`` (``kilocard.data.sft``) instead of ``GPTDataset``: the same samples, with
+  ``loss_mask`` also 0 on every target that is not an assistant token (the ``PREFIX_loss_mask`` dataset
+  of ``kilocard preprocess --chat``, ``kilocard.data.chat``).
 * The padded vocabulary (``model.vocab_size`` rounded up to ``make_vocab_size_divisible_by * TP``)
   must cover the tokenizer's ids.
 * Evaluation (``trainer.eval_interval``): ``build_eval_dataset(run_cfg, split, dp_size=...)`` builds the
@@ -54,6 +57,8 @@ ones, ``paths`` and ``errors``, stay light for the validator): ``iterator`` (``b
 ``TrainIterator``, ``build_eval_dataset``, ``eval_batches``), ``split`` (``data.split`` arithmetic),
 ``tokenizer`` (``get_tokenizer(name)``: ``kilocard-bytes``, or a local Hugging
 Face ``tokenizer.json``, SentencePiece model or tiktoken BPE file), ``preprocess``
-(``preprocess_jsonl``, called by the ``kilocard preprocess`` verb), ``paths``
+(``preprocess_jsonl``, ``preprocess_chat``, called by the ``kilocard preprocess`` verb), ``chat``
+(conversations -> token ids and assistant mask with the tokenizer's chat template), ``sft``
+(``SFTDataset``), ``paths``
 (``resolve_data_prefix(prefix)``), ``errors`` (``DataError``).
 """

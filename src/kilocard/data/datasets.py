@@ -135,13 +135,27 @@ def _disable_mask_cache(dataset: Dataset) -> None:
             ds.masks_and_position_ids_are_cacheable = False
 
 
-def build_split_dataset(config: GPTDatasetConfig, split: int, needed: int) -> Dataset:
+def dataset_class(config: GPTDatasetConfig, sft: bool) -> type[GPTDataset]:
+    """``MockGPTDataset`` for mock data, ``SFTDataset`` (``kilocard.data.sft``) for ``data.sft``, else
+    ``GPTDataset``."""
+    if config.mock:
+        if sft:
+            raise DataError("data.sft: true needs conversations, not mock data; fix: data=tiny_chat or data.sft=false")
+        return MockGPTDataset
+    if sft:
+        from kilocard.data.sft import SFTDataset
+
+        return SFTDataset
+    return GPTDataset
+
+
+def build_split_dataset(config: GPTDatasetConfig, split: int, needed: int, sft: bool = False) -> Dataset:
     """Split ``split`` (``kilocard.data.split.TRAIN``/``VALID``/``TEST``) as a map-style dataset built for
-    ``needed`` samples; the other splits are not built.
+    ``needed`` samples; the other splits are not built. ``sft``: with the assistant-only loss mask.
 
     Collective when torch.distributed is initialised (rank 0 builds the index cache first).
     """
-    cls = MockGPTDataset if config.mock else GPTDataset
+    cls = dataset_class(config, sft)
     only = copy.copy(config)
     only.split_matrix = [m if i == split else None for i, m in enumerate(config.split_matrix)]
     sizes = [needed if i == split else 0 for i in range(len(config.split_matrix))]
@@ -155,7 +169,7 @@ def build_train_dataset(run_cfg: RunConfig, config: GPTDatasetConfig) -> Dataset
     if not config.mock:
         check_split_documents(config, TRAIN, "more documents or a larger train weight")
     needed = train_samples(run_cfg)
-    dataset = build_split_dataset(config, TRAIN, needed)
+    dataset = build_split_dataset(config, TRAIN, needed, run_cfg.data.sft)
     have = len(cast(Sized, dataset))
     if have < needed:
         raise DataError(

@@ -32,8 +32,9 @@ from tqdm import tqdm
 
 from kilocard.base.safe_read import FileReadError, open_regular, require_regular
 from kilocard.config.schema import BYTES_TOKENIZER
+from kilocard.data.chat import encode_conversation, load_chat_tokenizer, messages_of
 from kilocard.data.errors import DataError
-from kilocard.data.record import DataRecord, record_path, tokenizer_sha256, write_record
+from kilocard.data.record import DataRecord, mask_prefix, record_path, tokenizer_sha256, write_record
 from kilocard.data.tokenizer import MegatronTokenizerBase, get_tokenizer
 
 SUFFIX = "_text_document"
@@ -60,6 +61,8 @@ class PreprocessResult:
     """Wall time of reading, tokenizing and writing."""
     workers: int = 1
     """Tokenizer processes used (``--workers``, capped at the CPUs this process may use)."""
+    assistant_tokens: int | None = None
+    """``--chat``: tokens that carry loss (the ``PREFIX_text_document_loss_mask`` dataset marks them)."""
 
     @property
     def documents_per_second(self) -> float:
@@ -197,6 +200,38 @@ def _check_workers(workers: int) -> int:
     return min(workers, usable_cpus())
 
 
+def _output_files(prefix: str) -> tuple[list[Path], list[Path]]:
+    """``PREFIX.bin/.idx`` and the temporary names they are written under; creates the folder."""
+    final = [Path(f"{prefix}.bin"), Path(f"{prefix}.idx")]
+    tmp = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in final]
+    try:
+        final[0].parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(
+            f"--output-prefix: cannot create {final[0].parent} ({err.strerror}); fix: a writable folder"
+        ) from err
+    return final, tmp
+
+
+def _publish(
+    prefix: str, outputs: list[tuple[IndexedDatasetBuilder, list[Path], list[Path]]], record: DataRecord
+) -> None:
+    """Finalize each builder's index, rename its temporary ``.bin/.idx`` into place, then write the record
+    (a record from before is removed first: it never describes the new data)."""
+    try:
+        for builder, _, tmp in outputs:
+            builder.finalize(str(tmp[1]))
+        record_path(prefix).unlink(missing_ok=True)
+        for _, final, tmp in outputs:
+            for src, dst in zip(tmp, final, strict=True):
+                os.replace(src, dst)
+    except OSError as err:
+        raise DataError(
+            f"--output-prefix: cannot write {prefix}.bin/.idx ({err.strerror}); fix: a writable folder with space"
+        ) from None
+    write_record(prefix, record)
+
+
 def preprocess_jsonl(
     input_path: str,
     output_prefix: str,
@@ -209,14 +244,7 @@ def preprocess_jsonl(
     path = require_input(Path(input_path))
     tok = get_tokenizer(tokenizer)
     prefix = f"{output_prefix}{SUFFIX}"
-    final = [Path(f"{prefix}.bin"), Path(f"{prefix}.idx")]
-    tmp = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in final]
-    try:
-        final[0].parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise DataError(
-            f"--output-prefix: cannot create {final[0].parent} ({err.strerror}); fix: a writable folder"
-        ) from err
+    final, tmp = _output_files(prefix)
     try:
         builder = IndexedDatasetBuilder(str(tmp[0]), dtype=DType.optimal_dtype(tok.vocab_size))
     except OSError as err:
@@ -237,15 +265,6 @@ def preprocess_jsonl(
                     bar.set_postfix_str(f"{rate:.0f} documents/s", refresh=False)
         if documents == 0:
             raise DataError(f'{input_path}: no documents (every line is blank); fix: one {{"text": ...}} per line')
-        try:
-            builder.finalize(str(tmp[1]))
-            record_path(prefix).unlink(missing_ok=True)  # a record from before never describes the new data
-            for src, dst in zip(tmp, final, strict=True):
-                os.replace(src, dst)
-        except OSError as err:
-            raise DataError(
-                f"--output-prefix: cannot write {prefix}.bin/.idx ({err.strerror}); fix: a writable folder with space"
-            ) from None
         record = DataRecord(
             tokenizer=tokenizer,
             tokenizer_sha256=tokenizer_sha256(tokenizer),
@@ -254,11 +273,63 @@ def preprocess_jsonl(
             documents=documents,
             tokens=tokens,
         )
-        write_record(prefix, record)
+        _publish(prefix, [(builder, final, tmp)], record)
     finally:
         builder.data_file.close()
         for p in tmp:
             p.unlink(missing_ok=True)
     return PreprocessResult(
         prefix=prefix, documents=documents, tokens=tokens, seconds=time.perf_counter() - start, workers=workers
+    )
+
+
+def preprocess_chat(input_path: str, output_prefix: str, tokenizer: str) -> PreprocessResult:
+    """Render the conversations of ``input_path`` with ``tokenizer``'s chat template (``kilocard.data.chat``) into
+    ``PREFIX_text_document`` (token ids, the EOD appended unless the template ends with it) and
+    ``PREFIX_text_document_loss_mask`` (1 on assistant tokens, 0 elsewhere and on the appended EOD), the same
+    documents and lengths; atomically, with the data record (its ``assistant_tokens`` set)."""
+    start = time.perf_counter()
+    path = require_input(Path(input_path))
+    chat = load_chat_tokenizer(tokenizer)
+    tok = get_tokenizer(tokenizer)  # what training reads: vocabulary, EOD and padding ids
+    prefix = f"{output_prefix}{SUFFIX}"
+    files = [_output_files(prefix), _output_files(mask_prefix(prefix))]
+    builders = [
+        IndexedDatasetBuilder(str(files[0][1][0]), dtype=DType.optimal_dtype(tok.vocab_size)),
+        IndexedDatasetBuilder(str(files[1][1][0]), dtype=numpy.uint8),
+    ]
+    documents = tokens = assistant = 0
+    max_id = -1
+    try:
+        for number, line in read_lines(path):
+            ids, mask = encode_conversation(chat, messages_of(line, path, number), f"{path}:{number}")
+            if not len(ids) or ids[-1] != tok.eod:
+                ids, mask = numpy.append(ids, tok.eod), numpy.append(mask, numpy.uint8(0))
+            builders[0].add_document(ids, [len(ids)])
+            builders[1].add_document(mask, [len(mask)])
+            documents, tokens, assistant = documents + 1, tokens + len(ids), assistant + int(mask.sum())
+            max_id = max(max_id, int(ids.max()))
+        if documents == 0:
+            raise DataError(
+                f'{input_path}: no conversations (every line is blank); fix: one {{"messages": [...]}} per line'
+            )
+        record = DataRecord(
+            tokenizer=tokenizer,
+            tokenizer_sha256=tokenizer_sha256(tokenizer),
+            vocab_size=tok.vocab_size,
+            max_token_id=max_id,
+            documents=documents,
+            tokens=tokens,
+            assistant_tokens=assistant,
+        )
+        _publish(prefix, [(b, final, tmp) for b, (final, tmp) in zip(builders, files, strict=True)], record)
+    finally:
+        for builder in builders:
+            builder.data_file.close()
+        for _, tmp in files:
+            for p in tmp:
+                p.unlink(missing_ok=True)
+    seconds = time.perf_counter() - start
+    return PreprocessResult(
+        prefix=prefix, documents=documents, tokens=tokens, seconds=seconds, assistant_tokens=assistant
     )

@@ -28,6 +28,8 @@ HF_FILE = "tokenizer.json"
 """A model folder's tokenizer file (``kilocard.data.tokenizer`` reads the same)."""
 FORMAT = 1
 """Version of the record's layout."""
+OMITTED_WHEN_NONE = ("assistant_tokens",)
+"""Fields left out of the file when unset, so a record of plain text reads as it did before they existed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +48,9 @@ class DataRecord:
     """Documents written."""
     tokens: int
     """Token ids written, end-of-document ids included."""
+    assistant_tokens: int | None = None
+    """``preprocess --chat``: tokens that carry loss (assistant turns; the ``PREFIX_loss_mask`` dataset beside
+    marks them); ``None`` for plain text, where every token does."""
     format: int = FORMAT
     """Version of this layout."""
 
@@ -58,6 +63,15 @@ def describe(name: str, sha256: str | None, vocab_size: int | None = None) -> st
     """A tokenizer as messages name it: its name, the start of its file's sha256 and its size when known."""
     facts = ([f"sha256 {sha256[:12]}"] if sha256 else []) + ([f"{vocab_size} ids"] if vocab_size else [])
     return f"{name} ({', '.join(facts)})" if facts else name
+
+
+MASK_SUFFIX = "_loss_mask"
+"""``kilocard preprocess --chat``'s loss mask beside the token dataset: ``PREFIX_text_document_loss_mask``."""
+
+
+def mask_prefix(prefix: str) -> str:
+    """The loss-mask dataset beside token dataset ``prefix`` (``PREFIX_loss_mask``)."""
+    return f"{prefix}{MASK_SUFFIX}"
 
 
 def record_path(prefix: str) -> Path:
@@ -85,7 +99,8 @@ def write_record(prefix: str, record: DataRecord) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with tmp.open("w", encoding="utf-8") as f:
-            json.dump(asdict(record), f, indent=1, sort_keys=True)
+            fields_ = {k: v for k, v in asdict(record).items() if k not in OMITTED_WHEN_NONE or v is not None}
+            json.dump(fields_, f, indent=1, sort_keys=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

@@ -314,6 +314,13 @@ def build(run_cfg: RunConfig, backend: Backend) -> Built:
     )
 
 
+def masked_lm_loss(per_token: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the per-token losses (GPTModel's output given labels) over the tokens ``loss_mask`` marks: a
+    target with mask 0 (padding; under ``data.sft`` every non-assistant token) has no effect on the loss."""
+    m = loss_mask.reshape(-1).float()
+    return torch.sum(per_token.float().reshape(-1) * m) / m.sum().clamp(min=1.0)
+
+
 def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
     """Megatron-Core forward step: one micro-batch through the chunk, masked mean LM loss.
 
@@ -337,9 +344,7 @@ def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable
     output = model(tokens, position_ids, mask, labels=labels)
 
     def loss_func(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        losses = output_tensor.float().view(-1)
-        m = loss_mask.view(-1).float()
-        loss = torch.sum(losses * m) / m.sum().clamp(min=1.0)
+        loss = masked_lm_loss(output_tensor, loss_mask)
         return loss, {"lm loss": loss.detach().clone()}  # the schedule divides `loss` in place
 
     return output, loss_func

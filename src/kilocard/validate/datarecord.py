@@ -9,16 +9,22 @@ the other input checks. For every prefix of ``data.data_path``:
   would die with an ``IndexError`` in the embedding);
 - ``DATA_RECORD_MISSING`` (a warning): a prefix without a record (data from before records, or from
   another tool) is used as before, unchecked;
+- ``SFT_LOSS_MASK``: with ``data.sft`` the prefix has no loss-mask dataset (``PREFIX_loss_mask``) beside
+  it (``data.sft`` on mock data is ``kilocard.validate.dataset``'s);
+- ``SFT_OFF`` (a warning): the prefix was made by ``preprocess --chat`` but ``data.sft`` is false, so
+  system and user tokens carry loss too;
 - ``EVAL_SPLIT_EMPTY``: with ``trainer.eval_interval`` set, ``data.split`` gives the prefix (its document
   count from the record, or the ``.idx`` header) no validation document.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kilocard.config.schema import RunConfig
 from kilocard.data.errors import DataError
 from kilocard.data.paths import resolve_data_prefix, split_blend
-from kilocard.data.record import DataRecord, describe, index_documents, read_record, tokenizer_sha256
+from kilocard.data.record import DataRecord, describe, index_documents, mask_prefix, read_record, tokenizer_sha256
 from kilocard.data.split import SPLITS, VALID, split_documents, split_weights
 from kilocard.perf.params import padded_vocab_size
 from kilocard.validate.issues import Issue, error, warning
@@ -28,7 +34,7 @@ def data_record_issues(cfg: RunConfig) -> list[Issue]:
     """Every record and split issue of the prefixes of ``data.data_path`` (prefixes that do not exist are
     the path rules' to report)."""
     if cfg.data.type != "indexed":
-        return []
+        return []  # data.sft on mock data is kilocard.validate.dataset's
     try:
         prefixes, weights = split_blend(cfg.data.data_path)
         run_sha = tokenizer_sha256(cfg.data.tokenizer)
@@ -51,8 +57,37 @@ def data_record_issues(cfg: RunConfig) -> list[Issue]:
         else:
             out += _against_run(cfg, field, prefix, record, run_sha)
             documents = record.documents
+        out += _sft_issues(cfg, field, prefix, resolved, record)
         out += _valid_documents(cfg, field, prefix, documents)
     return out
+
+
+def _sft_issues(cfg: RunConfig, field: str, prefix: str, resolved: str, record: DataRecord | None) -> list[Issue]:
+    """``SFT_LOSS_MASK`` for a prefix without its loss mask under ``data.sft``; ``SFT_OFF`` for chat data without."""
+    masked = mask_prefix(resolved)
+    has_mask = Path(f"{masked}.bin").is_file() and Path(f"{masked}.idx").is_file()
+    if cfg.data.sft and not has_mask:
+        return [
+            error(
+                "SFT_LOSS_MASK",
+                field,
+                prefix,
+                f"data.sft=true but {prefix} has no loss mask ({mask_prefix(prefix)}.bin/.idx)",
+                "build the data with `kilocard preprocess --chat`, or data.sft=false to train on every token",
+            )
+        ]
+    if not cfg.data.sft and record is not None and record.assistant_tokens is not None:
+        return [
+            warning(
+                "SFT_OFF",
+                "data.sft",
+                False,
+                f"{field} {prefix} holds conversations (preprocess --chat) but data.sft=false: system and user "
+                f"tokens carry loss too",
+                "data.sft=true to train on the assistant tokens only",
+            )
+        ]
+    return []
 
 
 def _missing(field: str, prefix: str, tokenizer: str) -> Issue:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from kilocard.config.schema import RunConfig
 from kilocard.data.paths import DATA_TYPES
 from kilocard.layout import Layout
-from kilocard.validate.issues import Issue, not_one_of
+from kilocard.validate.issues import Issue, error, not_one_of
 
 
 def rule_data_type(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -21,5 +21,17 @@ def rule_data_type(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     yield from not_one_of("DATA_TYPE", "data.type", cfg.data.type, DATA_TYPES, fix)
 
 
-RULES = (rule_data_type,)
+def rule_sft_data(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``SFT_LOSS_MASK``: ``data.sft`` needs indexed conversations (each prefix's mask is checked with the files)."""
+    if cfg.data.sft and cfg.data.type != "indexed":
+        yield error(
+            "SFT_LOSS_MASK",
+            "data.sft",
+            True,
+            f"data.sft=true needs conversations with their loss mask, but data.type is {cfg.data.type!r}",
+            "data=tiny_chat, or your `kilocard preprocess --chat` output in data.data_path (data.type=indexed)",
+        )
+
+
+RULES = (rule_data_type, rule_sft_data)
 """``data.split`` is ``kilocard.validate.evaluation``'s (its arithmetic is Megatron-Core's)."""

@@ -1,0 +1,141 @@
+"""Conversations -> token ids and an assistant-only loss mask, rendered with the tokenizer's own chat template.
+
+``kilocard preprocess --chat`` reads JSONL lines of ``{"messages": [{"role", "content"}, ...]}`` or
+``{"prompt", "completion"}`` (a user turn and an assistant turn). Each conversation is rendered
+with the ``chat_template`` of the Hugging Face tokenizer folder (``tokenizer_config.json``, or a
+``chat_template.jinja`` beside it) through transformers' ``apply_chat_template``, then tokenized
+once as a whole, as a model sees it at inference.
+
+Which tokens carry loss: the characters of assistant turn ``i`` are those the template adds between
+``messages[:i]`` rendered with the generation prompt (the assistant header) and ``messages[:i + 1]``
+rendered in full, so the assistant's content and the template's end-of-turn marker carry loss and
+the headers, system and user turns do not. A token belongs to the turn its first character is in
+(the tokenizer's offsets). A template that does not render a conversation as a growing prefix of its
+turns cannot be split this way and is refused (one line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy
+
+from kilocard.data.errors import DataError
+from kilocard.data.record import HF_FILE, tokenizer_file
+
+ROLES = ("system", "user", "assistant", "tool")
+"""Roles a message may have."""
+EXTRA = "pip install 'kilocard[chat]'"
+"""How to install what rendering needs (transformers and jinja2)."""
+
+Messages = list[dict[str, str]]
+
+
+def tokenizer_folder(name: str) -> Path:
+    """The Hugging Face tokenizer folder of ``--tokenizer`` (a folder, or the ``tokenizer.json`` in one), looked up
+    as ``data.tokenizer`` is (the current directory, then kilocard's shipped root)."""
+    found = tokenizer_file(name)
+    if found is None or found.name != HF_FILE:
+        raise DataError(
+            f"--tokenizer: {name} is not a Hugging Face tokenizer folder (no {HF_FILE}); "
+            f"fix: --chat needs the folder of a Hugging Face model ({HF_FILE} and tokenizer_config.json)"
+        )
+    return found.parent
+
+
+def load_chat_tokenizer(name: str) -> Any:
+    """transformers' tokenizer of folder ``name`` (offline), which must have a chat template."""
+    folder = tokenizer_folder(name)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only: transformers never reaches the Hub
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise DataError(f"--chat: transformers is not installed ({err.name}); fix: {EXTRA}") from err
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(f"--tokenizer: cannot load {folder} with transformers ({reason}); fix: {EXTRA}") from err
+    if not getattr(tok, "chat_template", None):
+        raise DataError(
+            f"--tokenizer: {folder} has no chat template (no chat_template in tokenizer_config.json); "
+            f"fix: use the tokenizer of an instruct model, or add a chat_template to its tokenizer_config.json"
+        )
+    if not getattr(tok, "is_fast", False):
+        raise DataError(f"--tokenizer: {folder} has no fast tokenizer (tokenizer.json); fix: {EXTRA}")
+    return tok
+
+
+def messages_of(line: str, path: Path, number: int) -> Messages:
+    """The conversation of one JSONL line (``messages``, or ``prompt`` + ``completion``); ``DataError`` naming
+    ``path:number`` otherwise."""
+    where = f"{path}:{number}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f'{where}: not valid JSON ({err.msg}); fix: one {{"messages": [...]}} object per line') from err
+    if isinstance(record, dict) and "messages" not in record and {"prompt", "completion"} <= record.keys():
+        record = {
+            "messages": [
+                {"role": "user", "content": record["prompt"]},
+                {"role": "assistant", "content": record["completion"]},
+            ]
+        }
+    if not isinstance(record, dict) or not isinstance(record.get("messages"), list) or not record["messages"]:
+        raise DataError(
+            f'{where}: no "messages" list (nor "prompt" and "completion"); '
+            f'fix: {{"messages": [{{"role": "user", "content": "..."}}, {{"role": "assistant", "content": "..."}}]}}'
+        )
+    for k, m in enumerate(record["messages"]):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise DataError(
+                f'{where}: messages[{k}] is not {{"role": one of {", ".join(ROLES)}, "content": a string}} '
+                f"({json.dumps(m)[:80]}); fix: give every message a role and a string content"
+            )
+    if not any(m["role"] == "assistant" for m in record["messages"]):
+        raise DataError(f"{where}: no assistant message, so nothing would carry loss; fix: add the assistant's answer")
+    return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+
+
+def _render(tok: Any, messages: Messages, generation_prompt: bool, where: str) -> str:
+    try:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    except Exception as err:  # jinja2's TemplateError, or the template's own raise_exception
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(
+            f"{where}: the chat template refuses this conversation ({reason}); fix: the turn order it expects"
+        ) from err
+    return str(text)
+
+
+def assistant_spans(tok: Any, messages: Messages, where: str) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the ``[start, end)`` character spans of its assistant turns."""
+    full = _render(tok, messages, False, where)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        head = _render(tok, messages[:i], True, where) if i else ""
+        turn = _render(tok, messages[: i + 1], False, where)
+        if not (turn.startswith(head) and full.startswith(turn)):
+            raise DataError(
+                f"{where}: the chat template does not render turn {i} as a prefix of the whole conversation, "
+                f"so its assistant tokens cannot be found; fix: a template that renders turns in order"
+            )
+        spans.append((len(head), len(turn)))
+    return full, spans
+
+
+def encode_conversation(tok: Any, messages: Messages, where: str) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """Token ids (int64) of the rendered conversation and its mask (uint8, 1 = an assistant token)."""
+    text, spans = assistant_spans(tok, messages, where)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = numpy.asarray(enc["input_ids"], dtype=numpy.int64)
+    starts = numpy.asarray([s for s, _ in enc["offset_mapping"]], dtype=numpy.int64)
+    mask = numpy.zeros(len(ids), dtype=numpy.uint8)
+    for a, b in spans:
+        mask[(starts >= a) & (starts < b)] = 1
+    return ids, mask

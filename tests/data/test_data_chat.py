@@ -1,0 +1,127 @@
+"""``kilocard preprocess --chat``: conversations rendered with the tokenizer's own chat template (transformers'
+``apply_chat_template``), and a loss mask that covers exactly the assistant turns."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy
+import pytest
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from tokenizers import Tokenizer
+
+from kilocard.cli import main
+from kilocard.data.record import mask_prefix, read_record
+from kilocard.paths import data_dir
+
+pytestmark = pytest.mark.integration  # renders with transformers' chat template / reads Megatron-Core datasets
+
+CHAT = data_dir("conf").parent / "data" / "tiny_chat"
+END = "<|end|>"
+CONVERSATIONS = [
+    {
+        "messages": [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "Where is the mill?"},
+            {"role": "assistant", "content": "By the river, past the bridge."},
+            {"role": "user", "content": "And the baker?"},
+            {"role": "assistant", "content": "Opposite the inn; he opens at dawn."},
+        ]
+    },
+    {"prompt": "Name a bird of the harbour.", "completion": "The heron."},
+]
+
+
+def _assistant(conversation: dict) -> list[str]:
+    if "prompt" in conversation:
+        return [conversation["completion"]]
+    return [m["content"] for m in conversation["messages"] if m["role"] == "assistant"]
+
+
+def _others(conversation: dict) -> list[str]:
+    if "prompt" in conversation:
+        return [conversation["prompt"]]
+    return [m["content"] for m in conversation["messages"] if m["role"] != "assistant"]
+
+
+def _preprocess(tmp_path: Path, rows: list, tokenizer: Path = CHAT) -> int:
+    src = tmp_path / "conversations.jsonl"
+    src.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    args = ["preprocess", "--chat", "--input", str(src), "--tokenizer", str(tokenizer)]
+    return main([*args, "--output-prefix", str(tmp_path / "sft")])
+
+
+def test_only_assistant_tokens_carry_loss(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    assert _preprocess(tmp_path, CONVERSATIONS) == 0
+    prefix = str(tmp_path / "sft_text_document")
+    tokens, masks = IndexedDataset(prefix), IndexedDataset(mask_prefix(prefix))
+    tok = Tokenizer.from_file(str(CHAT / "tokenizer.json"))
+    hf = AutoTokenizer.from_pretrained(str(CHAT))
+    eod = tok.token_to_id("<|endoftext|>")
+    for k, conversation in enumerate(CONVERSATIONS):
+        ids, mask = tokens[k], masks[k]
+        assert len(ids) == len(mask) and set(numpy.unique(mask)) <= {0, 1}
+        messages = conversation.get("messages") or [
+            {"role": "user", "content": conversation["prompt"]},
+            {"role": "assistant", "content": conversation["completion"]},
+        ]
+        rendered = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=False, return_dict=False)
+        assert list(ids) == [*rendered, eod]  # the template's rendering, then the end of document
+        loss = tok.decode([int(i) for i, m in zip(ids, mask, strict=True) if m], skip_special_tokens=False)
+        assert loss == "".join(a + END for a in _assistant(conversation))  # every assistant token, nothing else
+        rest = tok.decode([int(i) for i, m in zip(ids, mask, strict=True) if not m], skip_special_tokens=False)
+        for text in _others(conversation):
+            assert text in rest
+    record = read_record(prefix)
+    assert record is not None and record.assistant_tokens == int(sum(masks[k].sum() for k in range(len(masks))))
+
+
+def test_shipped_tiny_chat_is_built_from_its_conversations(tmp_path: Path) -> None:
+    rows = (CHAT / "conversations.jsonl").read_text(encoding="utf-8").splitlines()
+    assert _preprocess(tmp_path, rows) == 0
+    for name in ("_text_document.bin", "_text_document.idx", "_text_document_loss_mask.bin"):
+        assert (tmp_path / f"sft{name}").read_bytes() == (CHAT / f"tiny_chat{name}").read_bytes(), name
+
+
+def test_a_tokenizer_without_a_chat_template_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(CHAT / "tokenizer.json", bare)
+    config = json.loads((CHAT / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    assert _preprocess(tmp_path, CONVERSATIONS, bare) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no chat template" in err and "fix:" in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.glob("sft*"))
+
+
+@pytest.mark.parametrize(
+    "row, expected",
+    [
+        ({"text": "plain"}, ':1: no "messages" list'),
+        ({"messages": [{"role": "narrator", "content": "x"}]}, ":1: messages[0] is not"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, ":1: no assistant message"),
+        ("{not json", ":1: not valid JSON"),
+    ],
+)
+def test_bad_conversations_are_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, row: object, expected: str
+) -> None:
+    assert _preprocess(tmp_path, [row]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and "fix:" in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.glob("sft*"))
+
+
+def test_chat_refuses_workers_it_would_not_use(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    src = tmp_path / "c.jsonl"
+    src.write_text(json.dumps(CONVERSATIONS[1]) + "\n")
+    args = ["preprocess", "--chat", "--input", str(src), "--tokenizer", str(CHAT), "--workers", "4"]
+    assert main([*args, "--output-prefix", str(tmp_path / "sft")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--workers: 4 with --chat" in err and len(err.splitlines()) == 1
