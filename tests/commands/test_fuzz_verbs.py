@@ -100,6 +100,7 @@ SLOTS: dict[str, Callable[[Path, str | bytes], list[str]]] = {
     "show recipe": lambda w, k: ["show", f"recipe={_replace(w / 'x.yaml', k)}"],
     "validate recipe": lambda w, k: ["validate", f"recipe={_replace(w / 'x.yaml', k)}"],
     "plan recipe": lambda w, k: ["plan", f"recipe={_replace(w / 'x.yaml', k)}", "--top", "1"],
+    "budget recipe": lambda w, k: ["budget", f"recipe={_replace(w / 'x.yaml', k)}", "gpus=64", "days=1"],
     "sbatch recipe": lambda w, k: ["sbatch", f"recipe={_replace(w / 'x.yaml', k)}", f"cluster.shared_fs={w}/runs"],
     "validate site file": lambda w, k: (
         _replace(w / "site" / "model" / "m.yaml", k),

@@ -14,7 +14,6 @@ sequence) and position ids run on: packing with attention kept inside each conve
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy
@@ -22,6 +21,7 @@ import torch
 from megatron.core.datasets.gpt_dataset import GPTDataset
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
+from kilocard.base.safe_read import FileReadError, require_regular
 from kilocard.data.errors import DataError
 from kilocard.data.record import mask_prefix
 
@@ -29,11 +29,14 @@ from kilocard.data.record import mask_prefix
 def open_mask(prefix: str, tokens: IndexedDataset) -> IndexedDataset:
     """The mask dataset beside ``prefix``; ``DataError`` when it is missing or not shaped like ``tokens``."""
     masked = mask_prefix(prefix)
-    if not (Path(f"{masked}.bin").is_file() and Path(f"{masked}.idx").is_file()):
+    try:
+        for suffix in (".bin", ".idx"):
+            require_regular(f"{masked}{suffix}")  # Megatron-Core memory-maps both itself
+    except FileReadError:
         raise DataError(
             f"data.data_path: {prefix} has no loss mask ({masked}.bin/.idx) but data.sft is true; "
             f"fix: build it with `kilocard preprocess --chat`, or data.sft=false"
-        )
+        ) from None
     mask = IndexedDataset(masked)
     if not numpy.array_equal(mask.sequence_lengths, tokens.sequence_lengths):
         raise DataError(
