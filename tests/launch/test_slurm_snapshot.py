@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -29,8 +30,10 @@ from kilocard.commands.logs import show as show_logs
 from venvs import REPO, venv_without
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-#: What a checkout needs to build kilocard's wheel (pyproject's hatch build sections).
-CHECKOUT = ("pyproject.toml", "README.md", "src", "conf", "recipes", "slurm", "baselines", "data/tiny_corpus")
+#: What a checkout needs to pack kilocard's wheel: pyproject.toml, README.md and pyproject's hatch build
+#: sections (the package and every force-included folder), read from pyproject so a new one is not missed.
+_WHEEL = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+CHECKOUT = ("pyproject.toml", "README.md", "src", *_WHEEL["force-include"])
 #: The editable install's entries in site-packages (the package, its metadata, its .pth hook).
 KILOCARD_ENTRIES = ("kilocard", "_kilocard", "_editable_impl_kilocard", "__editable__")
 

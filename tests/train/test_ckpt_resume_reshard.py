@@ -62,6 +62,7 @@ def single_rank(tmp_path, overrides):
     from kilocard.launch.rundir import create_run_dir
     from kilocard.train.dist_env import free_port
 
+    tmp_path.mkdir(parents=True, exist_ok=True)  # kilocard makes only the runs folder itself, never its parents
     run_dir = create_run_dir(compose(overrides), overrides, root=tmp_path / "runs")
     env = dict(
         os.environ,
