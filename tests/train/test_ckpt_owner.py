@@ -48,6 +48,8 @@ def test_steps_of_an_unknown_run_are_foreign_outside_the_run_dir_and_adopted_ins
         ck.claim_owner(legacy, "/runs/b", inside=False)
     ck.claim_owner(legacy, "/runs/own", inside=True)  # a run's own checkpoints/ from an older kilocard
     assert ck.read_owner(legacy) == "/runs/own"
+    ck.claim_owner(legacy, "/moved/own", inside=True)  # the run directory was copied or moved: still its own
+    assert ck.read_owner(legacy) == "/moved/own"
 
 
 def test_an_empty_or_missing_save_directory_has_no_owner(tmp_path):

@@ -299,13 +299,12 @@ def fresh_save_issues(save: str | None) -> list[Issue]:
 def claim_owner(root: Path, run: str, inside: bool) -> None:
     """Make ``run`` the owner of ``root`` (rank 0, before any load or commit there).
 
-    Raises ``ForeignCheckpoint`` when another run owns it, or when it holds steps of an unknown run and
-    lies outside the run directory (``inside``: the run's own ``checkpoints``, adopted as written by an
-    older kilocard); a directory without an owner file whose steps name ``run`` gets the file.
+    Raises ``ForeignCheckpoint`` when another run owns it and it lies outside the run directory. The run's
+    own ``checkpoints`` (``inside``) is its by construction and adopted whoever is recorded: written by an
+    older kilocard, or a run directory that was copied or moved (the owner is named by its path); a
+    directory without an owner file whose steps name ``run`` gets the file.
     """
-    owner = owner_of(root)
-    if owner == "unknown" and inside:
-        owner = None
+    owner = None if inside else owner_of(root)
     if owner is not None and owner != run:
         raise ForeignCheckpoint(foreign_message(root, owner))
     if read_owner(root) == run:
