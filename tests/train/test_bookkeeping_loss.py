@@ -83,6 +83,7 @@ def test_resume_over_a_nul_filled_metrics_line_drops_it_from_the_file(tmp_path):
     assert writer.superseded == {"step": 3, "loss": 4.0}
 
 
+@pytest.mark.integration  # kilocard convert imports torch
 def test_convert_never_writes_inside_a_checkpoint_tree(tmp_path, capsys):
     """``mcore-to-hf ok1 ok1/step_0000000/hfout`` once succeeded and then the step failed verification."""
     ok1 = tmp_path / "ok1"
