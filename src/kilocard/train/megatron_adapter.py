@@ -321,6 +321,23 @@ def masked_lm_loss(per_token: torch.Tensor, loss_mask: torch.Tensor) -> torch.Te
     return torch.sum(per_token.float().reshape(-1) * m) / m.sum().clamp(min=1.0)
 
 
+def cp_shard(batch: dict[str, Any]) -> dict[str, Any]:
+    """This context-parallel rank's share of ``batch`` (Megatron-Core's ``get_batch_on_this_cp_rank``); the
+    batch itself without context parallelism. Megatron-Core 0.19 added a required ``is_hybrid_cp``
+    argument (hierarchical CP, which kilocard does not configure), so it is passed where the call takes it."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_context_parallel_world_size() == 1:
+        return batch
+    import inspect
+
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters:
+        return get_batch_on_this_cp_rank(batch, is_hybrid_cp=False)
+    return get_batch_on_this_cp_rank(batch)
+
+
 def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
     """Megatron-Core forward step: one micro-batch through the chunk, masked mean LM loss.
 
@@ -328,8 +345,6 @@ def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable
     ``get_batch_on_this_cp_rank``: GPTModel takes the rank's shard, not the whole sequence); the loss
     is then its shard's, and the mean over all last-stage ranks (the trainer's) is the whole sequence's.
     """
-    from megatron.core.utils import get_batch_on_this_cp_rank
-
     raw = next(data_iterator)
     dev = next(model.parameters()).device
 
@@ -338,7 +353,7 @@ def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable
 
     keys = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
     on_rank = {k: on_device(raw[k]) for k in keys if raw.get(k) is not None}
-    batch = get_batch_on_this_cp_rank({**dict.fromkeys(keys), **on_rank})  # no-op without CP
+    batch = cp_shard({**dict.fromkeys(keys), **on_rank})
     tokens, labels, loss_mask, position_ids = (batch[k] for k in keys[:4])
     mask = batch["attention_mask"]
     output = model(tokens, position_ids, mask, labels=labels)
