@@ -62,6 +62,7 @@ def test_cpu_ranks_fit_any_machine():
     assert machine_mismatch(to_run_config(compose(["recipe=tiny_gpt"])), []) is None
 
 
+@pytest.mark.integration  # kilocard run imports the training stack before refusing
 def test_run_of_a_gpu_recipe_here_refuses_before_writing(tmp_path, monkeypatch, capsys):
     """The ~50 s of eight CPU ranks ending FAULT 76 is now one line, exit 2, nothing written."""
     monkeypatch.chdir(tmp_path)

@@ -25,6 +25,7 @@ from run_configs import cfg_of
 
 
 # --- data.split arithmetic --------------------------------------------------------------------------------
+@pytest.mark.integration  # compares with Megatron-Core's own split functions
 @pytest.mark.parametrize("split", ["969,30,1", "98,2,0", "1", "90,10", "1/1/1", "0,1,0", "7,0,3"])
 def test_split_bounds_are_megatron_cores(split):
     from megatron.core.datasets.blended_megatron_dataset_config import (
