@@ -20,6 +20,7 @@ FROZEN_GROUPS = (
     "precision",
     "optim",
     "data",
+    "peft",
     "checkpoint",
     "trainer",
     "cluster",

@@ -18,6 +18,9 @@ from typing import Any
 PACKAGING_MODES = ("snapshot", "image", "none")
 WANDB_MODES = ("online", "offline")
 """``trainer.wandb_mode`` values (``wandb.init(mode=...)``)."""
+LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+"""Megatron-Core's linear layers of a transformer layer a LoRA adapter can wrap (``peft.target_modules``):
+the first and third column-parallel, the others row-parallel."""
 BYTES_TOKENIZER = "kilocard-bytes"
 """``data.tokenizer`` naming kilocard's built-in UTF-8 byte tokenizer (``kilocard.data.byte_tokenizer``)."""
 """How a Slurm job gets kilocard's code (``launcher.packaging``): a wheel in the run directory, the
@@ -300,6 +303,31 @@ class DataConfig:
 
 
 @dataclass(kw_only=True)
+class PeftConfig:
+    """Parameter-efficient fine-tuning: LoRA adapters on Megatron-Core's linear layers, the base frozen
+    (Megatron-Bridge's ``peft`` config, its ``LoRA`` field names; ``kilocard.train.lora``)."""
+
+    type: str | None = None
+    """``lora`` (``peft=lora``) or ``None`` (every weight trained)."""
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    """Megatron-Core linear layers that get an adapter, among ``linear_qkv``, ``linear_proj``, ``linear_fc1``
+    and ``linear_fc2`` (Megatron-Bridge's default: all four)."""
+    dim: int = 32
+    """LoRA rank: the inner dimension of the low-rank update ``B @ A``."""
+    alpha: int = 32
+    """LoRA alpha: the update is scaled by ``alpha / dim``."""
+    dropout: float = 0.0
+    """Dropout probability on the adapter's path."""
+    dropout_position: str = "pre"
+    """Where that dropout acts: ``pre`` (on the adapter's input) or ``post`` (on its output)."""
+    lora_A_init_method: str = "xavier"
+    """Initialisation of A (``linear_in``): ``xavier`` (normal), ``kaiming`` (uniform, a=sqrt(5)), ``normal``
+    (std 0.2) or ``zero``."""
+    lora_B_init_method: str = "zero"
+    """Initialisation of B (``linear_out``), as for A; ``zero`` makes the adapted model start as the base."""
+
+
+@dataclass(kw_only=True)
 class CheckpointConfig:
     """Distributed checkpoints (``megatron.core.dist_checkpointing``)."""
 
@@ -547,6 +575,8 @@ class RunConfig:
     """Optimizer and schedule."""
     data: DataConfig = field(default_factory=DataConfig)
     """Data source."""
+    peft: PeftConfig = field(default_factory=PeftConfig)
+    """Parameter-efficient fine-tuning (LoRA)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpointing."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -566,6 +596,7 @@ CONFIG_GROUPS = (
     "precision",
     "optim",
     "data",
+    "peft",
     "checkpoint",
     "trainer",
     "cluster",

@@ -141,3 +141,23 @@ def count_parameters(m: ModelConfig) -> ParamCount:
         total += n_moe * (router + shared + experts * mlp_params(m, moe_ffn))
         active += n_moe * (router + shared + m.moe_router_topk * mlp_params(m, moe_ffn))
     return ParamCount(total=total, active=active, embedding=emb)
+
+
+def lora_shapes(m: ModelConfig) -> dict[str, tuple[int, int]]:
+    """``(in_features, out_features)`` of each linear layer a LoRA adapter can wrap (``LORA_TARGETS``), whole
+    (before tensor-parallel sharding): the adapter's A is ``dim x in``, its B ``out x dim``."""
+    d = kv_channels(m)
+    q, kv = m.num_attention_heads * d, (m.num_query_groups or m.num_attention_heads) * d
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    return {
+        "linear_qkv": (m.hidden_size, q + 2 * kv),
+        "linear_proj": (q, m.hidden_size),
+        "linear_fc1": (m.hidden_size, ffn * (2 if is_gated(m) else 1)),
+        "linear_fc2": (ffn, m.hidden_size),
+    }
+
+
+def lora_params_per_layer(m: ModelConfig, dim: int, targets: Sequence[str]) -> int:
+    """Adapter parameters of one transformer layer: ``dim * (in + out)`` per target module."""
+    shapes = lora_shapes(m)
+    return sum(dim * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)

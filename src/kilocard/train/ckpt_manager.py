@@ -9,6 +9,11 @@ on rank 0, the trainer state; once every rank has written, rank 0 commits it bet
 ``checkpoint.load``; verified against its manifest, with ``checkpoint.fallback_to_previous``), refuses
 a model of another shape, and restores model, optimizer, scheduler and RNG on every rank.
 
+With ``peft=lora`` a step holds the adapters, their optimizer state and the trainer state only; its
+``extra`` names the base step (``names.PEFT``). The first start reads the base weights from
+``checkpoint.load`` (an import, or any step's weights) and starts the adapters at step 0; a resume reads
+the base from that recorded step (verified again), then the adapters and optimizer from its own step.
+
 With ``checkpoint.non_persistent_save_interval``, ``save_local(step, consumed)`` also writes every rank's
 own copy to node-local storage (``kilocard.train.local_ckpt``), and ``load()`` first asks every rank for
 the newest local step they all hold intact: it is restored when it is newer than the newest committed
@@ -38,9 +43,10 @@ from kilocard.layout import Layout
 from kilocard.perf.params import padded_vocab_size
 from kilocard.rundir import checkpoint as ck
 from kilocard.rundir import events
-from kilocard.rundir.names import MODEL_ONLY, STATE
+from kilocard.rundir.names import MODEL_ONLY, PEFT, STATE
 from kilocard.train import ckpt_state as cs
 from kilocard.train import local_ckpt as lc
+from kilocard.train import lora
 from kilocard.train.signals import Watchdog
 
 NEARLY_FULL_BYTES = 1 << 20
@@ -91,6 +97,10 @@ class CheckpointManager:
         """The node-local tier (``None`` when ``checkpoint.non_persistent_save_interval`` is null)."""
         self.resumed_tier: str | None = None
         """Tier of the step ``load`` restored (``events.LOCAL`` / ``events.PERSISTENT``; ``None``: fresh start)."""
+        self.lora = run_cfg.peft.type == "lora"
+        """``peft=lora``: steps hold the adapters only, on the frozen base of ``self.base``."""
+        self.base: Path | None = None
+        """The step directory the frozen base weights were read from (``peft=lora``)."""
 
     def _local_tier(self, run_dir: Path) -> lc.LocalTier | None:
         c = self.cfg.checkpoint
@@ -114,6 +124,11 @@ class CheckpointManager:
             self.resumed_tier = events.LOCAL
             return self._restore_local(local)
         sdir = self._choose()
+        if sdir is None and self.lora:
+            raise ck.CheckpointError(
+                "peft=lora trains adapters on frozen base weights, and there are none: set checkpoint.load to the "
+                "base checkpoint (kilocard convert hf-to-mcore writes one)"
+            )
         state = None if sdir is None else self._restore(sdir)
         if self.local is not None:
             self.local.discard_after(state.step if state is not None else 0)
@@ -187,15 +202,16 @@ class CheckpointManager:
         self._watchdog.beat(f"loading {sdir}")
         state = ck.read_state(sdir)
         self._check_model(sdir, state)
-        if state.extra.get(MODEL_ONLY):
+        part = self._peft_base(sdir, state)
+        if state.extra.get(MODEL_ONLY) or (self.lora and part is None):
             return self._restore_model_only(sdir, state)
         if self.cfg.trainer.skip_train:
-            return self._restore_for_eval(sdir, state)
+            return self._restore_for_eval(sdir, state, part)
         b = self.built
         cs.init_optimizer_states(b.optimizer)
-        sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=True)
+        sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=True, part=part)
         loaded = dist_checkpointing.load(sd, str(sdir))
-        self._apply(loaded, state)
+        self._apply(loaded, state, part)
         self.last_saved = state.step
         saved = Layout.from_json(state.layout)
         if saved.same_ranks(self.layout) and cs.rng_file(sdir, self.rank).is_file():
@@ -207,10 +223,56 @@ class CheckpointManager:
         self._log(f"resumed from {sdir} (step {state.step}, {state.consumed_samples} samples; RNG {rng})")
         return state
 
-    def _apply(self, loaded: dict[str, Any], state: ck.TrainerState) -> None:
-        """Model chunks and optimizer from ``loaded``, the LR scheduler from ``state``."""
+    def _peft_base(self, sdir: Path, state: ck.TrainerState) -> cs.Part | None:
+        """For a LoRA step (``names.PEFT`` in its extra): check its adapters fit the config, load the base weights
+        it names into every chunk, and return the part of the state dict the step holds (the adapters).
+        ``None`` for any other step; refuses a LoRA step without ``peft=lora``."""
+        saved = state.extra.get(PEFT)
+        if saved is None:
+            return None
+        if not self.lora:
+            raise ck.ModelMismatch(
+                f"checkpoint {sdir} holds LoRA adapters only (trained with peft=lora); continue it with "
+                f"peft=lora, or export it merged into the base with kilocard convert mcore-to-hf"
+            )
+        p = self.cfg.peft
+        diffs = [
+            f"peft.{k}: {saved.get(k)!r} -> {getattr(p, k)!r}"
+            for k in ("dim", "target_modules")
+            if saved.get(k) != getattr(p, k)
+        ]
+        if diffs:
+            raise ck.ModelMismatch(f"checkpoint {sdir} holds adapters of another shape: {'; '.join(diffs)}")
+        base = Path(saved["base"])
+        self._verify_base(base)
+        self._load_base(base)
+        return lora.adapter_part
+
+    def _verify_base(self, base: Path) -> None:
+        """Rank 0 verifies the recorded base step against its manifest; every rank raises the same error."""
+        err: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                ck.verify_step(base)
+            except ck.CheckpointError as e:
+                err = [f"the base weights of this LoRA run: {e}; restore {base} (checkpoint.load's step)"]
+        dist.broadcast_object_list(err, src=0)
+        if err[0]:
+            raise ck.CheckpointError(err[0])
+
+    def _load_base(self, base: Path) -> None:
+        """The frozen base weights of every chunk from step directory ``base`` (the adapters left as they are)."""
+        from megatron.core import dist_checkpointing
+
+        self._watchdog.beat(f"loading the base weights of {base}")
+        loaded = dist_checkpointing.load(cs.model_sharded_state_dict(self.built.model, lora.base_part), str(base))
+        self._load_model_chunks(loaded, lora.base_part)
+        self.base = base.resolve()
+
+    def _apply(self, loaded: dict[str, Any], state: ck.TrainerState, part: cs.Part | None = None) -> None:
+        """Model chunks (``part`` of them) and optimizer from ``loaded``, the LR scheduler from ``state``."""
         b = self.built
-        self._load_model_chunks(loaded)
+        self._load_model_chunks(loaded, part)
         with torch.no_grad():
             b.optimizer.load_state_dict(loaded["optimizer"])
         b.scheduler.load_state_dict(state.scheduler)
@@ -222,6 +284,8 @@ class CheckpointManager:
         loaded, rank_state = self.local.load(self.built.model, self.built.optimizer)
         state = ck.TrainerState(**rank_state["trainer_state"])
         self._check_model(self.local.directory, state)
+        if self.lora and PEFT in state.extra:  # the local tier holds the whole model: the base is recorded only
+            self.base = Path(state.extra[PEFT]["base"])
         self._apply(loaded, state)
         cs.set_rng_state(rank_state["rng"])
         self.local.discard_after(step)
@@ -231,30 +295,46 @@ class CheckpointManager:
         )
         return state
 
-    def _load_model_chunks(self, loaded: dict[str, Any]) -> None:
-        """Load every model chunk (``model`` or ``model0``, ``model1``..) strictly from ``loaded``."""
+    def _load_model_chunks(self, loaded: dict[str, Any], part: cs.Part | None = None) -> None:
+        """Load every model chunk (``model`` or ``model0``, ``model1``..) strictly from ``loaded``: every tensor
+        of the chunk, or with ``part`` exactly those of that part."""
         model = self.built.model
         keys = ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
         for m, k in zip(model, keys, strict=True):
-            m.module.load_state_dict(loaded[k], strict=True)
+            if part is None:
+                m.module.load_state_dict(loaded[k], strict=True)
+                continue
+            wanted = set(part(m.module.state_dict()))
+            result = m.module.load_state_dict(loaded[k], strict=False)
+            missing = wanted & set(result.missing_keys)
+            if missing or result.unexpected_keys:
+                raise ck.CheckpointError(
+                    f"checkpoint tensors do not match the model: missing {sorted(missing)[:5]}, "
+                    f"unexpected {sorted(result.unexpected_keys)[:5]}"
+                )
 
     def _restore_model_only(self, sdir: Path, state: ck.TrainerState) -> ck.TrainerState:
         """Start at step 0 from a model-only step (an import): weights only; fresh optimizer, schedule, RNG."""
         from megatron.core import dist_checkpointing
 
-        loaded = dist_checkpointing.load(cs.model_sharded_state_dict(self.built.model), str(sdir))
-        self._load_model_chunks(loaded)
+        if self.lora:
+            self._load_base(sdir)
+            note = f"started LoRA adapters on the frozen base weights of {sdir} (fresh adapters, optimizer and LR"
+        else:
+            loaded = dist_checkpointing.load(cs.model_sharded_state_dict(self.built.model), str(sdir))
+            self._load_model_chunks(loaded)
+            note = f"started from the model weights of {sdir} (model-only: fresh optimizer and LR"
         self.built.optimizer.reload_model_params()  # fp32 main copies (bf16/fp16, distributed optimizer) follow
-        self._log(f"started from the model weights of {sdir} (model-only: fresh optimizer and LR schedule, step 0)")
+        self._log(f"{note} schedule, step 0)")
         return dataclasses.replace(state, step=0, consumed_samples=0)
 
-    def _restore_for_eval(self, sdir: Path, state: ck.TrainerState) -> ck.TrainerState:
-        """``trainer.skip_train``: the step's model weights only, in any layout (an evaluation needs no
-        optimizer state, whose sharding may differ between layouts); the step and position stay."""
+    def _restore_for_eval(self, sdir: Path, state: ck.TrainerState, part: cs.Part | None = None) -> ck.TrainerState:
+        """``trainer.skip_train``: the step's model weights (``part`` of them) only, in any layout (an evaluation
+        needs no optimizer state, whose sharding may differ between layouts); the step and position stay."""
         from megatron.core import dist_checkpointing
 
-        loaded = dist_checkpointing.load(cs.model_sharded_state_dict(self.built.model), str(sdir))
-        self._load_model_chunks(loaded)
+        loaded = dist_checkpointing.load(cs.model_sharded_state_dict(self.built.model, part), str(sdir))
+        self._load_model_chunks(loaded, part)
         self._log(f"loaded the model weights of {sdir} (step {state.step}) to evaluate (trainer.skip_train)")
         return state
 
@@ -320,7 +400,8 @@ class CheckpointManager:
             sdir.mkdir(parents=True)
         dist.barrier()
         b = self.built
-        sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=False)
+        part = lora.adapter_part if self.lora else None  # LoRA: the adapters; the base stays in checkpoint.load
+        sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=False, part=part)
         request = dist_checkpointing.save(
             sd, str(sdir), sharded_strategy=self._save_strategy(), async_sharded_save=self.use_async
         )
@@ -358,6 +439,7 @@ class CheckpointManager:
             layout=self.layout.to_json(),
             padded_vocab_size=padded_vocab_size(self.cfg.model, self.layout.tp),
             config_sha256=self.sha,
+            extra={PEFT: {**asdict(self.cfg.peft), "base": str(self.base)}} if self.lora else {},
         )
 
     def save_local(self, step: int, consumed: int) -> None:

@@ -4,6 +4,7 @@ optimizer state dict for ``megatron.core.dist_checkpointing``, and every RNG of 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +45,21 @@ def rng_file(sdir: Path, rank: int) -> Path:
     return sdir / "rng" / f"rank_{rank:05d}.pt"
 
 
-def model_sharded_state_dict(model: list[Any]) -> dict[str, Any]:
-    """Model chunks only: ``model``, or ``model0``, ``model1``.. with virtual stages."""
+Part = Callable[[dict[str, Any]], dict[str, Any]]
+"""A filter of a chunk's state dict (``kilocard.train.lora.adapter_part``, ``base_part``)."""
+
+
+def model_sharded_state_dict(model: list[Any], part: Part | None = None) -> dict[str, Any]:
+    """Model chunks only: ``model``, or ``model0``, ``model1``.. with virtual stages; ``part`` of each when given."""
+    keep = part or (lambda sd: sd)
     if len(model) == 1:
-        return {"model": model[0].module.sharded_state_dict()}
-    return {f"model{i}": m.module.sharded_state_dict() for i, m in enumerate(model)}
+        return {"model": keep(model[0].module.sharded_state_dict())}
+    return {f"model{i}": keep(m.module.sharded_state_dict()) for i, m in enumerate(model)}
 
 
-def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
-    """Model chunks (``model_sharded_state_dict``) and the optimizer."""
-    sd = model_sharded_state_dict(model)
+def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool, part: Part | None = None) -> dict[str, Any]:
+    """Model chunks (``model_sharded_state_dict``, ``part`` of them) and the optimizer."""
+    sd = model_sharded_state_dict(model, part)
     sd["optimizer"] = optimizer.sharded_state_dict(
         sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": OPTIM_SHARDING}
     )

@@ -202,6 +202,21 @@ def build_model_chunks(run_cfg: RunConfig, config: Any, backend: Backend) -> lis
     return chunks
 
 
+def apply_peft(run_cfg: RunConfig, config: Any, chunks: list[Any]) -> None:
+    """``peft=lora``: freeze the chunks' weights and attach LoRA adapters (``kilocard.train.lora``) before DDP
+    wraps them, so only the adapters get gradient buffers and optimizer state."""
+    if run_cfg.peft.type != "lora":
+        return
+    from kilocard.perf.params import lora_shapes
+    from kilocard.train import lora
+
+    try:
+        for c in chunks:
+            lora.apply(c, run_cfg.peft, config, lora_shapes(run_cfg.model))
+    except lora.LoraError as e:
+        raise UnsupportedConfig(str(e)) from None
+
+
 def wrap_ddp(run_cfg: RunConfig, config: Any, chunks: list[Any]) -> list[Any]:
     """Megatron-Core DistributedDataParallel around each chunk, with the overlap options."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -301,6 +316,7 @@ def build(run_cfg: RunConfig, backend: Backend) -> Built:
                 f"set parallel.context_parallel_size=1 here, or run it on GPUs with Transformer Engine"
             ) from None
         raise
+    apply_peft(run_cfg, config, chunks)
     model = wrap_ddp(run_cfg, config, chunks)
     optimizer = build_optimizer(run_cfg, model)
     scheduler = build_scheduler(run_cfg, optimizer)
