@@ -36,6 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", help="output directory (must not exist or be empty)")
     add_config_args(p, multirun=False)
     p.add_argument("--max-shard-size", default="5GB", help="mcore-to-hf: largest safetensors shard (e.g. 5GB)")
+    p.add_argument(
+        "--adapter-only",
+        action="store_true",
+        help="mcore-to-hf of a LoRA step: the adapter alone in the PEFT library's format, not merged",
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -56,7 +61,7 @@ def execute(args: argparse.Namespace) -> int:
                 "the model comes from the checkpoint's saved config"
             )
         else:
-            mcore_to_hf(Path(args.src), Path(args.dst), st_io.parse_size(args.max_shard_size))
+            mcore_to_hf(Path(args.src), Path(args.dst), st_io.parse_size(args.max_shard_size), args.adapter_only)
     except (ConvertError, CheckpointError) as e:
         return fail("convert", str(e), exits.INVALID)
     print(f"kilocard convert: wrote {args.dst}")

@@ -21,6 +21,8 @@ WANDB_MODES = ("online", "offline")
 LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 """Megatron-Core's linear layers of a transformer layer a LoRA adapter can wrap (``peft.target_modules``):
 the first and third column-parallel, the others row-parallel."""
+LORA_INIT_METHODS = ("xavier", "kaiming", "normal", "zero")
+"""``peft.lora_A_init_method`` / ``lora_B_init_method`` values (Megatron-Bridge's ``ParallelLinearAdapter``)."""
 BYTES_TOKENIZER = "kilocard-bytes"
 """``data.tokenizer`` naming kilocard's built-in UTF-8 byte tokenizer (``kilocard.data.byte_tokenizer``)."""
 """How a Slurm job gets kilocard's code (``launcher.packaging``): a wheel in the run directory, the

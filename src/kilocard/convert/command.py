@@ -250,27 +250,42 @@ def saved_model(state: ck.TrainerState) -> ModelConfig:
     return ModelConfig(**{k: v for k, v in state.model.items() if k in known})
 
 
-def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> None:
+def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool = False) -> None:
     """Export a committed kilocard step as a Hugging Face model directory (config.json + safetensors).
 
     Every tensor is written in the weights' dtype (the word embedding's), as Hugging Face checkpoints
-    are: a bf16 run keeps its torch norms in fp32, and those are cast down.
+    are: a bf16 run keeps its torch norms in fp32, and those are cast down. A LoRA step is merged into
+    its base (``W + (alpha / dim) * B @ A``), or with ``adapter_only`` written alone in the PEFT library's
+    format (``kilocard.convert.peft_io``).
     """
     from kilocard.convert import model as mm
+    from kilocard.convert import peft_io
+    from kilocard.train import lora
 
     check_output(out)  # before any work
     sdir = committed_step_dir(src)
     ck.verify_step(sdir)
     state = ck.read_state(sdir)
     m = saved_model(state)
+    peft, base = peft_io.lora_of(state, sdir)
+    if adapter_only and (peft is None or base is None):
+        raise ConvertError(f"{sdir}: --adapter-only needs a LoRA step (a run with peft=lora); this one holds a model")
     family = state.extra.get("source", {}).get("family") or maps.family_of_model(m)
     maps.check_model(family, m)
     slots = maps.slots(family, m)
     by_name = {s.hf: s for s in slots}
     with staging(out) as tmp, mm.single_rank():
-        dtype = mm.saved_dtype(sdir)
-        model = mm.build(mm.single_rank_config(mm.run_config_for(m, dtype), state.padded_vocab_size))
-        mm.load(model, sdir)
+        dtype = mm.saved_dtype(base or sdir)
+        model = mm.build(mm.single_rank_config(mm.run_config_for(m, dtype, peft), state.padded_vocab_size))
+        if base is None:
+            mm.load(model, sdir)
+        else:
+            mm.load(model, base, lora.base_part)
+            mm.load(model, sdir, lora.adapter_part)
+        if adapter_only and peft is not None and base is not None:
+            peft_io.write_adapter(tmp, model.state_dict(), m, peft, family, base)
+            return
+        lora.merge(model)
         tensors = model.state_dict()
         st_io.write_sharded(
             tmp,

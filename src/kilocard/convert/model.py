@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kilocard.config.schema import ModelConfig, ParallelConfig, RunConfig
+from kilocard.config.schema import ModelConfig, ParallelConfig, PeftConfig, RunConfig
 
 
 @contextlib.contextmanager
@@ -47,7 +47,8 @@ def single_rank_config(run_cfg: RunConfig, padded_vocab: int) -> RunConfig:
 
 
 def build(run_cfg: RunConfig) -> Any:
-    """The GPTModel of ``run_cfg`` (a ``single_rank_config``) with uninitialised weights, in eval mode."""
+    """The GPTModel of ``run_cfg`` (a ``single_rank_config``) with uninitialised weights (and, with ``peft=lora``,
+    its adapters), in eval mode."""
     from kilocard.backends import Backend
     from kilocard.train import megatron_adapter as ma
 
@@ -55,17 +56,19 @@ def build(run_cfg: RunConfig) -> Any:
     config = ma.transformer_config(run_cfg, backend)
     config.perform_initialization = False
     (model,) = ma.build_model_chunks(run_cfg, config, backend)
+    ma.apply_peft(run_cfg, config, [model])
     return model.eval()
 
 
-def run_config_for(m: ModelConfig, dtype: torch.dtype) -> RunConfig:
-    """A ``RunConfig`` holding model ``m`` with parameters of ``dtype`` (for export, where no recipe is given)."""
+def run_config_for(m: ModelConfig, dtype: torch.dtype, peft: PeftConfig | None = None) -> RunConfig:
+    """A ``RunConfig`` holding model ``m`` with parameters of ``dtype`` (and LoRA adapters ``peft``) for export,
+    where no recipe is given."""
     base = RunConfig()
     name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
     precision = dataclasses.replace(
         base.precision, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=name
     )
-    return dataclasses.replace(base, model=m, precision=precision)
+    return dataclasses.replace(base, model=m, precision=precision, peft=peft or base.peft)
 
 
 def save(model: Any, step_dir: Path) -> None:
@@ -76,12 +79,20 @@ def save(model: Any, step_dir: Path) -> None:
     dist_checkpointing.save({"model": model.sharded_state_dict()}, str(step_dir))
 
 
-def load(model: Any, step_dir: Path) -> None:
-    """Load the model weights of a torch_dist step into ``model`` (optimizer state, if any, is left on disk)."""
+def load(model: Any, step_dir: Path, part: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+    """Load the model weights of a torch_dist step into ``model`` (optimizer state, if any, is left on disk); with
+    ``part`` (``kilocard.train.lora.base_part`` / ``adapter_part``) exactly that part of them."""
     from megatron.core import dist_checkpointing
 
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(step_dir))
-    model.load_state_dict(loaded["model"], strict=True)
+    sd = model.sharded_state_dict()
+    loaded = dist_checkpointing.load({"model": part(sd) if part else sd}, str(step_dir))
+    if part is None:
+        model.load_state_dict(loaded["model"], strict=True)
+        return
+    result = model.load_state_dict(loaded["model"], strict=False)
+    missing = set(part(model.state_dict())) & set(result.missing_keys)
+    if missing or result.unexpected_keys:  # a kilocard bug, not bad input: the keys come from the same model
+        raise RuntimeError(f"{step_dir}: missing {sorted(missing)[:5]}, unexpected {result.unexpected_keys[:5]}")
 
 
 def saved_dtype(step_dir: Path) -> torch.dtype:

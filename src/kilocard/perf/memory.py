@@ -43,6 +43,12 @@ Where kilocard goes further (each term is zero, or the identity, on Megatron's o
 * optimizer-state dtypes (``use_precision_aware_optimizer``): the master copy and the two moments in
   their own dtypes, the fp32 master of bf16 parameters as 2-byte remainders (``store_param_remainders``).
 
+* LoRA (``peft=lora``): the frozen base keeps its weights only (no gradient buffer, no optimizer state:
+  Megatron-Core's DDP and optimizer skip parameters without ``requires_grad``); the adapters
+  (``dim * (in + out)`` per target module and layer, split over TP like their base) add weights,
+  gradients and optimizer state. Activations are counted as for full training: Megatron-Core's linear
+  layers keep their inputs either way, and the adapters' own ``dim``-wide activations are left out.
+
 Not modelled: allocator fragmentation and workspaces (the validator keeps a reserve for those),
 FP8 weight transpose caches.
 """
@@ -57,7 +63,7 @@ from kilocard.config.dtypes import main_grads_fp32, mixed_precision, param_bytes
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.layout import Layout, compute_layout, megatron_sizes
 from kilocard.perf.megatron_lm import megatron_lm_args
-from kilocard.perf.params import count_parameters, is_gated, moe_count, moe_layer_pattern
+from kilocard.perf.params import count_parameters, is_gated, lora_params_per_layer, moe_count, moe_layer_pattern
 
 
 @dataclass(frozen=True)
@@ -334,10 +340,26 @@ STATE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def checkpoint_bytes(cfg: RunConfig) -> int:
-    """Bytes of one checkpoint: every parameter's stored weight and optimizer state (master copy and
-    moments), ``bytes_per_param``'s weight + optim; gradients are not saved."""
+    """Bytes of one checkpoint: every trained parameter's stored weight and optimizer state (master copy and
+    moments), ``bytes_per_param``'s weight + optim; gradients are not saved. With LoRA the adapters only (the
+    frozen base stays in ``checkpoint.load``)."""
     bpp = bytes_per_param(cfg)
-    return int(count_parameters(cfg.model).total * (bpp.weight + bpp.optim))
+    trained = lora_params(cfg) if cfg.peft.type == "lora" else count_parameters(cfg.model).total
+    return int(trained * (bpp.weight + bpp.optim))
+
+
+def lora_params(cfg: RunConfig, layers: float | None = None) -> float:
+    """LoRA adapter parameters of ``layers`` transformer layers (default: all of them); 0 without ``peft=lora``."""
+    if cfg.peft.type != "lora":
+        return 0.0
+    n = cfg.model.num_layers if layers is None else layers
+    return float(lora_params_per_layer(cfg.model, cfg.peft.dim, cfg.peft.target_modules)) * n
+
+
+def lora_params_on_stage(cfg: RunConfig, lay: Layout) -> float:
+    """Adapter parameters on one GPU of the stage with the most layers (split over TP like their base)."""
+    layers = max(lay.stage_layers) if lay.stage_layers else cfg.model.num_layers / max(1, lay.pp)
+    return lora_params(cfg, layers) / max(1, lay.tp)
 
 
 # --- activations ----------------------------------------------------------------------------------
@@ -494,6 +516,10 @@ def _state_bytes(cfg: RunConfig, lay: Layout, a: SimpleNamespace) -> tuple[float
     sp = stage_params(cfg, lay, a)
     bpp = bytes_per_param(cfg)
     dense_shard, expert_shard = optimizer_shards(cfg, lay)
+    if cfg.peft.type == "lora":  # the base frozen: weights only; the adapters trained
+        adapters = lora_params_on_stage(cfg, lay)
+        base = sp.dense + sp.expert
+        return (base + adapters) * bpp.weight, adapters * bpp.grad, adapters * bpp.optim / dense_shard, base + adapters
     params = sp.dense + sp.expert
     optim = sp.dense * bpp.optim / dense_shard + sp.expert * bpp.optim / expert_shard
     state = []

@@ -148,12 +148,17 @@ def lora_shapes(m: ModelConfig) -> dict[str, tuple[int, int]]:
     (before tensor-parallel sharding): the adapter's A is ``dim x in``, its B ``out x dim``."""
     d = kv_channels(m)
     q, kv = m.num_attention_heads * d, (m.num_query_groups or m.num_attention_heads) * d
-    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    return linear_shapes(m.hidden_size, q, kv, m.ffn_hidden_size or 4 * m.hidden_size, is_gated(m))
+
+
+def linear_shapes(hidden: int, q: int, kv: int, ffn: int, gated: bool) -> dict[str, tuple[int, int]]:
+    """``(in, out)`` of a layer's ``linear_qkv``, ``linear_proj``, ``linear_fc1``, ``linear_fc2`` from its widths
+    (``q``: query heads x head size, ``kv``: query groups x head size)."""
     return {
-        "linear_qkv": (m.hidden_size, q + 2 * kv),
-        "linear_proj": (q, m.hidden_size),
-        "linear_fc1": (m.hidden_size, ffn * (2 if is_gated(m) else 1)),
-        "linear_fc2": (ffn, m.hidden_size),
+        "linear_qkv": (hidden, q + 2 * kv),
+        "linear_proj": (q, hidden),
+        "linear_fc1": (hidden, ffn * (2 if gated else 1)),
+        "linear_fc2": (ffn, hidden),
     }
 
 

@@ -142,6 +142,8 @@ def features_of(cfg: RunConfig) -> Features:
         fp8_param_gather=cfg.precision.fp8_param,
         cuda_graph_impl=m.cuda_graph_impl,
         cuda_graph_scope=tuple(m.cuda_graph_scope),
+        lora_dim=cfg.peft.dim if cfg.peft.type == "lora" else 0,
+        lora_targets=tuple(cfg.peft.target_modules) if cfg.peft.type == "lora" else (),
     )
 
 

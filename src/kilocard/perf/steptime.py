@@ -17,7 +17,11 @@ Per micro-batch and layer the model charges:
 * TP collectives on NVLink (less what ``tp_comm_overlap`` and the backward overlap hide), CP ring
   exchange behind attention, EP all-to-all;
 * full recompute adds a forward, selective recompute the attention core's forward, torchtitan's
-  op-level checkpointing (``op``) every other projection GEMM and the elementwise work.
+  op-level checkpointing (``op``) every other projection GEMM and the elementwise work;
+* LoRA (``lora_dim``): the frozen base's GEMMs (the layers' and the output layer's) skip their
+  weight-gradient GEMM, half of each one's backward and a third of its training FLOPs (forward + input
+  gradient remain: 2x the forward instead of 3x); the adapters' own low-rank GEMMs are charged in full,
+  and only the adapters' gradients are reduced, stepped and zeroed.
 
 Then the pipeline bubble ``(P - 1) / V`` stage passes, point-to-point sends, the gradient
 reduce-scatter / all-reduce and parameter all-gather over DP x CP, the optimizer step, and the wait for
@@ -32,7 +36,7 @@ from statistics import NormalDist
 from kilocard.layout import Layout
 from kilocard.perf.efficiency import FITTED, GpuEfficiency, PerfModelParams
 from kilocard.perf.flops import ModelShape
-from kilocard.perf.params import moe_count
+from kilocard.perf.params import linear_shapes, moe_count
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,10 @@ class Features:
     """An evaluation step (``trainer.eval_iters`` rounds, Megatron-Core's schedule with ``forward_only=True``):
     each micro-batch's forward only (no backward, no recompute), activations but no gradients between
     stages, and no gradient reduce, optimizer step or parameter pass."""
+    lora_dim: int = 0
+    """LoRA rank (``peft.dim``; 0: no LoRA, every weight trained): the base is frozen."""
+    lora_targets: tuple[str, ...] = ()
+    """LoRA target modules (``peft.target_modules``)."""
     pipeline_flushes: int = 1
     """Times the pipeline schedule fills and drains per optimizer step: 1 for Megatron-Core, whose
     schedule runs all of a step's micro-batches; NeMo AutoModel runs one schedule per local batch (LBS
@@ -196,6 +204,8 @@ class _Layer:
     tp_comm: float
     cp_comm: float
     ep_comm: float
+    adapter_gemm: float = 0.0
+    """The LoRA adapters' GEMMs (A then B of every target module)."""
 
 
 def layer_forward(
@@ -244,7 +254,35 @@ def layer_forward(
         tp_comm_forward(tok, h, lay, ft, hw, params),
         cp_comm_forward(tok, kv, lay, ft, hw, params, core),
         ep_comm_forward(tok, h, shape, lay, ft, hw, params) if moe else 0.0,
+        adapter_forward(shape, lay, ft, tok, peak, eff),
     )
+
+
+def lora_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """``(in, out)`` of each LoRA target module of a layer (``kilocard.perf.params.lora_shapes`` on a shape)."""
+    q, kv = shape.kv_channels * shape.heads, shape.kv_channels * shape.query_groups
+    return linear_shapes(shape.hidden, q, kv, shape.ffn, shape.gated)
+
+
+def adapter_forward(shape: ModelShape, lay: Layout, ft: Features, tok: float, peak: float, eff: GpuEfficiency) -> float:
+    """Forward time of one layer's LoRA adapters: A (``dim`` rows split over TP for a column-parallel target,
+    its input columns for a row-parallel one) then B (output rows split over TP)."""
+    if not ft.lora_dim:
+        return 0.0
+    t, r, total = lay.tp, ft.lora_dim, 0.0
+    for name, (n_in, n_out) in lora_shapes(shape).items():
+        if name not in ft.lora_targets:
+            continue
+        column = name in ("linear_qkv", "linear_fc1")
+        total += gemm_time(tok, r / t, n_in, 1, peak, eff) if column else gemm_time(tok, r, n_in / t, 1, peak, eff)
+        total += gemm_time(tok, n_out / t, r, 1, peak, eff)
+    return total
+
+
+def lora_params_per_gpu(shape: ModelShape, lay: Layout, ft: Features, stage_layers: float) -> float:
+    """Adapter parameters on one GPU of a stage with ``stage_layers`` layers: ``dim * (in + out)`` per target / TP."""
+    per_layer = sum(ft.lora_dim * (i + o) for n, (i, o) in lora_shapes(shape).items() if n in ft.lora_targets)
+    return per_layer * stage_layers / lay.tp
 
 
 def fp8_cast_bytes(shape: ModelShape, lay: Layout, ft: Features, ffn_elems: float) -> tuple[float, float]:
@@ -584,7 +622,7 @@ def _layer_parts(
     )
     if ft.forward_only:
         return {
-            "gemm": f.gemm,
+            "gemm": f.gemm + f.adapter_gemm,
             "attention": f.attn,
             "elementwise": f.elem,
             "tp_comm": exposed_tp * forward_tp,
@@ -593,8 +631,9 @@ def _layer_parts(
             "overhead": overhead,
         }
     gemm_re, attn_re, elem_re = recompute_shares(shape, ft)
+    passes = 2 if ft.lora_dim else 3  # a frozen weight: forward and input gradient, no weight gradient
     return {
-        "gemm": f.gemm * (3 + gemm_re),
+        "gemm": f.gemm * (passes + gemm_re) + f.adapter_gemm * (3 + gemm_re),
         "attention": f.attn * (3 + attn_re),
         "elementwise": f.elem * (1 + elem_re) + f.elem_bwd,
         "tp_comm": exposed_tp
@@ -649,7 +688,8 @@ def logits_time(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, para
     eff = params.for_family(hw.family)
     tok = ft.mbs * shape.seq / lay.cp
     outside_fp8 = replace(ft, precision="bf16") if ft.precision in ("fp8", "fp4") else ft
-    t = 3 * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, outside_fp8, eff), eff)
+    passes = 2 if ft.lora_dim else 3  # LoRA freezes the output layer: no weight gradient
+    t = passes * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, outside_fp8, eff), eff)
     logits = tok * shape.vocab / lay.tp
     return t + logits * cross_entropy_bytes(ft.cross_entropy) / (hw.hbm_bandwidth * eff.hbm_efficiency)
 
@@ -672,7 +712,7 @@ def predict_step_time(
     stages = lay.stage_layers or (shape.layers / lay.pp,) * lay.pp
     logits = logits_time(shape, lay, ft, hw, params)
     if ft.forward_only:
-        logits /= 3  # the logits GEMM's forward, and about a third of the cross-entropy's traffic
+        logits /= 2 if ft.lora_dim else 3  # the logits GEMM's forward, and a share of the cross-entropy's traffic
     widest = max(stages[:-1]) if lay.pp > 1 else 0.0
     last_bound = stages[-1] * t_layer + logits >= widest * t_layer
     slow_layers = stages[-1] if last_bound else widest
@@ -689,15 +729,19 @@ def predict_step_time(
     parts["pp_p2p"] = p2p
     compute = m * t_slow + bubble + p2p
     n_params = params_per_gpu if params_per_gpu is not None else dense_params_per_gpu(shape, lay, ft, max(stages))
+    # what is reduced, stepped and zeroed: every parameter, or with LoRA the adapters only
+    trained = lora_params_per_gpu(shape, lay, ft, max(stages)) if ft.lora_dim else n_params
     if ft.forward_only:  # no gradient reduce, no optimizer step, no parameter pass
         parts.update(dp_comm=0.0, optimizer=0.0, param_passes=0.0)
     elif ft.fsdp_reshard_after_forward:
         parts["dp_comm"] = dp_comm_fsdp(shape, n_params, lay, ft, hw, params, t_slow, m)
     else:
-        parts["dp_comm"] = dp_comm(n_params, lay, ft, hw, params, t_slow)
+        parts["dp_comm"] = dp_comm(trained, lay, ft, hw, params, t_slow)
     if not ft.forward_only:
-        parts["optimizer"] = optimizer_time(n_params, lay, ft, hw, params)
-        parts["param_passes"] = param_passes_time(n_params, shape.vocab * shape.hidden / lay.tp, ft, hw, params)
+        parts["optimizer"] = optimizer_time(trained, lay, ft, hw, params)
+        parts["param_passes"] = param_passes_time(
+            n_params, shape.vocab * shape.hidden / lay.tp, ft, hw, params, trained=trained
+        )
     parts["straggler"] = (m * t_slow + bubble) * params.network.gpu_speed_spread * expected_slowest(lay.world_size)
     total = compute + parts["dp_comm"] + parts["optimizer"] + parts["param_passes"] + parts["straggler"]
     return StepTime(total_s=total, breakdown=parts)
@@ -825,7 +869,14 @@ FP8_WEIGHT_CAST_BYTES = 4.0
 FP8_CURRENT_AMAX_BYTES = 2.0
 
 
-def param_passes_time(n_params: float, embedding: float, ft: Features, hw: Hardware, params: PerfModelParams) -> float:
+def param_passes_time(
+    n_params: float,
+    embedding: float,
+    ft: Features,
+    hw: Hardware,
+    params: PerfModelParams,
+    trained: float | None = None,
+) -> float:
     """Once-per-step HBM passes over the GPU's ``n_params`` parameters besides the optimizer's, seconds.
 
     * Megatron-Core zeroes the gradient buffer (``grad_bytes`` per parameter, the whole local buffer, not
@@ -841,9 +892,11 @@ def param_passes_time(n_params: float, embedding: float, ft: Features, hw: Hardw
       (``extensions/transformer_engine.py``), whose ``Linear.forward`` then "allows caching of the FP8
       versions of the weights" (``transformer_engine/pytorch/module/linear.py`` at 0004dbd0). torchao's
       ``Float8Linear`` (``float8_converter``) keeps no cache: its per-micro-batch weight casts are not
-      counted (``fp8_cast_bytes``)."""
+      counted (``fp8_cast_bytes``).
+
+    ``trained``: the parameters with a gradient buffer (LoRA's adapters; default all ``n_params``)."""
     hbm = hw.hbm_bandwidth * params.for_family(hw.family).hbm_efficiency
-    zero = 0.0 if ft.fsdp_reshard_after_forward else n_params * ft.grad_bytes
+    zero = 0.0 if ft.fsdp_reshard_after_forward else (n_params if trained is None else trained) * ft.grad_bytes
     cast = 0.0
     if ft.precision in ("fp8", "fp4") and not ft.float8_converter:
         per_weight = FP8_WEIGHT_CAST_BYTES + (FP8_CURRENT_AMAX_BYTES if ft.fp8_recipe == "tensorwise" else 0.0)

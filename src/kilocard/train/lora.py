@@ -40,16 +40,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from kilocard.config.schema import LORA_TARGETS, PeftConfig
+from kilocard.config.schema import LORA_INIT_METHODS, LORA_TARGETS, PeftConfig
 
 COLUMN_PARALLEL = ("linear_qkv", "linear_fc1")
 """Target modules whose base splits its output over TP ranks (the others split their input)."""
 ADAPTER = "adapter"
 """Name of the adapter child module under its base linear (state-dict keys ``...linear_qkv.adapter.*``)."""
-INIT_METHODS = ("xavier", "kaiming", "normal", "zero")
-"""``peft.lora_A_init_method`` / ``lora_B_init_method`` values (Megatron-Bridge's)."""
-DROPOUT_POSITIONS = ("pre", "post")
-"""``peft.dropout_position`` values."""
 
 
 class LoraError(Exception):
@@ -66,7 +62,7 @@ def init_method(name: str) -> Callable[[torch.Tensor], Any]:
         return lambda t: nn.init.normal_(t, mean=0.0, std=0.2)
     if name == "zero":
         return nn.init.zeros_
-    raise LoraError(f"peft init method: {name!r} is not one of {', '.join(INIT_METHODS)}")
+    raise LoraError(f"peft init method: {name!r} is not one of {', '.join(LORA_INIT_METHODS)}")
 
 
 def scale(peft: PeftConfig) -> float:

@@ -2,7 +2,7 @@
 
 Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
 ``model``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
-``launcher``, ``inputs``, ``dataset``, ``evaluation``, ``environment``, ``slurm``, ``checkpointing``,
+``launcher``, ``inputs``, ``dataset``, ``evaluation``, ``peft``, ``environment``, ``slurm``, ``checkpointing``,
 ``resilience`` and ``memory`` (the list of the start-up and silently-wrong rules: docs/validation.md). The
 report holds
 every problem at once, the layout and the estimates (memory per GPU by component against HBM, FLOPs per
@@ -31,6 +31,7 @@ from kilocard.validate import (
     model,
     optimizer,
     parallel,
+    peft,
     precision,
     recompute,
     resilience,
@@ -58,6 +59,7 @@ RULES: tuple[Rule, ...] = (
     + inputs.RULES
     + dataset.RULES
     + evaluation.RULES
+    + peft.RULES
     + tokenizer_rules.RULES
     + environment.RULES
     + slurm.RULES
