@@ -64,7 +64,7 @@ class SFTDataset(GPTDataset):
         tokens = self.dataset
         self.dataset = self.mask_dataset
         try:
-            window, _ = self._query_document_sample_shuffle_indices(0 if idx is None else idx)
+            window, *_ = self._query_document_sample_shuffle_indices(0 if idx is None else idx)  # 0.19: 3 values
         finally:
             self.dataset = tokens
         return torch.from_numpy(window == 1)
