@@ -114,3 +114,29 @@ def test_forward_equals_the_merged_weights(tiny_lora) -> None:
 def test_unknown_target_is_one_line() -> None:
     with pytest.raises(lora.LoraError, match=r"peft.target_modules: \['q_proj'\] not among"):
         lora.apply(torch.nn.Linear(2, 2), PeftConfig(type="lora", target_modules=["q_proj"]), None, {})
+
+
+def _lora_step_state(**peft: object):
+    from kilocard.rundir import checkpoint as ck
+
+    saved = {"type": "lora", "dim": 4, "target_modules": ["linear_qkv"], "base": "/nowhere", **peft}
+    return ck.TrainerState(0, 0, {}, {}, {}, 384, extra={"peft": saved})
+
+
+def test_a_lora_step_resumes_only_with_the_same_adapters(tmp_path) -> None:
+    """The checkpoint manager's check before any tensor is read (called unbound on a stand-in: no ranks)."""
+    from kilocard.config.schema import RunConfig
+    from kilocard.rundir import checkpoint as ck
+    from kilocard.train.ckpt_manager import CheckpointManager
+
+    def manager(peft: PeftConfig) -> types.SimpleNamespace:
+        return types.SimpleNamespace(lora=peft.type == "lora", cfg=dataclasses.replace(RunConfig(), peft=peft))
+
+    state = _lora_step_state()
+    with pytest.raises(ck.ModelMismatch, match="holds LoRA adapters only .* peft=lora"):
+        CheckpointManager._peft_base(manager(PeftConfig()), tmp_path, state)  # type: ignore[arg-type]
+    other = PeftConfig(type="lora", dim=8, target_modules=["linear_qkv"])
+    with pytest.raises(ck.ModelMismatch, match=r"peft.dim: 4 -> 8"):
+        CheckpointManager._peft_base(manager(other), tmp_path, state)  # type: ignore[arg-type]
+    plain = dataclasses.replace(state, extra={})
+    assert CheckpointManager._peft_base(manager(other), tmp_path, plain) is None  # type: ignore[arg-type]
