@@ -297,6 +297,16 @@ class DataConfig:
     sft: bool = False
     """Supervised fine-tuning (Megatron-LM ``--sft``): every prefix has the assistant-only loss mask
     ``PREFIX_loss_mask`` of ``kilocard preprocess --chat`` beside it, and only assistant tokens carry loss."""
+    packing: bool = True
+    """Several documents per sequence, one after the other (Megatron-Core ``GPTDataset``'s samples); ``false``:
+    one conversation per sequence, cut at ``model.seq_length`` and padded, the padding without loss (``data.sft``
+    only)."""
+    reset_position_ids: bool = False
+    """Position ids restart at 0 after every end-of-document token (Megatron-LM ``--reset-position-ids``)."""
+    reset_attention_mask: bool = False
+    """Attention stays inside each document of a packed sequence (Megatron-LM ``--reset-attention-mask``): a
+    block-diagonal causal mask on Megatron-Core's local attention, the THD layout (``PackedSeqParams`` with
+    ``cu_seqlens``) with Transformer Engine; needs ``data.reset_position_ids``."""
 
 
 @dataclass(kw_only=True)
