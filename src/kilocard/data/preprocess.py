@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from kilocard.base.safe_read import FileReadError, open_regular, require_regular
 from kilocard.config.schema import BYTES_TOKENIZER
-from kilocard.data.chat import encode_conversation, load_chat_tokenizer, messages_of
+from kilocard.data.chat import encode_conversation, load_chat_tokenizer, messages_of, template_sha256
 from kilocard.data.errors import DataError
 from kilocard.data.record import DataRecord, mask_prefix, record_path, tokenizer_sha256, write_record
 from kilocard.data.tokenizer import MegatronTokenizerBase, get_tokenizer
@@ -63,6 +63,8 @@ class PreprocessResult:
     """Tokenizer processes used (``--workers``, capped at the CPUs this process may use)."""
     assistant_tokens: int | None = None
     """``--chat``: tokens that carry loss (the ``PREFIX_text_document_loss_mask`` dataset marks them)."""
+    truncated: int | None = None
+    """``--chat --max-length N --on-overflow truncate``: conversations cut to ``N`` tokens."""
 
     @property
     def documents_per_second(self) -> float:
@@ -283,12 +285,48 @@ def preprocess_jsonl(
     )
 
 
-def preprocess_chat(input_path: str, output_prefix: str, tokenizer: str) -> PreprocessResult:
+OVERFLOW = ("refuse", "truncate")
+"""What ``preprocess --chat --max-length`` does with a longer conversation (``--on-overflow``)."""
+
+
+def fit_length(
+    ids: numpy.ndarray, mask: numpy.ndarray, max_length: int | None, on_overflow: str, eod: int, where: str
+) -> tuple[numpy.ndarray, numpy.ndarray, bool]:
+    """A conversation (its EOD last) within ``max_length`` tokens: as it is, or cut to ``max_length - 1`` tokens and
+    the EOD (no loss on it) with ``on_overflow="truncate"`` (the third value says so); ``DataError`` with
+    ``"refuse"``."""
+    if max_length is None or len(ids) <= max_length:
+        return ids, mask, False
+    if on_overflow != "truncate":
+        raise DataError(
+            f"{where}: the conversation is {len(ids)} tokens, longer than --max-length {max_length}; "
+            f"fix: shorten it, a larger --max-length, or --on-overflow truncate to cut it"
+        )
+    return numpy.append(ids[: max_length - 1], eod), numpy.append(mask[: max_length - 1], numpy.uint8(0)), True
+
+
+def _check_max_length(max_length: int | None, on_overflow: str) -> None:
+    if on_overflow not in OVERFLOW:
+        raise DataError(
+            f"--on-overflow: {on_overflow!r} is not one of {', '.join(OVERFLOW)}; fix: --on-overflow refuse"
+        )
+    if max_length is not None and max_length < 2:
+        raise DataError(
+            f"--max-length: {max_length} leaves no room for a conversation and its end-of-document token; "
+            f"fix: the model's seq_length + 1, e.g. --max-length 4097"
+        )
+
+
+def preprocess_chat(
+    input_path: str, output_prefix: str, tokenizer: str, max_length: int | None = None, on_overflow: str = "refuse"
+) -> PreprocessResult:
     """Render the conversations of ``input_path`` with ``tokenizer``'s chat template (``kilocard.data.chat``) into
     ``PREFIX_text_document`` (token ids, the EOD appended unless the template ends with it) and
     ``PREFIX_text_document_loss_mask`` (1 on assistant tokens, 0 elsewhere and on the appended EOD), the same
-    documents and lengths; atomically, with the data record (its ``assistant_tokens`` set)."""
+    documents and lengths; atomically, with the data record (its ``assistant_tokens``, template, and with
+    ``max_length`` the conversations cut to it, ``fit_length``)."""
     start = time.perf_counter()
+    _check_max_length(max_length, on_overflow)
     path = require_input(Path(input_path))
     chat = load_chat_tokenizer(tokenizer)
     tok = get_tokenizer(tokenizer)  # what training reads: vocabulary, EOD and padding ids
@@ -298,13 +336,16 @@ def preprocess_chat(input_path: str, output_prefix: str, tokenizer: str) -> Prep
         IndexedDatasetBuilder(str(files[0][1][0]), dtype=DType.optimal_dtype(tok.vocab_size)),
         IndexedDatasetBuilder(str(files[1][1][0]), dtype=numpy.uint8),
     ]
-    documents = tokens = assistant = 0
+    documents = tokens = assistant = truncated = 0
     max_id = -1
     try:
         for number, line in read_lines(path):
-            ids, mask = encode_conversation(chat, messages_of(line, path, number), f"{path}:{number}")
+            where = f"{path}:{number}"
+            ids, mask = encode_conversation(chat, messages_of(line, path, number), where)
             if not len(ids) or ids[-1] != tok.eod:
                 ids, mask = numpy.append(ids, tok.eod), numpy.append(mask, numpy.uint8(0))
+            ids, mask, cut = fit_length(ids, mask, max_length, on_overflow, tok.eod, where)
+            truncated += cut
             builders[0].add_document(ids, [len(ids)])
             builders[1].add_document(mask, [len(mask)])
             documents, tokens, assistant = documents + 1, tokens + len(ids), assistant + int(mask.sum())
@@ -321,6 +362,9 @@ def preprocess_chat(input_path: str, output_prefix: str, tokenizer: str) -> Prep
             documents=documents,
             tokens=tokens,
             assistant_tokens=assistant,
+            chat_template_sha256=template_sha256(chat.chat_template),
+            max_length=max_length,
+            truncated=truncated if max_length is not None else None,
         )
         _publish(prefix, [(b, final, tmp) for b, (final, tmp) in zip(builders, files, strict=True)], record)
     finally:
@@ -331,5 +375,10 @@ def preprocess_chat(input_path: str, output_prefix: str, tokenizer: str) -> Prep
                 p.unlink(missing_ok=True)
     seconds = time.perf_counter() - start
     return PreprocessResult(
-        prefix=prefix, documents=documents, tokens=tokens, seconds=seconds, assistant_tokens=assistant
+        prefix=prefix,
+        documents=documents,
+        tokens=tokens,
+        seconds=seconds,
+        assistant_tokens=assistant,
+        truncated=truncated if max_length is not None else None,
     )

@@ -28,7 +28,7 @@ HF_FILE = "tokenizer.json"
 """A model folder's tokenizer file (``kilocard.data.tokenizer`` reads the same)."""
 FORMAT = 1
 """Version of the record's layout."""
-OMITTED_WHEN_NONE = ("assistant_tokens",)
+OMITTED_WHEN_NONE = ("assistant_tokens", "chat_template_sha256", "max_length", "truncated")
 """Fields left out of the file when unset, so a record of plain text reads as it did before they existed."""
 
 
@@ -51,6 +51,15 @@ class DataRecord:
     assistant_tokens: int | None = None
     """``preprocess --chat``: tokens that carry loss (assistant turns; the ``PREFIX_loss_mask`` dataset beside
     marks them); ``None`` for plain text, where every token does."""
+    chat_template_sha256: str | None = None
+    """``preprocess --chat``: sha256 of the chat template the conversations were rendered with
+    (``kilocard.data.chat.template_sha256``); ``None`` for plain text."""
+    max_length: int | None = None
+    """``preprocess --chat --max-length``: the most tokens a conversation was allowed (its EOD included);
+    ``None`` when unbounded."""
+    truncated: int | None = None
+    """``preprocess --chat --max-length N --on-overflow truncate``: conversations cut to ``N`` tokens (what was
+    cut carries no loss anywhere); ``None`` without ``--max-length``."""
     format: int = FORMAT
     """Version of this layout."""
 
@@ -131,18 +140,43 @@ INDEX_HEADER = b"MMIDIDX\x00\x00"
 """The first bytes of a Megatron-Core ``.idx`` (``megatron.core.datasets.indexed_dataset._INDEX_HEADER``)."""
 
 
-def index_documents(prefix: str) -> int | None:
-    """Documents in ``PREFIX.idx`` from its header (header, version, dtype code, sequence count, document
-    count; the document index holds one more entry than there are documents); ``None`` when the file is
-    not a Megatron-Core index."""
+HEADER_BYTES = len(INDEX_HEADER) + 8 + 1 + 8 + 8
+"""The header: the magic bytes, version (u64), dtype code (u8), sequence count (u64), document-index entries (u64)."""
+
+
+def _index_counts(header: bytes) -> tuple[int, int] | None:
+    """``(sequences, document-index entries)`` of an ``.idx`` header; ``None`` when it is not one."""
     import struct
+
+    if len(header) < HEADER_BYTES or not header.startswith(INDEX_HEADER):
+        return None
+    sequences, entries = struct.unpack_from("<QQ", header, len(INDEX_HEADER) + 9)
+    return sequences, entries
+
+
+def index_documents(prefix: str) -> int | None:
+    """Documents in ``PREFIX.idx`` from its header (the document index holds one more entry than there are
+    documents); ``None`` when the file is not a Megatron-Core index."""
+    try:
+        with open_regular(f"{prefix}.idx", limit=None) as f:
+            counts = _index_counts(f.read(HEADER_BYTES))
+    except (FileReadError, OSError):
+        return None
+    return None if counts is None else max(counts[1] - 1, 0)
+
+
+def document_lengths(prefix: str) -> list[int] | None:
+    """Tokens of every document of ``PREFIX.idx`` (its int32 ``sequence_lengths`` after the header: one sequence
+    per document, as ``kilocard preprocess`` writes); ``None`` when the file is not a Megatron-Core index."""
+    from array import array
 
     try:
         with open_regular(f"{prefix}.idx", limit=None) as f:
-            head = f.read(len(INDEX_HEADER) + 8 + 1 + 8 + 8)
-    except (FileReadError, OSError):
+            counts = _index_counts(f.read(HEADER_BYTES))
+            if counts is None:
+                return None
+            lengths = array("i")
+            lengths.frombytes(f.read(4 * counts[0]))
+    except (FileReadError, OSError, ValueError):
         return None
-    if len(head) < len(INDEX_HEADER) + 25 or not head.startswith(INDEX_HEADER):
-        return None
-    (entries,) = struct.unpack_from("<Q", head, len(INDEX_HEADER) + 17)
-    return max(entries - 1, 0)
+    return lengths.tolist() if len(lengths) == counts[0] else None

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from kilocard.config.schema import RunConfig
 from kilocard.data.paths import DATA_TYPES
 from kilocard.layout import Layout
-from kilocard.validate.issues import Issue, error, not_one_of
+from kilocard.validate.issues import Issue, error, not_one_of, warning
 
 
 def rule_data_type(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -33,5 +33,44 @@ def rule_sft_data(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
 
 
-RULES = (rule_data_type, rule_sft_data)
+def rule_packing(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``DATA_PACKING``: one conversation per sequence (``data.packing=false``) needs ``data.sft``; ``PACKING_RESET``:
+    ``data.reset_attention_mask`` needs ``data.reset_position_ids`` (a conversation cut off from those before it
+    starts at position 0; the THD layout on Transformer Engine finds the boundaries where the positions restart)."""
+    d = cfg.data
+    if not d.packing and not d.sft:
+        yield error(
+            "DATA_PACKING",
+            "data.packing",
+            False,
+            "data.packing=false puts one conversation per sequence, which needs conversations (data.sft=true)",
+            "data.packing=true, or data.sft=true with `kilocard preprocess --chat` data",
+        )
+    if d.reset_attention_mask and not d.reset_position_ids:
+        yield error(
+            "PACKING_RESET",
+            "data.reset_position_ids",
+            False,
+            "data.reset_attention_mask=true keeps attention inside each document, but their positions run on "
+            "(data.reset_position_ids=false)",
+            "data.reset_position_ids=true",
+        )
+
+
+def rule_sft_packed_attention(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``SFT_PACKED_ATTENTION`` (a warning): packed conversations without ``data.reset_attention_mask`` see the
+    conversations before them in their sequence."""
+    d = cfg.data
+    if d.sft and d.packing and not d.reset_attention_mask:
+        yield warning(
+            "SFT_PACKED_ATTENTION",
+            "data.reset_attention_mask",
+            False,
+            "data.sft packs several conversations per sequence, and each attends to the ones before it "
+            "(data.reset_attention_mask=false): the loss of a conversation depends on its neighbours",
+            "data.reset_attention_mask=true data.reset_position_ids=true, or data.packing=false",
+        )
+
+
+RULES = (rule_data_type, rule_sft_data, rule_packing, rule_sft_packed_attention)
 """``data.split`` is ``kilocard.validate.evaluation``'s (its arithmetic is Megatron-Core's)."""
