@@ -127,3 +127,25 @@ def test_thd_cu_seqlens_follow_the_restarting_positions(tmp_path) -> None:
         b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)
     )
     assert cu_seqlens(torch.tensor([[0, 1, 2, 0, 1], [0, 1, 0, 1, 2]])).tolist() == [0, 3, 5, 7, 10]
+
+
+def test_the_attention_path_follows_the_backend() -> None:
+    """Local attention takes the dataset's block-diagonal mask (Megatron-Core's fused causal softmax, which
+    ignores a mask, stays off as kilocard leaves it); Transformer Engine takes THD, one sequence per
+    micro-batch and no context parallelism."""
+    from kilocard.backends import Backend
+    from kilocard.train import megatron_adapter as ma
+
+    packed = {"data.reset_position_ids": True, "data.reset_attention_mask": True, "trainer.micro_batch_size": 1}
+    gpu_local = Backend(name="cuda", dist_backend="nccl", local_spec=True)
+    gpu_te = Backend(name="cuda", dist_backend="nccl", local_spec=False)
+    cfg = cfg_of(packed)
+    assert ma.dataset_attention_mask(cfg, gpu_local) and not ma.packed_thd(cfg, gpu_local)
+    assert ma.packed_thd(cfg, gpu_te) and not ma.dataset_attention_mask(cfg, gpu_te)
+    assert not ma.transformer_config(cfg, gpu_local).masked_softmax_fusion  # its causal kernel ignores a mask
+    ma.check_packed_thd(cfg, gpu_te)
+    ma.check_packed_thd(cfg_of({**packed, "trainer.micro_batch_size": 2}), gpu_local)  # the mask takes any batch
+    with pytest.raises(ma.UnsupportedConfig, match="trainer.micro_batch_size: 2 with data.reset_attention_mask"):
+        ma.check_packed_thd(cfg_of({**packed, "trainer.micro_batch_size": 2}), gpu_te)
+    with pytest.raises(ma.UnsupportedConfig, match="parallel.context_parallel_size: 2"):
+        ma.check_packed_thd(cfg_of({**packed, "parallel.context_parallel_size": 2}), gpu_te)

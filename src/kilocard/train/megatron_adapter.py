@@ -143,8 +143,6 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
             cross_entropy_loss_fusion=False,
             batch_p2p_sync=False,
         )
-    if dataset_attention_mask(run_cfg, backend):
-        kw["masked_softmax_fusion"] = False  # the fused causal kernel ignores the block-diagonal mask
     if m.multi_latent_attention:
         kw["rotary_base"] = m.rotary_base  # a GPTModel argument that MLA's config also takes
     return cls(**kw)
