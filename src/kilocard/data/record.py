@@ -16,6 +16,8 @@ import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy
+
 from kilocard.base.digest import sha256_file
 from kilocard.base.safe_read import FileReadError, open_regular, read_json
 from kilocard.config.schema import BYTES_TOKENIZER
@@ -165,18 +167,16 @@ def index_documents(prefix: str) -> int | None:
     return None if counts is None else max(counts[1] - 1, 0)
 
 
-def document_lengths(prefix: str) -> list[int] | None:
-    """Tokens of every document of ``PREFIX.idx`` (its int32 ``sequence_lengths`` after the header: one sequence
-    per document, as ``kilocard preprocess`` writes); ``None`` when the file is not a Megatron-Core index."""
-    from array import array
-
+def document_lengths(prefix: str) -> numpy.ndarray | None:
+    """Tokens of every document of ``PREFIX.idx`` (its int32 ``sequence_lengths`` after the header, one sequence
+    per document as ``kilocard preprocess`` writes), memory-mapped as Megatron-Core reads them: a scan of a
+    hundred million conversations costs no copy; ``None`` when the file is not a Megatron-Core index."""
+    path = f"{prefix}.idx"
     try:
-        with open_regular(f"{prefix}.idx", limit=None) as f:
+        with open_regular(path, limit=None) as f:
             counts = _index_counts(f.read(HEADER_BYTES))
-            if counts is None:
-                return None
-            lengths = array("i")
-            lengths.frombytes(f.read(4 * counts[0]))
+        if counts is None or os.path.getsize(path) < HEADER_BYTES + 4 * counts[0]:
+            return None
+        return numpy.memmap(path, dtype=numpy.int32, mode="r", offset=HEADER_BYTES, shape=(counts[0],))
     except (FileReadError, OSError, ValueError):
         return None
-    return lengths.tolist() if len(lengths) == counts[0] else None

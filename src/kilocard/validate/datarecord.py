@@ -27,7 +27,10 @@ the other input checks. For every prefix of ``data.data_path``:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+
+import numpy
 
 from kilocard.config.schema import RunConfig
 from kilocard.data.chat import folder_template, template_sha256
@@ -114,21 +117,25 @@ def _sft_issues(cfg: RunConfig, field: str, prefix: str, resolved: str, record: 
     return []
 
 
-def too_long_issues(cfg: RunConfig, field: str, prefix: str, lengths: list[int] | None) -> list[Issue]:
-    """``SFT_TOO_LONG``: conversations of ``prefix`` (their token counts, EOD included) that one sequence of
-    ``model.seq_length + 1`` tokens (the inputs and the last target) does not hold."""
+def too_long_issues(
+    cfg: RunConfig, field: str, prefix: str, lengths: Sequence[int] | numpy.ndarray | None
+) -> list[Issue]:
+    """``SFT_TOO_LONG``: conversations of ``prefix`` (their token counts, EOD included; an array is scanned without
+    a copy) that one sequence of ``model.seq_length + 1`` tokens (the inputs and the last target) does not hold."""
     fits = cfg.model.seq_length + 1
-    longer = [n for n in lengths or [] if n > fits]
+    counts = numpy.asarray(lengths if lengths is not None else [], dtype=numpy.int64)
+    longer = int(numpy.count_nonzero(counts > fits))
     if not longer:
         return []
+    longest = int(counts.max())
     return [
         warning(
             "SFT_TOO_LONG",
             "model.seq_length",
             cfg.model.seq_length,
-            f"{field} {prefix}: {len(longer)} of {len(lengths or [])} conversations are longer than "
-            f"model.seq_length + 1 = {fits} tokens (the longest {max(longer)}); their tokens past that carry no loss",
-            f"model.seq_length={max(longer) - 1}, or decide at preprocessing: `kilocard preprocess --chat "
+            f"{field} {prefix}: {longer} of {len(counts)} conversations are longer than "
+            f"model.seq_length + 1 = {fits} tokens (the longest {longest}); their tokens past that carry no loss",
+            f"model.seq_length={longest - 1}, or decide at preprocessing: `kilocard preprocess --chat "
             f"--max-length {fits} --on-overflow refuse` (or truncate, counted in the record)",
         )
     ]
