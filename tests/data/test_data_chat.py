@@ -176,3 +176,23 @@ def test_the_record_names_the_chat_template(tmp_path: Path) -> None:
     assert record is not None and record.chat_template_sha256 == template_sha256(folder_template(CHAT))
     assert record.max_length is None and record.truncated is None  # unbounded: not written
     assert "truncated" not in (tmp_path / "sft_text_document.meta.json").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--max-length", "1"], "--max-length: 1 leaves no room"),
+        (["--max-length", "40", "--no-chat"], "--max-length: only with --chat"),
+    ],
+)
+def test_max_length_misuse_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str], expected: str
+) -> None:
+    src = tmp_path / "c.jsonl"
+    src.write_text(json.dumps(CONVERSATIONS[1]) + "\n")
+    chat = [] if "--no-chat" in extra else ["--chat"]
+    args = ["preprocess", *chat, "--input", str(src), "--tokenizer", str(CHAT), *[a for a in extra if a != "--no-chat"]]
+    assert main([*args, "--output-prefix", str(tmp_path / "sft")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and "fix:" in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.glob("sft*"))
