@@ -655,6 +655,18 @@ CASES = [
         "SFT_PACKED_ATTENTION",
         {"data.sft": True, "data.packing": False},
     ),
+    (
+        dataset.rule_packing_thd,
+        {**H100, "data.reset_attention_mask": True, "trainer.micro_batch_size": 2},
+        "PACKING_THD",
+        {**H100, "data.reset_attention_mask": True, "trainer.micro_batch_size": 1},
+    ),
+    (
+        dataset.rule_packing_thd,
+        {**H100, "data.reset_attention_mask": True, "trainer.micro_batch_size": 1, P + "context_parallel_size": 2},
+        "PACKING_THD",
+        {"cluster.gpu": "cpu", "data.reset_attention_mask": True, "trainer.micro_batch_size": 2},
+    ),
     (evaluation.rule_split_form, {"data.type": "indexed", "data.split": "a,b"}, "DATA_SPLIT", {"data.type": "indexed"}),
     (evaluation.rule_split_form, {"data.type": "indexed", "data.split": "0,1,1"}, "DATA_SPLIT", {"data.split": "1"}),
     (

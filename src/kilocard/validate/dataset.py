@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from kilocard.config.schema import RunConfig
 from kilocard.data.paths import DATA_TYPES
 from kilocard.layout import Layout
+from kilocard.topology import gpu_spec
 from kilocard.validate.issues import Issue, error, not_one_of, warning
 
 
@@ -72,5 +73,34 @@ def rule_sft_packed_attention(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
 
 
-RULES = (rule_data_type, rule_sft_data, rule_packing, rule_sft_packed_attention)
+def rule_packing_thd(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``PACKING_THD``: on NVIDIA GPUs (Transformer Engine's attention) ``data.reset_attention_mask`` packs in the
+    THD layout, which takes one sequence per micro-batch and no context parallelism (the ranks refuse the rest,
+    ``kilocard.train.megatron_adapter.check_packed_thd``; Megatron-Core's local attention on CPU ranks takes the
+    mask at any batch size)."""
+    gpu = gpu_spec(cfg.cluster.gpu)
+    if not cfg.data.reset_attention_mask or gpu is None or gpu.vendor != "nvidia":
+        return
+    t, p = cfg.trainer, cfg.parallel
+    if t.micro_batch_size != 1:
+        yield error(
+            "PACKING_THD",
+            "trainer.micro_batch_size",
+            t.micro_batch_size,
+            f"data.reset_attention_mask packs conversations in the THD layout on {cfg.cluster.gpu} (Transformer "
+            f"Engine), one sequence per micro-batch, but trainer.micro_batch_size={t.micro_batch_size}",
+            "trainer.micro_batch_size=1 (a longer model.seq_length packs more conversations per sequence)",
+        )
+    if p.context_parallel_size > 1:
+        yield error(
+            "PACKING_THD",
+            "parallel.context_parallel_size",
+            p.context_parallel_size,
+            f"data.reset_attention_mask (THD packing) with parallel.context_parallel_size={p.context_parallel_size} "
+            f"is not built by kilocard",
+            "parallel.context_parallel_size=1, or data.reset_attention_mask=false",
+        )
+
+
+RULES = (rule_data_type, rule_sft_data, rule_packing, rule_sft_packed_attention, rule_packing_thd)
 """``data.split`` is ``kilocard.validate.evaluation``'s (its arithmetic is Megatron-Core's)."""
