@@ -137,9 +137,8 @@ def stdout_gone() -> int:
     """PIPE, after pointing stdout at ``/dev/null`` so that nothing flushes into the closed pipe again
     (Python would print ``Exception ignored ... BrokenPipeError`` at exit)."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
     except (OSError, ValueError):  # a stdout without a descriptor (an in-process capture): nothing to flush
         pass
     return exits.PIPE
