@@ -2,9 +2,10 @@
 
 Each input line is one JSON object with a string ``"text"``; blank lines are skipped. Every
 document is tokenized (``data.tokenizer`` kinds: ``kilocard.data.tokenizer``), followed by the
-tokenizer's EOD id, and written with Megatron-Core's ``IndexedDatasetBuilder`` (one sequence per
+tokenizer's EOD id, and written in Megatron-Core's indexed format (one sequence per
 document, the smallest integer dtype that holds the vocabulary), as Megatron-LM's
-``tools/preprocess_data.py`` does. With ``workers > 1`` a pool of processes parses and tokenizes
+``tools/preprocess_data.py`` does, through ``kilocard.data.indexed`` (the same bytes without importing torch
+or Megatron-Core: the verb starts in well under a second). With ``workers > 1`` a pool of processes parses and tokenizes
 batches of lines, each loading the tokenizer once; results are written in input order, so the
 output is the same for any number of workers. A progress bar (input bytes, documents/s) goes to
 stderr on a terminal. Output goes to temporary names that are renamed into place only after the
@@ -27,15 +28,15 @@ from multiprocessing.pool import AsyncResult
 from pathlib import Path
 
 import numpy
-from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 from tqdm import tqdm
 
 from kilocard.base.safe_read import FileReadError, open_regular, require_regular
 from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.chat import encode_conversation, load_chat_tokenizer, messages_of
 from kilocard.data.errors import DataError
+from kilocard.data.indexed import IndexWriter, optimal_dtype
 from kilocard.data.record import DataRecord, mask_prefix, record_path, tokenizer_sha256, write_record
-from kilocard.data.tokenizer import MegatronTokenizerBase, get_tokenizer
+from kilocard.data.tokenizer import TokenizerBase, get_tokenizer
 
 SUFFIX = "_text_document"
 BATCH_LINES = 64
@@ -121,7 +122,7 @@ def text_of(line: str, path: Path, number: int) -> str:
     return record["text"]
 
 
-_worker: tuple[MegatronTokenizerBase, Path] | None = None
+_worker: tuple[TokenizerBase, Path] | None = None
 """This process's tokenizer and input path (set once per worker by ``_start_worker``)."""
 
 
@@ -149,9 +150,7 @@ def _batches(lines: Iterable[Line]) -> Iterator[list[Line]]:
         yield batch
 
 
-def _encoded(
-    tok: MegatronTokenizerBase, tokenizer: str, path: Path, workers: int
-) -> Iterator[tuple[list[numpy.ndarray], int]]:
+def _encoded(tok: TokenizerBase, tokenizer: str, path: Path, workers: int) -> Iterator[tuple[list[numpy.ndarray], int]]:
     """Encoded batches in input order: in this process (with ``tok``), or from a pool of ``workers`` (fork)
     processes that each load ``tokenizer``.
 
@@ -213,9 +212,7 @@ def _output_files(prefix: str) -> tuple[list[Path], list[Path]]:
     return final, tmp
 
 
-def _publish(
-    prefix: str, outputs: list[tuple[IndexedDatasetBuilder, list[Path], list[Path]]], record: DataRecord
-) -> None:
+def _publish(prefix: str, outputs: list[tuple[IndexWriter, list[Path], list[Path]]], record: DataRecord) -> None:
     """Finalize each builder's index, rename its temporary ``.bin/.idx`` into place, then write the record
     (a record from before is removed first: it never describes the new data)."""
     try:
@@ -246,7 +243,7 @@ def preprocess_jsonl(
     prefix = f"{output_prefix}{SUFFIX}"
     final, tmp = _output_files(prefix)
     try:
-        builder = IndexedDatasetBuilder(str(tmp[0]), dtype=DType.optimal_dtype(tok.vocab_size))
+        builder = IndexWriter(str(tmp[0]), optimal_dtype(tok.vocab_size))
     except OSError as err:
         raise DataError(f"--output-prefix: cannot write {tmp[0]} ({err.strerror}); fix: a writable folder") from None
     documents = tokens = 0
@@ -255,7 +252,7 @@ def preprocess_jsonl(
         with _progress(path) as bar:
             for docs, size in _encoded(tok, tokenizer, path, workers):
                 for ids in docs:
-                    builder.add_document(ids, [len(ids)])
+                    builder.add_document(ids)
                     tokens += len(ids)
                     max_id = max(max_id, int(ids.max()))
                 documents += len(docs)
@@ -295,8 +292,8 @@ def preprocess_chat(input_path: str, output_prefix: str, tokenizer: str) -> Prep
     prefix = f"{output_prefix}{SUFFIX}"
     files = [_output_files(prefix), _output_files(mask_prefix(prefix))]
     builders = [
-        IndexedDatasetBuilder(str(files[0][1][0]), dtype=DType.optimal_dtype(tok.vocab_size)),
-        IndexedDatasetBuilder(str(files[1][1][0]), dtype=numpy.uint8),
+        IndexWriter(str(files[0][1][0]), optimal_dtype(tok.vocab_size)),
+        IndexWriter(str(files[1][1][0]), numpy.uint8),
     ]
     documents = tokens = assistant = 0
     max_id = -1
@@ -305,8 +302,8 @@ def preprocess_chat(input_path: str, output_prefix: str, tokenizer: str) -> Prep
             ids, mask = encode_conversation(chat, messages_of(line, path, number), f"{path}:{number}")
             if not len(ids) or ids[-1] != tok.eod:
                 ids, mask = numpy.append(ids, tok.eod), numpy.append(mask, numpy.uint8(0))
-            builders[0].add_document(ids, [len(ids)])
-            builders[1].add_document(mask, [len(mask)])
+            builders[0].add_document(ids)
+            builders[1].add_document(mask)
             documents, tokens, assistant = documents + 1, tokens + len(ids), assistant + int(mask.sum())
             max_id = max(max_id, int(ids.max()))
         if documents == 0:
