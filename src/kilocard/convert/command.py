@@ -30,7 +30,7 @@ import torch
 
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.convert import maps, st_io
-from kilocard.convert.maps import ConvertError, Slot
+from kilocard.convert.maps import ConvertError, ConvertUsageError, Slot
 from kilocard.layout import compute_layout, of_sizes
 from kilocard.rundir import checkpoint as ck
 from kilocard.rundir.names import MANIFEST, MODEL_ONLY, STATE, TRACKER
@@ -47,7 +47,7 @@ def check_output(out: Path) -> None:
     added there fails the step's verification, and a run's checkpoint tree holds only its commits."""
     tree = ck.checkpoint_tree_of(out)
     if tree is not None:
-        raise ConvertError(
+        raise ConvertUsageError(
             f"{out}: lies inside the checkpoint directory {tree}; nothing but committed steps may be written "
             f"there (a stray file fails verification); choose an output directory outside it"
         )
@@ -63,16 +63,18 @@ def staging(out: Path) -> Iterator[Path]:
     """
     check_output(out)
     if out.is_symlink():
-        raise ConvertError(f"{out}: is a symlink; give the output as a new directory path")
+        raise ConvertUsageError(f"{out}: is a symlink; give the output as a new directory path")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConvertError(f"{out}: already exists and is not an empty directory; choose a new output directory")
+        raise ConvertUsageError(f"{out}: already exists and is not an empty directory; choose a new output directory")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     except OSError as e:
-        raise ConvertError(f"{out}: cannot create the output directory ({e.strerror}); choose another path") from None
+        raise ConvertUsageError(
+            f"{out}: cannot create the output directory ({e.strerror}); choose another path"
+        ) from None
     try:
         yield tmp
         if out.is_dir():
@@ -240,7 +242,7 @@ def committed_step_dir(src: Path) -> Path:
         return src
     step = ck.latest_committed(src) if src.is_dir() else None
     if step is None:
-        raise ConvertError(f"{src}: neither a committed step directory nor a checkpoint directory with {TRACKER}")
+        raise ConvertUsageError(f"{src}: neither a committed step directory nor a checkpoint directory with {TRACKER}")
     return ck.step_dir(src, step)
 
 
