@@ -51,6 +51,7 @@ def execute(args: argparse.Namespace) -> int:
     from kilocard.rundir.checkpoint import CheckpointError
 
     try:
+        note = ""
         if args.direction == "hf-to-mcore":
             hf_to_mcore(Path(args.src), Path(args.dst), args.overrides)
         elif args.overrides:
@@ -59,10 +60,16 @@ def execute(args: argparse.Namespace) -> int:
                 "the model comes from the checkpoint's saved config"
             )
         else:
-            mcore_to_hf(Path(args.src), Path(args.dst), st_io.parse_size(args.max_shard_size))
+            tokenizer = mcore_to_hf(Path(args.src), Path(args.dst), st_io.parse_size(args.max_shard_size))
+            note = (
+                f" (tokenizer from {tokenizer})"
+                if tokenizer
+                else " (no Hugging Face tokenizer recorded for this checkpoint: copy the model's tokenizer files "
+                "beside the weights)"
+            )
     except (ConvertUsageError, CheckpointError) as e:  # a checkpoint that fails its checks cannot be used
         return fail("convert", str(e), exits.USAGE)
     except ConvertError as e:
         return fail("convert", str(e), exits.INVALID)
-    print(f"kilocard convert: wrote {args.dst}")
+    print(f"kilocard convert: wrote {args.dst}{note}")
     return exits.OK

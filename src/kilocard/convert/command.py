@@ -3,8 +3,9 @@
 ``hf-to-mcore HF_DIR OUT_DIR [recipe=NAME] [overrides]`` writes a committed kilocard checkpoint
 (``OUT_DIR/step_0000000`` in torch_dist + ``trainer_state.json`` marked model-only + manifest, and
 ``OUT_DIR/latest_committed.txt``) that a run starts from with ``checkpoint.load=OUT_DIR``.
-``mcore-to-hf CHECKPOINT OUT_DIR`` writes ``config.json`` and safetensors shards from a committed step
-(a step directory, or a checkpoint directory meaning its newest committed step).
+``mcore-to-hf CHECKPOINT OUT_DIR`` writes ``config.json``, safetensors shards and the tokenizer
+(``kilocard.convert.tokenizer``) from a committed step (a step directory, or a checkpoint directory meaning
+its newest committed step). The import keeps the model folder's tokenizer in ``OUT_DIR/tokenizer/``.
 
 On import the model comes from the recipe, every field a ``config.json`` disagrees with named in one line;
 without ``recipe=`` it is derived from ``config.json`` (Llama, Mixtral, Qwen2), as Megatron-Bridge's
@@ -30,6 +31,7 @@ import torch
 
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.convert import maps, st_io
+from kilocard.convert import tokenizer as tk
 from kilocard.convert.maps import ConvertError, ConvertUsageError, Slot
 from kilocard.layout import compute_layout, of_sizes
 from kilocard.rundir import checkpoint as ck
@@ -229,6 +231,7 @@ def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
         )
         (sdir / STATE).write_text(json.dumps(dataclasses.asdict(state), indent=1) + "\n")
         ck.commit_step(tmp, 0, keep_last=1)  # manifest (every file), then the tracker
+        tk.keep_import_tokenizer(hf_dir, tmp)  # beside the steps: an export of the import writes it out
         if derived:
             write_recipe(tmp, out, run_cfg, family, hf_dir)
 
@@ -252,8 +255,10 @@ def saved_model(state: ck.TrainerState) -> ModelConfig:
     return ModelConfig(**{k: v for k, v in state.model.items() if k in known})
 
 
-def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> None:
-    """Export a committed kilocard step as a Hugging Face model directory (config.json + safetensors).
+def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> Path | None:
+    """Export a committed kilocard step as a Hugging Face model directory (config.json + safetensors, and the
+    tokenizer of the run or import that made it: ``kilocard.convert.tokenizer``); return the tokenizer's source
+    folder (``None``: no Hugging Face tokenizer was recorded).
 
     Every tensor is written in the weights' dtype (the word embedding's), as Hugging Face checkpoints
     are: a bf16 run keeps its torch norms in fp32, and those are cast down.
@@ -264,6 +269,7 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> None:
     sdir = committed_step_dir(src)
     ck.verify_step(sdir)
     state = ck.read_state(sdir)
+    tokenizer = tk.export_tokenizer_source(sdir)
     m = saved_model(state)
     family = state.extra.get("source", {}).get("family") or maps.family_of_model(m)
     maps.check_model(family, m)
@@ -283,3 +289,6 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int) -> None:
             max_shard_bytes,
         )
         (tmp / st_io.CONFIG).write_text(json.dumps(maps.hf_config(family, m, dtype), indent=2) + "\n")
+        if tokenizer is not None:
+            tk.copy_files(tokenizer, tmp)
+    return tokenizer
