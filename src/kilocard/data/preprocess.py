@@ -16,6 +16,7 @@ token id and the document count, which ``kilocard validate`` compares with a run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -212,12 +213,63 @@ def _output_files(prefix: str) -> tuple[list[Path], list[Path]]:
     return final, tmp
 
 
-def _publish(prefix: str, outputs: list[tuple[IndexWriter, list[Path], list[Path]]], record: DataRecord) -> None:
-    """Finalize each builder's index, rename its temporary ``.bin/.idx`` into place, then write the record
-    (a record from before is removed first: it never describes the new data)."""
+Output = tuple[IndexWriter, list[Path], list[Path]]
+"""A writer and its final and temporary ``.bin/.idx`` names."""
+
+
+@contextlib.contextmanager
+def _outputs(*specs: tuple[str, type[numpy.number]]) -> Iterator[list[Output]]:
+    """A writer at the temporary names of each ``(prefix, dtype)``; every temporary file left on the way out (all
+    of them unless ``_publish`` renamed them) is removed: a failed run leaves no output behind."""
+    outputs: list[Output] = []
     try:
-        for builder, _, tmp in outputs:
-            builder.finalize(str(tmp[1]))
+        for prefix, dtype in specs:
+            final, tmp = _output_files(prefix)
+            try:
+                outputs.append((IndexWriter(str(tmp[0]), dtype), final, tmp))
+            except OSError as err:
+                raise DataError(
+                    f"--output-prefix: cannot write {tmp[0]} ({err.strerror}); fix: a writable folder"
+                ) from None
+        yield outputs
+    finally:
+        for writer, _, tmp in outputs:
+            writer.data_file.close()
+            for p in tmp:
+                p.unlink(missing_ok=True)
+
+
+@dataclass
+class _Counts:
+    """What a run has written so far (the data record's numbers)."""
+
+    documents: int = 0
+    """Documents written."""
+    tokens: int = 0
+    """Token ids written, EODs included."""
+    max_id: int = -1
+    """The largest token id written."""
+    assistant: int | None = None
+    """``--chat``: tokens that carry loss (``None`` for text)."""
+
+    def add(self, ids: numpy.ndarray, mask: numpy.ndarray | None = None) -> None:
+        """Count one document (its ids, EOD included) and, with ``--chat``, its loss mask."""
+        self.documents += 1
+        self.tokens += len(ids)
+        self.max_id = max(self.max_id, int(ids.max()))
+        if mask is not None:
+            self.assistant = (self.assistant or 0) + int(mask.sum())
+
+
+def _publish(prefix: str, outputs: list[Output], tokenizer: str, vocab_size: int, counts: _Counts, empty: str) -> None:
+    """Refuse an input without documents (``empty``: the line saying so); else finalize each writer's index, rename
+    its temporary ``.bin/.idx`` into place, then write the data record (a record from before is removed first: it
+    never describes the new data)."""
+    if counts.documents == 0:
+        raise DataError(empty)
+    try:
+        for writer, _, tmp in outputs:
+            writer.finalize(str(tmp[1]))
         record_path(prefix).unlink(missing_ok=True)
         for _, final, tmp in outputs:
             for src, dst in zip(tmp, final, strict=True):
@@ -226,6 +278,15 @@ def _publish(prefix: str, outputs: list[tuple[IndexWriter, list[Path], list[Path
         raise DataError(
             f"--output-prefix: cannot write {prefix}.bin/.idx ({err.strerror}); fix: a writable folder with space"
         ) from None
+    record = DataRecord(
+        tokenizer=tokenizer,
+        tokenizer_sha256=tokenizer_sha256(tokenizer),
+        vocab_size=vocab_size,
+        max_token_id=counts.max_id,
+        documents=counts.documents,
+        tokens=counts.tokens,
+        assistant_tokens=counts.assistant,
+    )
     write_record(prefix, record)
 
 
@@ -241,42 +302,22 @@ def preprocess_jsonl(
     path = require_input(Path(input_path))
     tok = get_tokenizer(tokenizer)
     prefix = f"{output_prefix}{SUFFIX}"
-    final, tmp = _output_files(prefix)
-    try:
-        builder = IndexWriter(str(tmp[0]), optimal_dtype(tok.vocab_size))
-    except OSError as err:
-        raise DataError(f"--output-prefix: cannot write {tmp[0]} ({err.strerror}); fix: a writable folder") from None
-    documents = tokens = 0
-    max_id = -1
-    try:
+    counts = _Counts()
+    with _outputs((prefix, optimal_dtype(tok.vocab_size))) as outputs:
         with _progress(path) as bar:
             for docs, size in _encoded(tok, tokenizer, path, workers):
                 for ids in docs:
-                    builder.add_document(ids)
-                    tokens += len(ids)
-                    max_id = max(max_id, int(ids.max()))
-                documents += len(docs)
+                    outputs[0][0].add_document(ids)
+                    counts.add(ids)
                 bar.update(size)
                 if not bar.disable:
-                    rate = documents / max(time.perf_counter() - start, 1e-9)
+                    rate = counts.documents / max(time.perf_counter() - start, 1e-9)
                     bar.set_postfix_str(f"{rate:.0f} documents/s", refresh=False)
-        if documents == 0:
-            raise DataError(f'{input_path}: no documents (every line is blank); fix: one {{"text": ...}} per line')
-        record = DataRecord(
-            tokenizer=tokenizer,
-            tokenizer_sha256=tokenizer_sha256(tokenizer),
-            vocab_size=tok.vocab_size,
-            max_token_id=max_id,
-            documents=documents,
-            tokens=tokens,
-        )
-        _publish(prefix, [(builder, final, tmp)], record)
-    finally:
-        builder.data_file.close()
-        for p in tmp:
-            p.unlink(missing_ok=True)
+        empty = f'{input_path}: no documents (every line is blank); fix: one {{"text": ...}} per line'
+        _publish(prefix, outputs, tokenizer, tok.vocab_size, counts, empty)
+    seconds = time.perf_counter() - start
     return PreprocessResult(
-        prefix=prefix, documents=documents, tokens=tokens, seconds=time.perf_counter() - start, workers=workers
+        prefix=prefix, documents=counts.documents, tokens=counts.tokens, seconds=seconds, workers=workers
     )
 
 
@@ -290,43 +331,22 @@ def preprocess_chat(input_path: str, output_prefix: str, tokenizer: str) -> Prep
     chat = load_chat_tokenizer(tokenizer)
     tok = get_tokenizer(tokenizer)  # what training reads: vocabulary, EOD and padding ids
     prefix = f"{output_prefix}{SUFFIX}"
-    files = [_output_files(prefix), _output_files(mask_prefix(prefix))]
-    builders = [
-        IndexWriter(str(files[0][1][0]), optimal_dtype(tok.vocab_size)),
-        IndexWriter(str(files[1][1][0]), numpy.uint8),
-    ]
-    documents = tokens = assistant = 0
-    max_id = -1
-    try:
+    counts = _Counts(assistant=0)
+    with _outputs((prefix, optimal_dtype(tok.vocab_size)), (mask_prefix(prefix), numpy.uint8)) as outputs:
         for number, line in read_lines(path):
             ids, mask = encode_conversation(chat, messages_of(line, path, number), f"{path}:{number}")
             if not len(ids) or ids[-1] != tok.eod:
                 ids, mask = numpy.append(ids, tok.eod), numpy.append(mask, numpy.uint8(0))
-            builders[0].add_document(ids)
-            builders[1].add_document(mask)
-            documents, tokens, assistant = documents + 1, tokens + len(ids), assistant + int(mask.sum())
-            max_id = max(max_id, int(ids.max()))
-        if documents == 0:
-            raise DataError(
-                f'{input_path}: no conversations (every line is blank); fix: one {{"messages": [...]}} per line'
-            )
-        record = DataRecord(
-            tokenizer=tokenizer,
-            tokenizer_sha256=tokenizer_sha256(tokenizer),
-            vocab_size=tok.vocab_size,
-            max_token_id=max_id,
-            documents=documents,
-            tokens=tokens,
-            assistant_tokens=assistant,
-        )
-        _publish(prefix, [(b, final, tmp) for b, (final, tmp) in zip(builders, files, strict=True)], record)
-    finally:
-        for builder in builders:
-            builder.data_file.close()
-        for _, tmp in files:
-            for p in tmp:
-                p.unlink(missing_ok=True)
+            outputs[0][0].add_document(ids)
+            outputs[1][0].add_document(mask)
+            counts.add(ids, mask)
+        empty = f'{input_path}: no conversations (every line is blank); fix: one {{"messages": [...]}} per line'
+        _publish(prefix, outputs, tokenizer, tok.vocab_size, counts, empty)
     seconds = time.perf_counter() - start
     return PreprocessResult(
-        prefix=prefix, documents=documents, tokens=tokens, seconds=seconds, assistant_tokens=assistant
+        prefix=prefix,
+        documents=counts.documents,
+        tokens=counts.tokens,
+        seconds=seconds,
+        assistant_tokens=counts.assistant,
     )
