@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Write the dataset; 2 (one line naming the file, line and fix) on bad input."""
-    # kilocard.data imports torch and Megatron-Core (~6 s): only this verb pays for it.
+    # Imported here: the tokenizers and the writer load only for this verb (neither imports torch or Megatron-Core).
     from kilocard.data.errors import DataError
     from kilocard.data.preprocess import preprocess_chat, preprocess_jsonl
     from kilocard.data.record import mask_prefix

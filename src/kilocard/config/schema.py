@@ -375,8 +375,11 @@ class TrainerConfig:
     """Deterministic algorithms (bit-exact resume on CPU ranks)."""
     hang_timeout_s: float = 300.0
     """A rank that makes no progress for this long fails the run with a clear message."""
-    tensorboard: bool = True
-    """Also write TensorBoard scalars under ``<run_dir>/tensorboard``."""
+    tensorboard: bool = False
+    """Also write TensorBoard scalars under ``<run_dir>/tensorboard`` (needs the ``tensorboard`` extra). Off by
+    default, as in torchtitan (``metrics.enable_tensorboard``) and Megatron-LM (only with ``--tensorboard-dir``):
+    a lean install's first run needs no extra; the benchmark trainer (``conf/trainer/benchmark.yaml``) turns
+    it on."""
     rank_time_interval: int = 10
     """Every N steps the ranks all-gather their own step times (one small collective): metrics get the
     slowest rank and the median, and a persistently slower rank is named in a warning (0 = off)."""

@@ -49,15 +49,22 @@ def tokenizer_folder(name: str) -> Path:
 
 
 def load_chat_tokenizer(name: str) -> Any:
-    """transformers' tokenizer of folder ``name`` (offline), which must have a chat template."""
+    """transformers' tokenizer of folder ``name`` (offline), which must have a chat template.
+
+    Loaded as transformers' generic fast tokenizer (``PreTrainedTokenizerFast``: the folder's
+    ``tokenizer.json`` as written, with ``tokenizer_config.json``'s special tokens and template), the
+    ``tokenizer.json`` that training's ``data.tokenizer`` reads too. ``AutoTokenizer`` would give the same
+    ids and offsets for a rendered text, but it imports transformers' model configs and, through them,
+    torch (with its optimizers): seconds that ``kilocard preprocess`` does not need.
+    """
     folder = tokenizer_folder(name)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only: transformers never reaches the Hub
     try:
-        from transformers import AutoTokenizer
+        from transformers import PreTrainedTokenizerFast
     except ImportError as err:
         raise DataError(f"--chat: transformers is not installed ({err.name}); fix: {EXTRA}") from err
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tok = PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"--tokenizer: cannot load {folder} with transformers ({reason}); fix: {EXTRA}") from err

@@ -22,6 +22,7 @@ from kilocard.base.digest import sha256_file
 from kilocard.base.safe_read import FileReadError, open_regular, read_json
 from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.errors import DataError
+from kilocard.data.indexed import INDEX_HEADER
 from kilocard.data.paths import find_file
 
 RECORD_SUFFIX = ".meta.json"
@@ -136,10 +137,6 @@ def read_record(prefix: str) -> DataRecord | None:
             f"data.data_path: {path} is not a kilocard data record ({type(err).__name__}); "
             f"fix: rebuild the data with `kilocard preprocess`, or delete the file"
         ) from None
-
-
-INDEX_HEADER = b"MMIDIDX\x00\x00"
-"""The first bytes of a Megatron-Core ``.idx`` (``megatron.core.datasets.indexed_dataset._INDEX_HEADER``)."""
 
 
 HEADER_BYTES = len(INDEX_HEADER) + 8 + 1 + 8 + 8
