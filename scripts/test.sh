@@ -14,10 +14,13 @@ if [ "${1:-}" = "--fast" ]; then
   shift
   exec .venv/bin/python -m pytest -q --durations=10 -m unit "$@"
 fi
-.venv/bin/python -m pytest -q --durations=15 "$@"
+# Two pytest-xdist workers (KILOCARD_TEST_WORKERS): the Slurm tests run on one, in order, while the other takes
+# the rest; a module, or a page of the docs test, stays whole on one worker (tests/conftest.py, docs/testing.md).
+WORKERS=${KILOCARD_TEST_WORKERS:-2}
+.venv/bin/python -m pytest -q --durations=15 -n "$WORKERS" "$@"
 if [ "$#" -eq 0 ]; then
   echo "--- second pass: megatron-core 0.19.2 (marker mcore_range) ---"
   # NVRx 0.4.1 (Python 3.11's newest) is hidden: megatron-core 0.19 refuses NVRx < 0.6.0 at import
   PYTHONPATH="$PWD/.oracle:$PWD/tests/hide_nvrx" KILOCARD_EXPECT_MCORE=0.19.2 \
-    .venv/bin/python -m pytest -q --durations=5 -p no:cacheprovider -m mcore_range
+    .venv/bin/python -m pytest -q --durations=5 -n "$WORKERS" -p no:cacheprovider -m mcore_range
 fi

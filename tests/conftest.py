@@ -7,7 +7,10 @@ below fails one that does (mark it ``integration``, or import lazily), and ``-m 
 test module that imports one of them at the top (collecting would pay for it).
 """
 
+import functools
 import os
+import pathlib
+import re
 import sys
 
 import pytest
@@ -93,10 +96,70 @@ def _module_marks(path):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark every test the unit tier holds (before ``-m`` deselects)."""
+    """Mark every test the unit tier holds (before ``-m`` deselects); on a pytest-xdist worker, order the tests
+    for the scheduler below."""
     for item in items:
         if not any(item.get_closest_marker(m) for m in NOT_UNIT) and not PROCESS_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.unit)
+    if hasattr(config, "workerinput"):
+        slow = {worker_group(i.nodeid) for i in items if i.get_closest_marker("slow")}
+        items.sort(key=lambda i: 0 if (g := worker_group(i.nodeid)) == SLURM_GROUP else 1 if g in slow else 2)
+
+
+# --- two workers (scripts/test.sh: pytest-xdist, -n 2) --------------------------------------------
+SLURM_GROUP = "slurm"
+"""The group of every test that needs a local Slurm controller: one worker runs them all, one after another
+(two ``slurm-up.sh`` at once would share and then stop each other's daemons)."""
+DOCS_MODULE = "tests/docs/test_docs_commands.py"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scope scheduler with ``worker_group`` as the scope: a group runs whole, in order, on one
+    worker. (``--dist loadgroup`` would do it from ``xdist_group`` marks, but pytest-xdist 3.8 cannot rename the
+    test ids of pytest 9, so its groups are lost.) The workers' order is kept: Slurm first, then groups with slow
+    tests, so the longest work starts first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    config.option.loadscopereorder = False
+    return GroupScheduling(config, log)
+
+
+def worker_group(nodeid):
+    """``slurm`` for a module marked ``slurm``; one group per page of the docs test (``worker_group`` there);
+    otherwise the test's module (module fixtures are made once, and a module keeps its order)."""
+    module = nodeid.split("::")[0]
+    if module == DOCS_MODULE and (page := re.search(r"\[(.+):\d+\]$", nodeid)):
+        return _docs_test().worker_group(page[1])
+    return SLURM_GROUP if module in _slurm_modules() else module
+
+
+@functools.cache
+def _slurm_modules():
+    """Test modules (paths as in test ids) whose ``pytestmark`` or tests say ``slurm``."""
+    root = pathlib.Path(__file__).parent
+    return {
+        str(p.relative_to(root.parent))
+        for p in root.rglob("test_*.py")
+        if p.name != pathlib.Path(DOCS_MODULE).name and "pytest.mark.slurm" in p.read_text()
+    }
+
+
+@functools.cache
+def _docs_test():
+    """The docs test module, loaded by path for its ``worker_group`` (the controller collects nothing)."""
+    import importlib.util
+
+    path = pathlib.Path(__file__).parent / "docs" / "test_docs_commands.py"
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("_docs_groups", path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -140,6 +140,7 @@ ALLOWED = {
     ("train/ckpt_manager.py", "torch.load"): "reads the file object open_regular returned (a verified step)",
     ("data/datasets.py", "IndexedDataset"): "Megatron-Core memory-maps .bin/.idx; require_regular checks both first",
     ("data/sft.py", "IndexedDataset"): "the loss-mask .bin/.idx, memory-mapped; require_regular checks both first",
+    ("data/record.py", "numpy.memmap"): "an .idx's lengths, memory-mapped after open_regular read its header",
     ("rundir/lock.py", "os.open"): "the lock file, opened O_RDWR|O_CREAT to flock it, never parsed raw",
     ("rundir/checkpoint.py", "os.open"): "a directory descriptor, to fsync a rename",
     ("rundir/events.py", "os.open"): "the events file, opened O_APPEND to write",

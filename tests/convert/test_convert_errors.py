@@ -107,13 +107,13 @@ def test_an_existing_output_is_refused(llama_single, tmp_path, capsys) -> None:
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("x")
     code, err = convert(capsys, "hf-to-mcore", str(path), str(tmp_path / "busy"), "recipe=tiny_llama")
-    assert code == 1 and "already exists" in err, err
+    assert code == 2 and "already exists" in err, err  # input that cannot be used (commands/exits.py)
     assert (tmp_path / "busy" / "keep.txt").read_text() == "x"
 
 
 def test_export_refuses_a_directory_that_is_no_checkpoint(tmp_path, capsys) -> None:
     code, err = convert(capsys, "mcore-to-hf", str(tmp_path), str(tmp_path / "out"))
-    assert code == 1 and "neither a committed step directory" in err, err
+    assert code == 2 and "neither a committed step directory" in err, err
 
 
 def test_llama31_rope_scaling_is_checked_against_megatron_cores_constants() -> None:
@@ -144,3 +144,18 @@ def _tiny_llama() -> dict:
     from kilocard.paths import data_dir
 
     return yaml.safe_load((data_dir("conf") / "model" / "tiny_llama.yaml").read_text())
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--max-shard-size", "lots"], "--max-shard-size: 'lots' is not a size"),
+        (["model.num_layers=4"], "mcore-to-hf takes no overrides"),
+    ],
+)
+def test_a_bad_flag_or_an_override_on_export_is_unusable_input(extra, says, tmp_path, capsys) -> None:
+    """The exit-code table (``kilocard.commands.exits``): input that cannot be used is 2, like a bad flag of
+    any verb; 1 is kept for a model the conversion refuses (the config and tensor checks above)."""
+    code, err = convert(capsys, "mcore-to-hf", str(tmp_path), str(tmp_path / "out"), *extra)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("kilocard convert: error: ")
+    assert says in err and nothing_written(tmp_path, tmp_path / "out")

@@ -93,7 +93,8 @@ def test_damaged_model_directory_is_one_line_and_nothing_is_written(case, hf, tm
     damage, expected = DAMAGE[case]
     damage(hf)
     code, err = convert(capsys, "hf-to-mcore", str(hf), str(tmp_path / "out"), "recipe=tiny_llama")
-    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    usage = case != "NaN weight"  # a file that cannot be read is unusable input (2); NaN weights a refused model (1)
+    assert code == (2 if usage else 1) and len(err.strip().splitlines()) == 1, err
     assert err.startswith("kilocard convert: error: ") and expected in err, err
     assert "root:" not in err  # /etc/passwd was never read
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
@@ -112,7 +113,7 @@ def test_an_unusable_output_path_is_refused_and_nothing_is_left(kind, hf, tmp_pa
         (tmp_path / "file").write_text("x")
         out = tmp_path / "file" / "out"
     code, err = convert(capsys, "hf-to-mcore", str(hf), str(out), "recipe=tiny_llama")
-    assert code == 1 and len(err.strip().splitlines()) == 1 and str(out) in err, err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(out) in err, err
     assert not list(tmp_path.glob(".out.partial-*")) and not (tmp_path / "nowhere").exists()
 
 
@@ -132,7 +133,7 @@ def test_export_of_a_step_with_a_damaged_manifest_is_one_line(damage, expected, 
     shutil.copytree(pristine / "ck", tmp_path / "ck")
     damage(tmp_path / "ck" / "step_0000000" / "manifest.json")
     code, err = convert(capsys, "mcore-to-hf", str(tmp_path / "ck"), str(tmp_path / "out"))
-    assert code == 1 and len(err.strip().splitlines()) == 1 and expected in err, err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and expected in err, err
     assert not (tmp_path / "out").exists()
 
 

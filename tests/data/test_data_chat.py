@@ -125,3 +125,74 @@ def test_chat_refuses_workers_it_would_not_use(tmp_path: Path, capsys: pytest.Ca
     assert main([*args, "--output-prefix", str(tmp_path / "sft")]) == 2
     err = capsys.readouterr().err.strip()
     assert "--workers: 4 with --chat" in err and len(err.splitlines()) == 1
+
+
+def _document(prefix: str, k: int) -> numpy.ndarray:
+    """Document ``k`` of ``prefix``, copied (Megatron-Core's arrays are views of a memory map that closes with
+    its dataset)."""
+    dataset = IndexedDataset(prefix)
+    return numpy.array(dataset[k])
+
+
+def _lengths(prefix: Path) -> list[int]:
+    dataset = IndexedDataset(str(prefix))
+    return [int(n) for n in dataset.sequence_lengths]
+
+
+def test_max_length_truncates_and_counts_or_refuses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--max-length N``: a longer conversation is cut to N tokens, its end-of-document token last and without
+    loss, and counted in the record and the output; with ``--on-overflow refuse`` (the default) it is one line,
+    exit 2, and nothing is written."""
+    (tmp_path / "whole").mkdir()
+    assert _preprocess(tmp_path / "whole", CONVERSATIONS) == 0
+    whole = _lengths(tmp_path / "whole" / "sft_text_document")
+    limit = (whole[0] + whole[1]) // 2  # the first is longer, the second fits
+    assert whole[1] <= limit < whole[0]
+    src = tmp_path / "whole" / "conversations.jsonl"  # written by the first _preprocess
+    args = ["preprocess", "--chat", "--input", str(src), "--tokenizer", str(CHAT), "--max-length", str(limit)]
+    capsys.readouterr()
+    assert main([*args, "--on-overflow", "truncate", "--output-prefix", str(tmp_path / "cut")]) == 0
+    assert f"1 conversation(s) longer than --max-length {limit} cut to it" in capsys.readouterr().out
+    prefix = tmp_path / "cut_text_document"
+    assert _lengths(prefix) == [limit, whole[1]]
+    tokens, mask = _document(str(prefix), 0), _document(mask_prefix(str(prefix)), 0)
+    original = _document(str(tmp_path / "whole" / "sft_text_document"), 0)
+    eod = Tokenizer.from_file(str(CHAT / "tokenizer.json")).token_to_id("<|endoftext|>")
+    assert tokens[-1] == eod and mask[-1] == 0 and numpy.array_equal(tokens[:-1], original[: limit - 1])
+    record = read_record(str(prefix))
+    assert record is not None and (record.max_length, record.truncated) == (limit, 1)
+    assert main([*args, "--output-prefix", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f":1: the conversation is {whole[0]} tokens, longer than --max-length {limit}" in err
+    assert "--on-overflow truncate" in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.glob("refused*"))
+
+
+def test_the_record_names_the_chat_template(tmp_path: Path) -> None:
+    from kilocard.data.chat import folder_template, template_sha256
+
+    assert _preprocess(tmp_path, CONVERSATIONS) == 0
+    record = read_record(str(tmp_path / "sft_text_document"))
+    assert record is not None and record.chat_template_sha256 == template_sha256(folder_template(CHAT))
+    assert record.max_length is None and record.truncated is None  # unbounded: not written
+    assert "truncated" not in (tmp_path / "sft_text_document.meta.json").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--max-length", "1"], "--max-length: 1 leaves no room"),
+        (["--max-length", "40", "--no-chat"], "--max-length: only with --chat"),
+    ],
+)
+def test_max_length_misuse_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str], expected: str
+) -> None:
+    src = tmp_path / "c.jsonl"
+    src.write_text(json.dumps(CONVERSATIONS[1]) + "\n")
+    chat = [] if "--no-chat" in extra else ["--chat"]
+    args = ["preprocess", *chat, "--input", str(src), "--tokenizer", str(CHAT), *[a for a in extra if a != "--no-chat"]]
+    assert main([*args, "--output-prefix", str(tmp_path / "sft")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and "fix:" in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.glob("sft*"))

@@ -72,3 +72,31 @@ def test_workers_are_capped_at_the_cpus_there_are(tmp_path, capsys):
     rc, out = preprocess(capsys, src, tmp_path / "out", "--workers", "100000")
     assert rc == 0, out.err
     assert f"with {usable_cpus()} worker(s)" in out.out and usable_cpus() <= (os.cpu_count() or 1)
+
+
+def test_an_unwritable_mask_prefix_of_chat_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    """``--chat`` writes two datasets through the same frame as text: the loss mask's temporary name taken by a
+    directory is one line (exit 2), and the token dataset's temporary files are gone too (the chat loop used to
+    open its writers outside the clean-up, so this was an OSError, exit 1, with a temporary .bin left)."""
+    from kilocard.paths import data_dir
+
+    chat = data_dir("conf").parent / "data" / "tiny_chat"
+    src = tmp_path / "in.jsonl"
+    src.write_text((chat / "conversations.jsonl").read_text(encoding="utf-8").splitlines()[0] + "\n")
+    blocker = tmp_path / f".out_text_document_loss_mask.bin.tmp-{os.getpid()}"
+    blocker.mkdir()
+    rc = main(
+        [
+            "preprocess",
+            "--chat",
+            "--input",
+            str(src),
+            "--tokenizer",
+            str(chat),
+            "--output-prefix",
+            str(tmp_path / "out"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "--output-prefix: cannot write" in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["in.jsonl", blocker.name])

@@ -63,6 +63,14 @@ def _params() -> list[object]:
     return out
 
 
+def worker_group(page: str) -> str:
+    """The pytest-xdist group of a page's tests (``tests/conftest.py``), from its path as the test ids show it: a
+    page is one shell session, so its commands and Python blocks run on one worker in order; a page with a Slurm
+    command joins the Slurm group."""
+    slurm = any(pytest.mark.slurm in _marks(c) for b in blocks(ROOT / page) for c in commands(b))
+    return "slurm" if slurm else f"docs:{page}"
+
+
 def _marks(cmd: Command) -> list[pytest.MarkDecorator]:
     argv = cmd.argv()
     slurm = "--submit" in argv or "--test-only" in argv or "slurm-" in cmd.text or argv[0] in {"sbatch", "srun"}

@@ -10,6 +10,7 @@ builds from this checkout. Measured about 2-7 minutes on 2 busy cores, once per 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,8 +66,15 @@ def test_a_new_users_first_commands(lean, tmp_path):
     assert (v.returncode, v.stdout.strip()) == (0, f"kilocard {__version__}")
     assert kc(lean, tmp_path, "validate", "recipe=tiny_gpt").returncode == 0
 
-    # TensorBoard is on by default and an extra: one line naming the extra, nothing written
-    r = kc(lean, tmp_path, "run", "recipe=tiny_gpt")
+    # the first run works without any extra: TensorBoard is off unless asked (torchtitan, Megatron-LM)
+    first = kc(lean, tmp_path, "run", "recipe=tiny_gpt", "trainer.train_iters=2")
+    assert first.returncode == 0 and "0 DONE" in first.stdout, first.stdout + first.stderr
+    (first_dir,) = (tmp_path / "runs").iterdir()
+    assert (first_dir / "metrics.jsonl").is_file() and not (first_dir / "tensorboard").exists()
+    shutil.rmtree(tmp_path / "runs")
+
+    # asked for without its extra: one line naming the extra, nothing written
+    r = kc(lean, tmp_path, "run", "recipe=tiny_gpt", "trainer.tensorboard=true")
     assert r.returncode == 1 and "pip install 'kilocard[tensorboard]', or trainer.tensorboard=false" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()
     p = kc(lean, tmp_path, "plan", "recipe=tiny_gpt", "--plot", "p.png")
@@ -78,6 +86,3 @@ def test_a_new_users_first_commands(lean, tmp_path):
     assert s.returncode == 0, s.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert (run_dir / "code" / "site" / "kilocard" / "conf" / "config.yaml").is_file()
-
-    t = kc(lean, tmp_path, "run", "recipe=tiny_gpt", "trainer.tensorboard=false", "trainer.train_iters=1")
-    assert t.returncode == 0 and "0 DONE" in t.stdout, t.stdout + t.stderr

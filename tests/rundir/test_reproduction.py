@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from bad_files import SECRET, finishes, make
 from kilocard.commands import main
 from kilocard.config.compose import compose, to_run_config
 from kilocard.perf.flops import flops_per_iteration
@@ -114,3 +115,23 @@ def test_a_run_that_never_reached_steady_state_is_not_a_site_row(tmp_path, capsy
     assert err.startswith("kilocard baselines: error: --add:") and "did not reach steady state" in err
     assert len(err.splitlines()) == 1 and not site.exists()
     assert main(["baselines", "--add", str(run)]) == 2  # --add needs --site
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "latin1", "netrc"])
+def test_a_site_file_that_is_no_regular_yaml_is_one_line_and_left_alone(kind, tmp_path, capsys):
+    """``baselines --site FIFO --add RUN_DIR`` with a finished run: the site file is read by the one safe
+    reader (a FIFO used to block ``yaml.safe_load`` forever), refused in one line (exit 2), never echoed,
+    never replaced."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_frozen(compose(["recipe=tiny_gpt"]), run)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(10)))
+    site = make(kind, tmp_path / "site.yaml")
+    before = site.lstat()
+    out = finishes(lambda: main(["baselines", "--site", str(site), "--add", str(run)]), seconds=60)
+    assert out.get("value") == 2, out
+    err = capsys.readouterr().err
+    assert err.startswith(f"kilocard baselines: error: --site: {site}") and len(err.strip().splitlines()) == 1, err
+    assert SECRET not in err
+    assert (site.lstat().st_ino, site.lstat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert not list(tmp_path.glob(".site.yaml.tmp-*"))

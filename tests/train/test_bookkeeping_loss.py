@@ -92,7 +92,7 @@ def test_convert_never_writes_inside_a_checkpoint_tree(tmp_path, capsys):
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.sha256").write_text("x\n")
     for out in (step / "hfout", ok1 / "hfout", run / "checkpoints" / "hf"):
-        assert main(["convert", "mcore-to-hf", str(ok1), str(out)]) == 1
+        assert main(["convert", "mcore-to-hf", str(ok1), str(out)]) == 2
         assert "lies inside the checkpoint directory" in capsys.readouterr().err
         assert not out.exists()
     ck.verify_step(step)

@@ -130,7 +130,7 @@ def test_lora_fine_tune_resume_and_export(tmp_path) -> None:
     assert state["extra"]["peft"]["base"] == str((base / "step_0000000").resolve())
 
     assert main(["convert", "mcore-to-hf", str(ckpts / "step_0000006"), str(tmp_path / "ad1"), "--adapter-only"]) == 0
-    assert main(["convert", "mcore-to-hf", str(base), str(tmp_path / "none"), "--adapter-only"]) == 1  # no adapters
+    assert main(["convert", "mcore-to-hf", str(base), str(tmp_path / "none"), "--adapter-only"]) == 2  # no adapters
     assert not (tmp_path / "none").exists()
 
     (ckpts / "latest_committed.txt").write_text("3\n")  # resume from step 3 and train steps 4-6 again

@@ -73,3 +73,9 @@ def test_hugging_face_model_fine_tuned_and_exported(tmp_path) -> None:
     with torch.no_grad():
         logits = tuned(torch.tensor([[2, 3, 4]])).logits
     assert logits.shape == (1, 3, 320) and torch.isfinite(logits).all()
+    from transformers import AutoTokenizer  # the run's data.tokenizer went beside the weights
+
+    text = "Where is the mill?"
+    assert (
+        AutoTokenizer.from_pretrained(out_hf)(text)["input_ids"] == AutoTokenizer.from_pretrained(hf)(text)["input_ids"]
+    )

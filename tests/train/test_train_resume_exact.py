@@ -23,6 +23,7 @@ ARGS = [
     "data=tiny_corpus",
     "parallel.use_distributed_optimizer=true",
     "trainer.train_iters=20",
+    "trainer.tensorboard=true",
     "--nproc",
     "2",
 ]

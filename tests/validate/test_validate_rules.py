@@ -636,6 +636,37 @@ CASES = [
         },
     ),
     (dataset.rule_data_type, {"data.type": "parquet"}, "DATA_TYPE", {"data.type": "mock"}),
+    (dataset.rule_packing, {"data.packing": False}, "DATA_PACKING", {"data.packing": False, "data.sft": True}),
+    (
+        dataset.rule_packing,
+        {"data.reset_attention_mask": True},
+        "PACKING_RESET",
+        {"data.reset_attention_mask": True, "data.reset_position_ids": True},
+    ),
+    (
+        dataset.rule_sft_packed_attention,
+        {"data.sft": True},
+        "SFT_PACKED_ATTENTION",
+        {"data.sft": True, "data.reset_attention_mask": True, "data.reset_position_ids": True},
+    ),
+    (
+        dataset.rule_sft_packed_attention,
+        {"data.sft": True},
+        "SFT_PACKED_ATTENTION",
+        {"data.sft": True, "data.packing": False},
+    ),
+    (
+        dataset.rule_packing_thd,
+        {**H100, "data.reset_attention_mask": True, "trainer.micro_batch_size": 2},
+        "PACKING_THD",
+        {**H100, "data.reset_attention_mask": True, "trainer.micro_batch_size": 1},
+    ),
+    (
+        dataset.rule_packing_thd,
+        {**H100, "data.reset_attention_mask": True, "trainer.micro_batch_size": 1, P + "context_parallel_size": 2},
+        "PACKING_THD",
+        {"cluster.gpu": "cpu", "data.reset_attention_mask": True, "trainer.micro_batch_size": 2},
+    ),
     (evaluation.rule_split_form, {"data.type": "indexed", "data.split": "a,b"}, "DATA_SPLIT", {"data.type": "indexed"}),
     (evaluation.rule_split_form, {"data.type": "indexed", "data.split": "0,1,1"}, "DATA_SPLIT", {"data.split": "1"}),
     (

@@ -46,7 +46,7 @@ from kilocard.config.compose import ComposeError
 DEBUG_ENV = "KILOCARD_DEBUG"
 #: The exit codes a verb may return before any rank starts (``kilocard.commands.exits``); ``run``
 #: returns the trainer's codes once ranks start.
-DOCUMENTED_EXITS = frozenset({exits.OK, exits.INVALID, exits.USAGE, exits.INTERRUPTED})
+DOCUMENTED_EXITS = frozenset({exits.OK, exits.INVALID, exits.USAGE, exits.INTERRUPTED, exits.PIPE})
 
 #: The verb table, in the order ``kilocard --help`` lists it (frozen by tests/commands/test_cli_surface.py).
 COMMANDS: dict[str, ModuleType] = {
@@ -111,12 +111,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     cannot go into a script) are one line and USAGE (2); an ``OSError`` (a disk, a permission) is one
     line naming the file and INVALID (1); anything else is a bug: one line saying so (the error's type
     and where it was raised, never its message, which may quote a file) and INVALID (1).
-    ``KILOCARD_DEBUG=1`` lets the traceback through instead.
+    ``KILOCARD_DEBUG=1`` lets the traceback through instead. A reader of stdout that went away
+    (``kilocard validate --format json | head -c 10``) ends the verb quietly with PIPE (141), as a
+    Unix tool ended by SIGPIPE does: no line (stdout is gone, and stderr would only say so) and no
+    traceback, not even at interpreter exit.
     """
     args = parse_args(list(argv) if argv is not None else sys.argv[1:])
     quiet_library_warnings()
     try:
-        return COMMANDS[args.verb].execute(args)
+        code = COMMANDS[args.verb].execute(args)
+        sys.stdout.flush()  # a closed pipe surfaces here, inside the boundary, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return stdout_gone()
     except KeyboardInterrupt:
         print(f"kilocard {args.verb}: interrupted", file=sys.stderr)
         return exits.INTERRUPTED
@@ -124,6 +131,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
         return boundary(args.verb, e)
+
+
+def stdout_gone() -> int:
+    """PIPE, after pointing stdout at ``/dev/null`` so that nothing flushes into the closed pipe again
+    (Python would print ``Exception ignored ... BrokenPipeError`` at exit)."""
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a descriptor (an in-process capture): nothing to flush
+        pass
+    return exits.PIPE
 
 
 def boundary(verb: str, e: Exception) -> int:

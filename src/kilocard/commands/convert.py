@@ -2,8 +2,11 @@
 
 ``hf-to-mcore HF_DIR OUT_DIR [recipe=NAME] [overrides]`` writes a committed, model-only kilocard
 checkpoint a run starts from with ``checkpoint.load=OUT_DIR``; ``mcore-to-hf CHECKPOINT OUT_DIR``
-writes ``config.json`` and safetensors shards. Exit 0, or 1 with one line naming what is wrong
-(nothing is written then). The work is ``kilocard.convert``.
+writes ``config.json`` and safetensors shards. Exit 0; 2 when what the command line points at cannot be
+used (an output that exists, a source that is no model or checkpoint, an unreadable or damaged file, an
+altered checkpoint, a bad flag); 1 when the model is refused (a mismatch with the recipe, an unsupported
+family, weights the recipe's dtype cannot hold); one line naming what is wrong, nothing written. The
+work is ``kilocard.convert``.
 """
 
 from __future__ import annotations
@@ -49,20 +52,31 @@ def execute(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
     from kilocard.convert import st_io
     from kilocard.convert.command import hf_to_mcore, mcore_to_hf
-    from kilocard.convert.maps import ConvertError
+    from kilocard.convert.maps import ConvertError, ConvertUsageError
     from kilocard.rundir.checkpoint import CheckpointError
 
     try:
+        note = ""
         if args.direction == "hf-to-mcore":
             hf_to_mcore(Path(args.src), Path(args.dst), args.overrides)
         elif args.overrides:
-            raise ConvertError(
+            raise ConvertUsageError(
                 f"mcore-to-hf takes no overrides (got {' '.join(args.overrides)}); "
                 "the model comes from the checkpoint's saved config"
             )
         else:
-            mcore_to_hf(Path(args.src), Path(args.dst), st_io.parse_size(args.max_shard_size), args.adapter_only)
-    except (ConvertError, CheckpointError) as e:
+            tokenizer = mcore_to_hf(
+                Path(args.src), Path(args.dst), st_io.parse_size(args.max_shard_size), args.adapter_only
+            )
+            note = (
+                f" (tokenizer from {tokenizer})"
+                if tokenizer
+                else " (no Hugging Face tokenizer recorded for this checkpoint: copy the model's tokenizer files "
+                "beside the weights)"
+            )
+    except (ConvertUsageError, CheckpointError) as e:  # a checkpoint that fails its checks cannot be used
+        return fail("convert", str(e), exits.USAGE)
+    except ConvertError as e:
         return fail("convert", str(e), exits.INVALID)
-    print(f"kilocard convert: wrote {args.dst}")
+    print(f"kilocard convert: wrote {args.dst}{note}")
     return exits.OK

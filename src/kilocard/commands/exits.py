@@ -10,6 +10,8 @@ says the same).
 | 2    | USAGE   | the input cannot be used: a bad flag, a config that does not compose, an       |
 |      |         | unreadable or unsafe file, a run directory that cannot be resumed              |
 | 130  | INTERRUPTED | Ctrl-C before anything was started                                         |
+| 141  | PIPE    | the reader of stdout went away (``| head``): the verb stops quietly, as a Unix  |
+|      |         | tool ended by SIGPIPE does (128 + 13)                                          |
 
 ``kilocard run`` returns these until the ranks start; from then on it returns the trainer's own
 codes (the one table ``kilocard.exitcodes.TABLE``: ``exitcodes.listing()`` names them all).
@@ -21,3 +23,4 @@ OK = 0
 INVALID = 1
 USAGE = 2
 INTERRUPTED = 130
+PIPE = 141

@@ -16,7 +16,8 @@ EXAMPLES = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``--input``, ``--output-prefix``, ``--tokenizer``, ``--workers``."""
+    """``--input``, ``--output-prefix``, ``--tokenizer``, ``--workers``, ``--chat`` (``--max-length``,
+    ``--on-overflow``)."""
     p.add_argument("--input", required=True, help="JSONL file, one {'text': ...} per line")
     p.add_argument("--output-prefix", required=True, help="output prefix (writes PREFIX_text_document.bin/.idx)")
     p.add_argument(
@@ -31,15 +32,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="conversations ({'messages': [...]} or {'prompt', 'completion'}) rendered with the tokenizer folder's "
         "chat template; also writes PREFIX_text_document_loss_mask (1 on assistant tokens)",
     )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="--chat: the most tokens a conversation may have, its end-of-document token included "
+        "(the model's seq_length + 1 fits one sequence); unbounded when not given",
+    )
+    p.add_argument(
+        "--on-overflow",
+        choices=("refuse", "truncate"),
+        default="refuse",
+        help="--chat --max-length: a longer conversation is refused (exit 2, nothing written) or cut to the "
+        "length (counted in PREFIX.meta.json as truncated)",
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
     """Write the dataset; 2 (one line naming the file, line and fix) on bad input."""
-    # kilocard.data imports torch and Megatron-Core (~6 s): only this verb pays for it.
+    # Imported here: the tokenizers and the writer load only for this verb (neither imports torch or Megatron-Core).
     from kilocard.data.errors import DataError
     from kilocard.data.preprocess import preprocess_chat, preprocess_jsonl
     from kilocard.data.record import mask_prefix
 
+    if args.max_length is not None and not args.chat:
+        return fail("preprocess", "--max-length: only with --chat; fix: add --chat, or drop --max-length", exits.USAGE)
     if args.chat and args.workers != 1:
         return fail(
             "preprocess",
@@ -48,7 +65,7 @@ def execute(args: argparse.Namespace) -> int:
         )
     try:
         if args.chat:
-            result = preprocess_chat(args.input, args.output_prefix, args.tokenizer)
+            result = preprocess_chat(args.input, args.output_prefix, args.tokenizer, args.max_length, args.on_overflow)
         else:
             result = preprocess_jsonl(args.input, args.output_prefix, args.tokenizer, args.workers)
     except DataError as err:
@@ -59,4 +76,6 @@ def execute(args: argparse.Namespace) -> int:
     )
     if result.assistant_tokens is not None:
         print(f"wrote {mask_prefix(result.prefix)}.bin/.idx: {result.assistant_tokens} assistant tokens carry loss")
+    if result.truncated is not None:
+        print(f"{result.truncated} conversation(s) longer than --max-length {args.max_length} cut to it")
     return exits.OK

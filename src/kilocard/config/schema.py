@@ -302,6 +302,16 @@ class DataConfig:
     sft: bool = False
     """Supervised fine-tuning (Megatron-LM ``--sft``): every prefix has the assistant-only loss mask
     ``PREFIX_loss_mask`` of ``kilocard preprocess --chat`` beside it, and only assistant tokens carry loss."""
+    packing: bool = True
+    """Several documents per sequence, one after the other (Megatron-Core ``GPTDataset``'s samples); ``false``:
+    one conversation per sequence, cut at ``model.seq_length`` and padded, the padding without loss (``data.sft``
+    only)."""
+    reset_position_ids: bool = False
+    """Position ids restart at 0 after every end-of-document token (Megatron-LM ``--reset-position-ids``)."""
+    reset_attention_mask: bool = False
+    """Attention stays inside each document of a packed sequence (Megatron-LM ``--reset-attention-mask``): a
+    block-diagonal causal mask on Megatron-Core's local attention, the THD layout (``PackedSeqParams`` with
+    ``cu_seqlens``) with Transformer Engine; needs ``data.reset_position_ids``."""
 
 
 @dataclass(kw_only=True)
@@ -395,8 +405,11 @@ class TrainerConfig:
     """Deterministic algorithms (bit-exact resume on CPU ranks)."""
     hang_timeout_s: float = 300.0
     """A rank that makes no progress for this long fails the run with a clear message."""
-    tensorboard: bool = True
-    """Also write TensorBoard scalars under ``<run_dir>/tensorboard``."""
+    tensorboard: bool = False
+    """Also write TensorBoard scalars under ``<run_dir>/tensorboard`` (needs the ``tensorboard`` extra). Off by
+    default, as in torchtitan (``metrics.enable_tensorboard``) and Megatron-LM (only with ``--tensorboard-dir``):
+    a lean install's first run needs no extra; the benchmark trainer (``conf/trainer/benchmark.yaml``) turns
+    it on."""
     rank_time_interval: int = 10
     """Every N steps the ranks all-gather their own step times (one small collective): metrics get the
     slowest rank and the median, and a persistently slower rank is named in a warning (0 = off)."""

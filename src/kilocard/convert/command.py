@@ -3,8 +3,9 @@
 ``hf-to-mcore HF_DIR OUT_DIR [recipe=NAME] [overrides]`` writes a committed kilocard checkpoint
 (``OUT_DIR/step_0000000`` in torch_dist + ``trainer_state.json`` marked model-only + manifest, and
 ``OUT_DIR/latest_committed.txt``) that a run starts from with ``checkpoint.load=OUT_DIR``.
-``mcore-to-hf CHECKPOINT OUT_DIR`` writes ``config.json`` and safetensors shards from a committed step
-(a step directory, or a checkpoint directory meaning its newest committed step).
+``mcore-to-hf CHECKPOINT OUT_DIR`` writes ``config.json``, safetensors shards and the tokenizer
+(``kilocard.convert.tokenizer``) from a committed step (a step directory, or a checkpoint directory meaning
+its newest committed step). The import keeps the model folder's tokenizer in ``OUT_DIR/tokenizer/``.
 
 On import the model comes from the recipe, every field a ``config.json`` disagrees with named in one line;
 without ``recipe=`` it is derived from ``config.json`` (Llama, Mixtral, Qwen2), as Megatron-Bridge's
@@ -30,7 +31,8 @@ import torch
 
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.convert import maps, st_io
-from kilocard.convert.maps import ConvertError, Slot
+from kilocard.convert import tokenizer as tk
+from kilocard.convert.maps import ConvertError, ConvertUsageError, Slot
 from kilocard.layout import compute_layout, of_sizes
 from kilocard.rundir import checkpoint as ck
 from kilocard.rundir.names import MANIFEST, MODEL_ONLY, STATE, TRACKER
@@ -47,7 +49,7 @@ def check_output(out: Path) -> None:
     added there fails the step's verification, and a run's checkpoint tree holds only its commits."""
     tree = ck.checkpoint_tree_of(out)
     if tree is not None:
-        raise ConvertError(
+        raise ConvertUsageError(
             f"{out}: lies inside the checkpoint directory {tree}; nothing but committed steps may be written "
             f"there (a stray file fails verification); choose an output directory outside it"
         )
@@ -63,16 +65,18 @@ def staging(out: Path) -> Iterator[Path]:
     """
     check_output(out)
     if out.is_symlink():
-        raise ConvertError(f"{out}: is a symlink; give the output as a new directory path")
+        raise ConvertUsageError(f"{out}: is a symlink; give the output as a new directory path")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConvertError(f"{out}: already exists and is not an empty directory; choose a new output directory")
+        raise ConvertUsageError(f"{out}: already exists and is not an empty directory; choose a new output directory")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     except OSError as e:
-        raise ConvertError(f"{out}: cannot create the output directory ({e.strerror}); choose another path") from None
+        raise ConvertUsageError(
+            f"{out}: cannot create the output directory ({e.strerror}); choose another path"
+        ) from None
     try:
         yield tmp
         if out.is_dir():
@@ -227,6 +231,7 @@ def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
         )
         (sdir / STATE).write_text(json.dumps(dataclasses.asdict(state), indent=1) + "\n")
         ck.commit_step(tmp, 0, keep_last=1)  # manifest (every file), then the tracker
+        tk.keep_import_tokenizer(hf_dir, tmp)  # beside the steps: an export of the import writes it out
         if derived:
             write_recipe(tmp, out, run_cfg, family, hf_dir)
 
@@ -240,7 +245,7 @@ def committed_step_dir(src: Path) -> Path:
         return src
     step = ck.latest_committed(src) if src.is_dir() else None
     if step is None:
-        raise ConvertError(f"{src}: neither a committed step directory nor a checkpoint directory with {TRACKER}")
+        raise ConvertUsageError(f"{src}: neither a committed step directory nor a checkpoint directory with {TRACKER}")
     return ck.step_dir(src, step)
 
 
@@ -250,8 +255,10 @@ def saved_model(state: ck.TrainerState) -> ModelConfig:
     return ModelConfig(**{k: v for k, v in state.model.items() if k in known})
 
 
-def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool = False) -> None:
-    """Export a committed kilocard step as a Hugging Face model directory (config.json + safetensors).
+def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool = False) -> Path | None:
+    """Export a committed kilocard step as a Hugging Face model directory (config.json + safetensors, and the
+    tokenizer of the run or import that made it: ``kilocard.convert.tokenizer``); return the tokenizer's source
+    folder (``None``: no Hugging Face tokenizer was recorded).
 
     Every tensor is written in the weights' dtype (the word embedding's), as Hugging Face checkpoints
     are: a bf16 run keeps its torch norms in fp32, and those are cast down. A LoRA step is merged into
@@ -266,10 +273,13 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool =
     sdir = committed_step_dir(src)
     ck.verify_step(sdir)
     state = ck.read_state(sdir)
+    tokenizer = tk.export_tokenizer_source(sdir)
     m = saved_model(state)
     peft, base = peft_io.lora_of(state, sdir)
     if adapter_only and (peft is None or base is None):
-        raise ConvertError(f"{sdir}: --adapter-only needs a LoRA step (a run with peft=lora); this one holds a model")
+        raise ConvertUsageError(
+            f"{sdir}: --adapter-only needs a LoRA step (a run with peft=lora); this one holds a whole model"
+        )
     family = state.extra.get("source", {}).get("family") or maps.family_of_model(m)
     maps.check_model(family, m)
     slots = maps.slots(family, m)
@@ -284,7 +294,9 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool =
             mm.load(model, sdir, lora.adapter_part)
         if adapter_only and peft is not None and base is not None:
             peft_io.write_adapter(tmp, model.state_dict(), m, peft, family, base)
-            return
+            if tokenizer is not None:
+                tk.copy_files(tokenizer, tmp)
+            return tokenizer
         lora.merge(model)
         tensors = model.state_dict()
         st_io.write_sharded(
@@ -296,3 +308,6 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool =
             max_shard_bytes,
         )
         (tmp / st_io.CONFIG).write_text(json.dumps(maps.hf_config(family, m, dtype), indent=2) + "\n")
+        if tokenizer is not None:
+            tk.copy_files(tokenizer, tmp)
+    return tokenizer

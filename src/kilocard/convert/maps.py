@@ -38,7 +38,16 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class ConvertError(Exception):
-    """Bad conversion input; the message names the field or tensor, the value and the fix."""
+    """A model the conversion refuses (a mismatch with the recipe, an unsupported family, weights it cannot
+    hold exactly); the message names the field or tensor, the value and the fix. ``kilocard convert`` exits
+    INVALID (1), as ``validate`` does for a config it refuses."""
+
+
+class ConvertUsageError(ConvertError):
+    """What the command line points at cannot be used: an output path that is taken, a symlink, inside a
+    checkpoint or not creatable; a source that is no model directory or committed checkpoint; a file the
+    safe reader refuses or that is damaged; a bad flag. ``kilocard convert`` exits USAGE (2), the code of
+    every verb for input that cannot be used (``kilocard.commands.exits``)."""
 
 
 @dataclass(frozen=True)

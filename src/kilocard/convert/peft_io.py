@@ -21,7 +21,7 @@ import torch
 
 from kilocard.config.schema import ModelConfig, PeftConfig
 from kilocard.convert import maps
-from kilocard.convert.maps import ConvertError
+from kilocard.convert.maps import ConvertUsageError
 from kilocard.rundir import checkpoint as ck
 from kilocard.rundir.names import PEFT
 
@@ -44,7 +44,7 @@ def lora_of(state: ck.TrainerState, sdir: Path) -> tuple[PeftConfig | None, Path
     try:
         ck.verify_step(base)
     except ck.CheckpointError as e:
-        raise ConvertError(
+        raise ConvertUsageError(
             f"{sdir} holds LoRA adapters trained on the base weights of {base}, which cannot be used ({e}); "
             f"restore that step (the run's checkpoint.load)"
         ) from None

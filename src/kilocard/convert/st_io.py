@@ -27,7 +27,7 @@ from kilocard.base.safe_read import (
     require_regular,
     type_name,
 )
-from kilocard.convert.maps import ConvertError
+from kilocard.convert.maps import ConvertError, ConvertUsageError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -61,25 +61,25 @@ CONFIG_SHAPE: dict[str, tuple[type, ...]] = {
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file through the safe reader (``ConvertError`` naming the file otherwise)."""
+    """A JSON object file through the safe reader (``ConvertUsageError`` naming the file otherwise)."""
     try:
         return read_json(path, dict)
     except FileReadError as e:
-        raise ConvertError(str(e)) from None
+        raise ConvertUsageError(str(e)) from None
 
 
 def read_config(hf_dir: Path) -> dict:
     """``config.json`` of a Hugging Face model directory, its fields checked against ``CONFIG_SHAPE``."""
     path = hf_dir / CONFIG
     if not path.exists() and not path.is_symlink():
-        raise ConvertError(f"{hf_dir}: no {CONFIG}; expected a Hugging Face model directory (save_pretrained)")
+        raise ConvertUsageError(f"{hf_dir}: no {CONFIG}; expected a Hugging Face model directory (save_pretrained)")
     doc = _read_json(path)
     for key, types in CONFIG_SHAPE.items():
         if key == "model_type" or key in doc:
             try:
                 expect_shape(path, doc.get(key), types, f"field {key!r}")
             except FileReadError as e:
-                raise ConvertError(str(e)) from None
+                raise ConvertUsageError(str(e)) from None
     return doc
 
 
@@ -88,10 +88,10 @@ def inside(hf_dir: Path, name: object, index: Path) -> Path:
     model directory, ``../../etc/passwd``, is refused; the name is not echoed past 80 characters)."""
     if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
         shown = repr(name)[:80] if isinstance(name, str) else type_name(name)
-        raise ConvertError(f"{index}: weight_map names {shown}, not a shard file inside {hf_dir}")
+        raise ConvertUsageError(f"{index}: weight_map names {shown}, not a shard file inside {hf_dir}")
     path = hf_dir / name
     if not path.resolve().is_relative_to(hf_dir.resolve()):
-        raise ConvertError(f"{index}: weight_map entry {name!r} leads outside {hf_dir} (a symlink)")
+        raise ConvertUsageError(f"{index}: weight_map entry {name!r} leads outside {hf_dir} (a symlink)")
     return path
 
 
@@ -101,35 +101,35 @@ def shard_files(hf_dir: Path) -> list[Path]:
     if index.exists() or index.is_symlink():
         doc = _read_json(index)
         if not isinstance(doc.get("weight_map"), dict):
-            raise ConvertError(
+            raise ConvertUsageError(
                 f"{index}: field 'weight_map' holds {type_name(doc.get('weight_map'))}, expected a mapping"
             )
         files = [inside(hf_dir, f, index) for f in dict.fromkeys(doc["weight_map"].values())]
         missing = [f.name for f in files if not is_regular(f)]
         if missing:
-            raise ConvertError(
+            raise ConvertUsageError(
                 f"{index}: shard file(s) {', '.join(missing)} are missing from {hf_dir} (or not regular files)"
             )
         return files
     if (hf_dir / SINGLE).exists():
         return [hf_dir / SINGLE]
-    raise ConvertError(f"{hf_dir}: neither {INDEX} nor {SINGLE}; only safetensors weights are read")
+    raise ConvertUsageError(f"{hf_dir}: neither {INDEX} nor {SINGLE}; only safetensors weights are read")
 
 
 @contextlib.contextmanager
 def _shard(f: Path) -> Iterator[Any]:
     """A shard opened with safetensors after the safe reader's regular-file check; a truncated or
-    foreign file is a ``ConvertError`` naming it."""
+    foreign file is a ``ConvertUsageError`` naming it."""
     try:
         require_regular(f)
     except FileReadError as e:
-        raise ConvertError(str(e)) from None
+        raise ConvertUsageError(str(e)) from None
     try:
         with safe_open(str(f), framework="pt") as s:
             yield s
     except SafetensorError as e:
         reason = str(e).split(":")[-1].strip()[:80] or type(e).__name__
-        raise ConvertError(
+        raise ConvertUsageError(
             f"{f}: not a readable safetensors file ({reason}); the download is truncated or damaged"
         ) from None
 
@@ -184,7 +184,7 @@ def parse_size(text: str) -> int:
             return int(t[: -len(unit)]) * scale
     if t.isdigit():
         return int(t)
-    raise ConvertError(f"--max-shard-size: {text!r} is not a size (expected e.g. 5GB, 500MB or a byte count)")
+    raise ConvertUsageError(f"--max-shard-size: {text!r} is not a size (expected e.g. 5GB, 500MB or a byte count)")
 
 
 def write_sharded(

@@ -26,8 +26,10 @@ create_attention_mask=True) -> TrainIterator``
   - ``labels``         int64   ``[micro_batch_size, seq_length]`` (tokens shifted left by one)
   - ``loss_mask``      float32 ``[micro_batch_size, seq_length]`` (1.0 = counts toward the loss)
   - ``attention_mask`` bool    ``[micro_batch_size, 1, seq_length, seq_length]`` (True = masked),
-    or ``None`` when ``create_attention_mask=False``
-  - ``position_ids``   int64   ``[micro_batch_size, seq_length]``
+    or ``None`` when ``create_attention_mask=False`` (the trainer asks for it only for
+    ``data.reset_attention_mask`` on Megatron-Core's local attention: block-diagonal causal)
+  - ``position_ids``   int64   ``[micro_batch_size, seq_length]`` (restarting at 0 after every EOD with
+    ``data.reset_position_ids``)
 
   ``seq_length`` is ``model.seq_length``. Sample order follows Megatron-LM's
   ``MegatronPretrainingSampler``: micro step ``k`` (counted from ``consumed_samples``) covers global
@@ -42,7 +44,8 @@ create_attention_mask=True) -> TrainIterator``
   anywhere.
 * ``data.sft``: ``SFTDataset`` (``kilocard.data.sft``) instead of ``GPTDataset``: the same samples, with
   ``loss_mask`` also 0 on every target that is not an assistant token (the ``PREFIX_loss_mask`` dataset
-  of ``kilocard preprocess --chat``, ``kilocard.data.chat``).
+  of ``kilocard preprocess --chat``, ``kilocard.data.chat``). ``data.packing=false``: ``UnpackedSFTDataset``,
+  one conversation per sample, padded (``kilocard.data.sft``).
 * The padded vocabulary (``model.vocab_size`` rounded up to ``make_vocab_size_divisible_by * TP``)
   must cover the tokenizer's ids.
 * Evaluation (``trainer.eval_interval``): ``build_eval_dataset(run_cfg, split, dp_size=...)`` builds the

@@ -3,28 +3,63 @@
 Ids 0..255 are the UTF-8 bytes, 256 is end-of-document and 257 is padding: ``vocab_size`` is 258,
 which the padded ``model.vocab_size`` must cover. It implements what Megatron-Core's
 ``GPTDataset``/``MockGPTDataset`` use from a tokenizer (``vocab_size``, ``eod``, ``pad``,
-``unique_identifiers`` for the index-cache hash) and the rest of ``MegatronTokenizerBase``.
+``unique_identifiers`` for the index-cache hash) and the rest of Megatron-Core's ``MegatronTokenizerBase``.
+
+``TokenizerBase`` is that interface without Megatron-Core: ``megatron.core.tokenizers`` runs the package's
+``__init__``, which imports torch and Megatron-Core's optimizer, distributed and inference stacks, and
+``kilocard preprocess`` needs none of them. Megatron-Core's datasets only read the attributes.
 """
 
 from __future__ import annotations
 
-import warnings
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import Any
 
 import numpy
-
-with warnings.catch_warnings():
-    # Importing Megatron-Core on a machine without Transformer Engine/Apex warns that it falls back
-    # to its local implementations; expected on CPU ranks and irrelevant to tokenizing.
-    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed", category=UserWarning)
-    from megatron.core.tokenizers import MegatronTokenizerBase
 
 from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.errors import DataError
 
 
-class ByteTokenizer(MegatronTokenizerBase):
+class TokenizerBase(ABC):
+    """Megatron-Core's ``MegatronTokenizerBase`` (its constructor and abstract methods) and ``eod``, torch-free."""
+
+    def __init__(self, path: str, config: dict[str, Any]) -> None:
+        self.path = path
+        for key, value in config.items():
+            setattr(self, key, value)
+
+    @abstractmethod
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
+
+    @abstractmethod
+    def detokenize(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``."""
+
+    @property
+    @abstractmethod
+    def vocab(self) -> dict[str, int]:
+        """Token text -> id."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids."""
+
+    @property
+    @abstractmethod
+    def eod(self) -> int:
+        """End-of-document id."""
+
+    @abstractmethod
+    def apply_chat_template(self, *args: object, **kwargs: object) -> str:
+        """Render a conversation (not every tokenizer has a template)."""
+
+
+class ByteTokenizer(TokenizerBase):
     """UTF-8 byte tokenizer: ids 0..255 are bytes, 256 is end-of-document, 257 is padding."""
 
     NUM_BYTES = 256

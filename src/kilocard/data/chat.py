@@ -16,6 +16,7 @@ turns cannot be split this way and is refused (one line).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy
 
+from kilocard.base.safe_read import FileReadError, read_json, read_text
 from kilocard.data.errors import DataError
 from kilocard.data.record import HF_FILE, tokenizer_file
 
@@ -47,15 +49,22 @@ def tokenizer_folder(name: str) -> Path:
 
 
 def load_chat_tokenizer(name: str) -> Any:
-    """transformers' tokenizer of folder ``name`` (offline), which must have a chat template."""
+    """transformers' tokenizer of folder ``name`` (offline), which must have a chat template.
+
+    Loaded as transformers' generic fast tokenizer (``PreTrainedTokenizerFast``: the folder's
+    ``tokenizer.json`` as written, with ``tokenizer_config.json``'s special tokens and template), the
+    ``tokenizer.json`` that training's ``data.tokenizer`` reads too. ``AutoTokenizer`` would give the same
+    ids and offsets for a rendered text, but it imports transformers' model configs and, through them,
+    torch (with its optimizers): seconds that ``kilocard preprocess`` does not need.
+    """
     folder = tokenizer_folder(name)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only: transformers never reaches the Hub
     try:
-        from transformers import AutoTokenizer
+        from transformers import PreTrainedTokenizerFast
     except ImportError as err:
         raise DataError(f"--chat: transformers is not installed ({err.name}); fix: {EXTRA}") from err
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tok = PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"--tokenizer: cannot load {folder} with transformers ({reason}); fix: {EXTRA}") from err
@@ -67,6 +76,32 @@ def load_chat_tokenizer(name: str) -> Any:
     if not getattr(tok, "is_fast", False):
         raise DataError(f"--tokenizer: {folder} has no fast tokenizer (tokenizer.json); fix: {EXTRA}")
     return tok
+
+
+def folder_template(folder: Path) -> str | dict[str, str] | None:
+    """The chat template of Hugging Face tokenizer folder ``folder`` as transformers loads it, read from the files
+    alone (no transformers): ``chat_template.jinja`` beside ``tokenizer_config.json``, else the config's
+    ``chat_template`` (a string, or named templates as a dict); ``None`` when it has none or cannot be read."""
+    jinja = folder / "chat_template.jinja"
+    try:
+        if jinja.is_file():
+            return read_text(jinja)
+        config = read_json(folder / "tokenizer_config.json", dict)
+    except FileReadError:
+        return None
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        return {k: v for k, v in named.items() if isinstance(k, str) and isinstance(v, str)} or None
+    return template if isinstance(template, str) and template else None
+
+
+def template_sha256(template: str | dict[str, str] | None) -> str | None:
+    """sha256 of a chat template (named templates: of their JSON, keys sorted); ``None`` without one."""
+    if not template:
+        return None
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def messages_of(line: str, path: Path, number: int) -> Messages:

@@ -75,8 +75,8 @@ def gpt_dataset_config(
             blend=blend,
             split=data.split,
             tokenizer=tokenizer,
-            reset_position_ids=False,
-            reset_attention_mask=False,
+            reset_position_ids=data.reset_position_ids,
+            reset_attention_mask=data.reset_attention_mask,
             eod_mask_loss=False,
             create_attention_mask=create_attention_mask,
             path_to_cache=cache_path(run_cfg, cache_dir),
@@ -135,27 +135,34 @@ def _disable_mask_cache(dataset: Dataset) -> None:
             ds.masks_and_position_ids_are_cacheable = False
 
 
-def dataset_class(config: GPTDatasetConfig, sft: bool) -> type[GPTDataset]:
-    """``MockGPTDataset`` for mock data, ``SFTDataset`` (``kilocard.data.sft``) for ``data.sft``, else
-    ``GPTDataset``."""
+def dataset_class(config: GPTDatasetConfig, sft: bool, packing: bool = True) -> type[GPTDataset]:
+    """``MockGPTDataset`` for mock data, ``SFTDataset`` (``kilocard.data.sft``) for ``data.sft`` (its
+    ``UnpackedSFTDataset`` without ``data.packing``), else ``GPTDataset``."""
+    if not packing and not sft:
+        raise DataError(
+            "data.packing: false (one conversation per sequence) needs data.sft=true; fix: data.packing=true"
+        )
     if config.mock:
         if sft:
             raise DataError("data.sft: true needs conversations, not mock data; fix: data=tiny_chat or data.sft=false")
         return MockGPTDataset
     if sft:
-        from kilocard.data.sft import SFTDataset
+        from kilocard.data.sft import SFTDataset, UnpackedSFTDataset
 
-        return SFTDataset
+        return SFTDataset if packing else UnpackedSFTDataset
     return GPTDataset
 
 
-def build_split_dataset(config: GPTDatasetConfig, split: int, needed: int, sft: bool = False) -> Dataset:
+def build_split_dataset(
+    config: GPTDatasetConfig, split: int, needed: int, sft: bool = False, packing: bool = True
+) -> Dataset:
     """Split ``split`` (``kilocard.data.split.TRAIN``/``VALID``/``TEST``) as a map-style dataset built for
-    ``needed`` samples; the other splits are not built. ``sft``: with the assistant-only loss mask.
+    ``needed`` samples; the other splits are not built. ``sft``: with the assistant-only loss mask;
+    ``packing``: several conversations per sample (``data.packing``).
 
     Collective when torch.distributed is initialised (rank 0 builds the index cache first).
     """
-    cls = dataset_class(config, sft)
+    cls = dataset_class(config, sft, packing)
     only = copy.copy(config)
     only.split_matrix = [m if i == split else None for i, m in enumerate(config.split_matrix)]
     sizes = [needed if i == split else 0 for i in range(len(config.split_matrix))]
@@ -169,7 +176,7 @@ def build_train_dataset(run_cfg: RunConfig, config: GPTDatasetConfig) -> Dataset
     if not config.mock:
         check_split_documents(config, TRAIN, "more documents or a larger train weight")
     needed = train_samples(run_cfg)
-    dataset = build_split_dataset(config, TRAIN, needed, run_cfg.data.sft)
+    dataset = build_split_dataset(config, TRAIN, needed, run_cfg.data.sft, run_cfg.data.packing)
     have = len(cast(Sized, dataset))
     if have < needed:
         raise DataError(

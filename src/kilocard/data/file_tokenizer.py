@@ -6,11 +6,11 @@ from collections import OrderedDict
 from pathlib import Path
 
 from kilocard.base.digest import sha256_file
-from kilocard.data.byte_tokenizer import MegatronTokenizerBase
+from kilocard.data.byte_tokenizer import TokenizerBase
 from kilocard.data.errors import DataError
 
 
-class FileTokenizer(MegatronTokenizerBase):
+class FileTokenizer(TokenizerBase):
     """Base of the file tokenizers; a subclass sets ``TOKENIZER_TYPE`` (Megatron-LM's ``--tokenizer-type`` name).
 
     ``unique_identifiers`` (what Megatron-Core hashes to name its dataset index caches) holds the

@@ -108,7 +108,7 @@ def build_eval_dataset(
     if split == TEST and empty_prefixes(config, split):
         return None
     check_split_documents(config, split, "more documents, a larger valid weight, or trainer.eval_interval=null")
-    return build_split_dataset(config, split, eval_samples(run_cfg, split), run_cfg.data.sft)
+    return build_split_dataset(config, split, eval_samples(run_cfg, split), run_cfg.data.sft, run_cfg.data.packing)
 
 
 def eval_batches(

@@ -2,9 +2,10 @@
 
 Each input line is one JSON object with a string ``"text"``; blank lines are skipped. Every
 document is tokenized (``data.tokenizer`` kinds: ``kilocard.data.tokenizer``), followed by the
-tokenizer's EOD id, and written with Megatron-Core's ``IndexedDatasetBuilder`` (one sequence per
+tokenizer's EOD id, and written in Megatron-Core's indexed format (one sequence per
 document, the smallest integer dtype that holds the vocabulary), as Megatron-LM's
-``tools/preprocess_data.py`` does. With ``workers > 1`` a pool of processes parses and tokenizes
+``tools/preprocess_data.py`` does, through ``kilocard.data.indexed`` (the same bytes without importing torch
+or Megatron-Core: the verb starts in well under a second). With ``workers > 1`` a pool of processes parses and tokenizes
 batches of lines, each loading the tokenizer once; results are written in input order, so the
 output is the same for any number of workers. A progress bar (input bytes, documents/s) goes to
 stderr on a terminal. Output goes to temporary names that are renamed into place only after the
@@ -15,6 +16,7 @@ token id and the document count, which ``kilocard validate`` compares with a run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -25,17 +27,18 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
+from typing import Any
 
 import numpy
-from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 from tqdm import tqdm
 
 from kilocard.base.safe_read import FileReadError, open_regular, require_regular
 from kilocard.config.schema import BYTES_TOKENIZER
-from kilocard.data.chat import encode_conversation, load_chat_tokenizer, messages_of
+from kilocard.data.chat import encode_conversation, load_chat_tokenizer, messages_of, template_sha256
 from kilocard.data.errors import DataError
+from kilocard.data.indexed import IndexWriter, optimal_dtype
 from kilocard.data.record import DataRecord, mask_prefix, record_path, tokenizer_sha256, write_record
-from kilocard.data.tokenizer import MegatronTokenizerBase, get_tokenizer
+from kilocard.data.tokenizer import TokenizerBase, get_tokenizer
 
 SUFFIX = "_text_document"
 BATCH_LINES = 64
@@ -63,6 +66,8 @@ class PreprocessResult:
     """Tokenizer processes used (``--workers``, capped at the CPUs this process may use)."""
     assistant_tokens: int | None = None
     """``--chat``: tokens that carry loss (the ``PREFIX_text_document_loss_mask`` dataset marks them)."""
+    truncated: int | None = None
+    """``--chat --max-length N --on-overflow truncate``: conversations cut to ``N`` tokens."""
 
     @property
     def documents_per_second(self) -> float:
@@ -121,7 +126,7 @@ def text_of(line: str, path: Path, number: int) -> str:
     return record["text"]
 
 
-_worker: tuple[MegatronTokenizerBase, Path] | None = None
+_worker: tuple[TokenizerBase, Path] | None = None
 """This process's tokenizer and input path (set once per worker by ``_start_worker``)."""
 
 
@@ -149,9 +154,7 @@ def _batches(lines: Iterable[Line]) -> Iterator[list[Line]]:
         yield batch
 
 
-def _encoded(
-    tok: MegatronTokenizerBase, tokenizer: str, path: Path, workers: int
-) -> Iterator[tuple[list[numpy.ndarray], int]]:
+def _encoded(tok: TokenizerBase, tokenizer: str, path: Path, workers: int) -> Iterator[tuple[list[numpy.ndarray], int]]:
     """Encoded batches in input order: in this process (with ``tok``), or from a pool of ``workers`` (fork)
     processes that each load ``tokenizer``.
 
@@ -213,14 +216,65 @@ def _output_files(prefix: str) -> tuple[list[Path], list[Path]]:
     return final, tmp
 
 
-def _publish(
-    prefix: str, outputs: list[tuple[IndexedDatasetBuilder, list[Path], list[Path]]], record: DataRecord
-) -> None:
-    """Finalize each builder's index, rename its temporary ``.bin/.idx`` into place, then write the record
-    (a record from before is removed first: it never describes the new data)."""
+Output = tuple[IndexWriter, list[Path], list[Path]]
+"""A writer and its final and temporary ``.bin/.idx`` names."""
+
+
+@contextlib.contextmanager
+def _outputs(*specs: tuple[str, type[numpy.number]]) -> Iterator[list[Output]]:
+    """A writer at the temporary names of each ``(prefix, dtype)``; every temporary file left on the way out (all
+    of them unless ``_publish`` renamed them) is removed: a failed run leaves no output behind."""
+    outputs: list[Output] = []
     try:
-        for builder, _, tmp in outputs:
-            builder.finalize(str(tmp[1]))
+        for prefix, dtype in specs:
+            final, tmp = _output_files(prefix)
+            try:
+                outputs.append((IndexWriter(str(tmp[0]), dtype), final, tmp))
+            except OSError as err:
+                raise DataError(
+                    f"--output-prefix: cannot write {tmp[0]} ({err.strerror}); fix: a writable folder"
+                ) from None
+        yield outputs
+    finally:
+        for writer, _, tmp in outputs:
+            writer.data_file.close()
+            for p in tmp:
+                p.unlink(missing_ok=True)
+
+
+@dataclass
+class _Counts:
+    """What a run has written so far (the data record's numbers)."""
+
+    documents: int = 0
+    """Documents written."""
+    tokens: int = 0
+    """Token ids written, EODs included."""
+    max_id: int = -1
+    """The largest token id written."""
+    assistant: int | None = None
+    """``--chat``: tokens that carry loss (``None`` for text)."""
+
+    def add(self, ids: numpy.ndarray, mask: numpy.ndarray | None = None) -> None:
+        """Count one document (its ids, EOD included) and, with ``--chat``, its loss mask."""
+        self.documents += 1
+        self.tokens += len(ids)
+        self.max_id = max(self.max_id, int(ids.max()))
+        if mask is not None:
+            self.assistant = (self.assistant or 0) + int(mask.sum())
+
+
+def _publish(
+    prefix: str, outputs: list[Output], tokenizer: str, vocab_size: int, counts: _Counts, empty: str, **chat: Any
+) -> None:
+    """Refuse an input without documents (``empty``: the line saying so); else finalize each writer's index, rename
+    its temporary ``.bin/.idx`` into place, then write the data record (a record from before is removed first: it
+    never describes the new data); ``chat``: the record's ``--chat`` fields (template, ``max_length``, cuts)."""
+    if counts.documents == 0:
+        raise DataError(empty)
+    try:
+        for writer, _, tmp in outputs:
+            writer.finalize(str(tmp[1]))
         record_path(prefix).unlink(missing_ok=True)
         for _, final, tmp in outputs:
             for src, dst in zip(tmp, final, strict=True):
@@ -229,6 +283,16 @@ def _publish(
         raise DataError(
             f"--output-prefix: cannot write {prefix}.bin/.idx ({err.strerror}); fix: a writable folder with space"
         ) from None
+    record = DataRecord(
+        tokenizer=tokenizer,
+        tokenizer_sha256=tokenizer_sha256(tokenizer),
+        vocab_size=vocab_size,
+        max_token_id=counts.max_id,
+        documents=counts.documents,
+        tokens=counts.tokens,
+        assistant_tokens=counts.assistant,
+        **chat,
+    )
     write_record(prefix, record)
 
 
@@ -244,92 +308,93 @@ def preprocess_jsonl(
     path = require_input(Path(input_path))
     tok = get_tokenizer(tokenizer)
     prefix = f"{output_prefix}{SUFFIX}"
-    final, tmp = _output_files(prefix)
-    try:
-        builder = IndexedDatasetBuilder(str(tmp[0]), dtype=DType.optimal_dtype(tok.vocab_size))
-    except OSError as err:
-        raise DataError(f"--output-prefix: cannot write {tmp[0]} ({err.strerror}); fix: a writable folder") from None
-    documents = tokens = 0
-    max_id = -1
-    try:
+    counts = _Counts()
+    with _outputs((prefix, optimal_dtype(tok.vocab_size))) as outputs:
         with _progress(path) as bar:
             for docs, size in _encoded(tok, tokenizer, path, workers):
                 for ids in docs:
-                    builder.add_document(ids, [len(ids)])
-                    tokens += len(ids)
-                    max_id = max(max_id, int(ids.max()))
-                documents += len(docs)
+                    outputs[0][0].add_document(ids)
+                    counts.add(ids)
                 bar.update(size)
                 if not bar.disable:
-                    rate = documents / max(time.perf_counter() - start, 1e-9)
+                    rate = counts.documents / max(time.perf_counter() - start, 1e-9)
                     bar.set_postfix_str(f"{rate:.0f} documents/s", refresh=False)
-        if documents == 0:
-            raise DataError(f'{input_path}: no documents (every line is blank); fix: one {{"text": ...}} per line')
-        record = DataRecord(
-            tokenizer=tokenizer,
-            tokenizer_sha256=tokenizer_sha256(tokenizer),
-            vocab_size=tok.vocab_size,
-            max_token_id=max_id,
-            documents=documents,
-            tokens=tokens,
-        )
-        _publish(prefix, [(builder, final, tmp)], record)
-    finally:
-        builder.data_file.close()
-        for p in tmp:
-            p.unlink(missing_ok=True)
+        empty = f'{input_path}: no documents (every line is blank); fix: one {{"text": ...}} per line'
+        _publish(prefix, outputs, tokenizer, tok.vocab_size, counts, empty)
+    seconds = time.perf_counter() - start
     return PreprocessResult(
-        prefix=prefix, documents=documents, tokens=tokens, seconds=time.perf_counter() - start, workers=workers
+        prefix=prefix, documents=counts.documents, tokens=counts.tokens, seconds=seconds, workers=workers
     )
 
 
-def preprocess_chat(input_path: str, output_prefix: str, tokenizer: str) -> PreprocessResult:
+OVERFLOW = ("refuse", "truncate")
+"""What ``preprocess --chat --max-length`` does with a longer conversation (``--on-overflow``)."""
+
+
+def fit_length(
+    ids: numpy.ndarray, mask: numpy.ndarray, max_length: int | None, on_overflow: str, eod: int, where: str
+) -> tuple[numpy.ndarray, numpy.ndarray, bool]:
+    """A conversation (its EOD last) within ``max_length`` tokens: as it is, or cut to ``max_length - 1`` tokens and
+    the EOD (no loss on it) with ``on_overflow="truncate"`` (the third value says so); ``DataError`` with
+    ``"refuse"``."""
+    if max_length is None or len(ids) <= max_length:
+        return ids, mask, False
+    if on_overflow != "truncate":
+        raise DataError(
+            f"{where}: the conversation is {len(ids)} tokens, longer than --max-length {max_length}; "
+            f"fix: shorten it, a larger --max-length, or --on-overflow truncate to cut it"
+        )
+    return numpy.append(ids[: max_length - 1], eod), numpy.append(mask[: max_length - 1], numpy.uint8(0)), True
+
+
+def _check_max_length(max_length: int | None, on_overflow: str) -> None:
+    if on_overflow not in OVERFLOW:
+        raise DataError(
+            f"--on-overflow: {on_overflow!r} is not one of {', '.join(OVERFLOW)}; fix: --on-overflow refuse"
+        )
+    if max_length is not None and max_length < 2:
+        raise DataError(
+            f"--max-length: {max_length} leaves no room for a conversation and its end-of-document token; "
+            f"fix: the model's seq_length + 1, e.g. --max-length 4097"
+        )
+
+
+def preprocess_chat(
+    input_path: str, output_prefix: str, tokenizer: str, max_length: int | None = None, on_overflow: str = "refuse"
+) -> PreprocessResult:
     """Render the conversations of ``input_path`` with ``tokenizer``'s chat template (``kilocard.data.chat``) into
     ``PREFIX_text_document`` (token ids, the EOD appended unless the template ends with it) and
     ``PREFIX_text_document_loss_mask`` (1 on assistant tokens, 0 elsewhere and on the appended EOD), the same
-    documents and lengths; atomically, with the data record (its ``assistant_tokens`` set)."""
+    documents and lengths; atomically, with the data record (its ``assistant_tokens``, template, and with
+    ``max_length`` the conversations cut to it, ``fit_length``)."""
     start = time.perf_counter()
+    _check_max_length(max_length, on_overflow)
     path = require_input(Path(input_path))
     chat = load_chat_tokenizer(tokenizer)
     tok = get_tokenizer(tokenizer)  # what training reads: vocabulary, EOD and padding ids
     prefix = f"{output_prefix}{SUFFIX}"
-    files = [_output_files(prefix), _output_files(mask_prefix(prefix))]
-    builders = [
-        IndexedDatasetBuilder(str(files[0][1][0]), dtype=DType.optimal_dtype(tok.vocab_size)),
-        IndexedDatasetBuilder(str(files[1][1][0]), dtype=numpy.uint8),
-    ]
-    documents = tokens = assistant = 0
-    max_id = -1
-    try:
+    counts, truncated = _Counts(assistant=0), 0
+    with _outputs((prefix, optimal_dtype(tok.vocab_size)), (mask_prefix(prefix), numpy.uint8)) as outputs:
         for number, line in read_lines(path):
-            ids, mask = encode_conversation(chat, messages_of(line, path, number), f"{path}:{number}")
+            where = f"{path}:{number}"
+            ids, mask = encode_conversation(chat, messages_of(line, path, number), where)
             if not len(ids) or ids[-1] != tok.eod:
                 ids, mask = numpy.append(ids, tok.eod), numpy.append(mask, numpy.uint8(0))
-            builders[0].add_document(ids, [len(ids)])
-            builders[1].add_document(mask, [len(mask)])
-            documents, tokens, assistant = documents + 1, tokens + len(ids), assistant + int(mask.sum())
-            max_id = max(max_id, int(ids.max()))
-        if documents == 0:
-            raise DataError(
-                f'{input_path}: no conversations (every line is blank); fix: one {{"messages": [...]}} per line'
-            )
-        record = DataRecord(
-            tokenizer=tokenizer,
-            tokenizer_sha256=tokenizer_sha256(tokenizer),
-            vocab_size=tok.vocab_size,
-            max_token_id=max_id,
-            documents=documents,
-            tokens=tokens,
-            assistant_tokens=assistant,
-        )
-        _publish(prefix, [(b, final, tmp) for b, (final, tmp) in zip(builders, files, strict=True)], record)
-    finally:
-        for builder in builders:
-            builder.data_file.close()
-        for _, tmp in files:
-            for p in tmp:
-                p.unlink(missing_ok=True)
+            ids, mask, cut = fit_length(ids, mask, max_length, on_overflow, tok.eod, where)
+            truncated += cut
+            outputs[0][0].add_document(ids)
+            outputs[1][0].add_document(mask)
+            counts.add(ids, mask)
+        empty = f'{input_path}: no conversations (every line is blank); fix: one {{"messages": [...]}} per line'
+        cuts = truncated if max_length is not None else None
+        chat_fields = {"chat_template_sha256": template_sha256(chat.chat_template), "max_length": max_length}
+        _publish(prefix, outputs, tokenizer, tok.vocab_size, counts, empty, **chat_fields, truncated=cuts)
     seconds = time.perf_counter() - start
     return PreprocessResult(
-        prefix=prefix, documents=documents, tokens=tokens, seconds=seconds, assistant_tokens=assistant
+        prefix=prefix,
+        documents=counts.documents,
+        tokens=counts.tokens,
+        seconds=seconds,
+        assistant_tokens=counts.assistant,
+        truncated=truncated if max_length is not None else None,
     )

@@ -16,10 +16,13 @@ import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy
+
 from kilocard.base.digest import sha256_file
 from kilocard.base.safe_read import FileReadError, open_regular, read_json
 from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.errors import DataError
+from kilocard.data.indexed import INDEX_HEADER
 from kilocard.data.paths import find_file
 
 RECORD_SUFFIX = ".meta.json"
@@ -28,7 +31,7 @@ HF_FILE = "tokenizer.json"
 """A model folder's tokenizer file (``kilocard.data.tokenizer`` reads the same)."""
 FORMAT = 1
 """Version of the record's layout."""
-OMITTED_WHEN_NONE = ("assistant_tokens",)
+OMITTED_WHEN_NONE = ("assistant_tokens", "chat_template_sha256", "max_length", "truncated")
 """Fields left out of the file when unset, so a record of plain text reads as it did before they existed."""
 
 
@@ -51,6 +54,15 @@ class DataRecord:
     assistant_tokens: int | None = None
     """``preprocess --chat``: tokens that carry loss (assistant turns; the ``PREFIX_loss_mask`` dataset beside
     marks them); ``None`` for plain text, where every token does."""
+    chat_template_sha256: str | None = None
+    """``preprocess --chat``: sha256 of the chat template the conversations were rendered with
+    (``kilocard.data.chat.template_sha256``); ``None`` for plain text."""
+    max_length: int | None = None
+    """``preprocess --chat --max-length``: the most tokens a conversation was allowed (its EOD included);
+    ``None`` when unbounded."""
+    truncated: int | None = None
+    """``preprocess --chat --max-length N --on-overflow truncate``: conversations cut to ``N`` tokens (what was
+    cut carries no loss anywhere); ``None`` without ``--max-length``."""
     format: int = FORMAT
     """Version of this layout."""
 
@@ -127,22 +139,41 @@ def read_record(prefix: str) -> DataRecord | None:
         ) from None
 
 
-INDEX_HEADER = b"MMIDIDX\x00\x00"
-"""The first bytes of a Megatron-Core ``.idx`` (``megatron.core.datasets.indexed_dataset._INDEX_HEADER``)."""
+HEADER_BYTES = len(INDEX_HEADER) + 8 + 1 + 8 + 8
+"""The header: the magic bytes, version (u64), dtype code (u8), sequence count (u64), document-index entries (u64)."""
+
+
+def _index_counts(header: bytes) -> tuple[int, int] | None:
+    """``(sequences, document-index entries)`` of an ``.idx`` header; ``None`` when it is not one."""
+    import struct
+
+    if len(header) < HEADER_BYTES or not header.startswith(INDEX_HEADER):
+        return None
+    sequences, entries = struct.unpack_from("<QQ", header, len(INDEX_HEADER) + 9)
+    return sequences, entries
 
 
 def index_documents(prefix: str) -> int | None:
-    """Documents in ``PREFIX.idx`` from its header (header, version, dtype code, sequence count, document
-    count; the document index holds one more entry than there are documents); ``None`` when the file is
-    not a Megatron-Core index."""
-    import struct
-
+    """Documents in ``PREFIX.idx`` from its header (the document index holds one more entry than there are
+    documents); ``None`` when the file is not a Megatron-Core index."""
     try:
         with open_regular(f"{prefix}.idx", limit=None) as f:
-            head = f.read(len(INDEX_HEADER) + 8 + 1 + 8 + 8)
+            counts = _index_counts(f.read(HEADER_BYTES))
     except (FileReadError, OSError):
         return None
-    if len(head) < len(INDEX_HEADER) + 25 or not head.startswith(INDEX_HEADER):
+    return None if counts is None else max(counts[1] - 1, 0)
+
+
+def document_lengths(prefix: str) -> numpy.ndarray | None:
+    """Tokens of every document of ``PREFIX.idx`` (its int32 ``sequence_lengths`` after the header, one sequence
+    per document as ``kilocard preprocess`` writes), memory-mapped as Megatron-Core reads them: a scan of a
+    hundred million conversations costs no copy; ``None`` when the file is not a Megatron-Core index."""
+    path = f"{prefix}.idx"
+    try:
+        with open_regular(path, limit=None) as f:
+            counts = _index_counts(f.read(HEADER_BYTES))
+        if counts is None or os.path.getsize(path) < HEADER_BYTES + 4 * counts[0]:
+            return None
+        return numpy.memmap(path, dtype=numpy.int32, mode="r", offset=HEADER_BYTES, shape=(counts[0],))
+    except (FileReadError, OSError, ValueError):
         return None
-    (entries,) = struct.unpack_from("<Q", head, len(INDEX_HEADER) + 17)
-    return max(entries - 1, 0)

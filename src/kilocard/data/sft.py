@@ -7,9 +7,17 @@ dataset ``PREFIX_text_document`` is read as pre-training reads it. Beside it, th
 ``loss_mask`` (over its labels, the tokens shifted left by one) is ``GPTDataset``'s times the mask of
 those labels. So only assistant tokens are predicted with loss, and padding still carries none.
 
-Conversations are concatenated into sequences as pre-training documents are, separated by the EOD;
-attention is causal over the whole sequence (a conversation can see the one before it in its
-sequence) and position ids run on: packing with attention kept inside each conversation is not done yet.
+Packing (``data.packing``, the default): conversations follow each other in a sequence, separated by the
+EOD, as pre-training documents do. With ``data.reset_position_ids`` and ``data.reset_attention_mask``
+(Megatron-Core's own ``GPTDatasetConfig`` switches) position ids restart at 0 after every EOD and each
+conversation attends only to itself: a block-diagonal causal mask, or on Transformer Engine the THD layout
+the trainer derives from the restarting positions (``kilocard.train.megatron_adapter.packed_seq_params``).
+A sample that begins inside a conversation (its start is in the sample before) carries no loss on that
+piece, which has lost its prompt.
+
+``UnpackedSFTDataset`` (``data.packing=false``): one conversation per sample, cut at ``seq_length + 1``
+tokens and padded; the padding carries no loss. Its samples are the conversations in Megatron-Core's
+shuffled document order (``_build_document_index``, the same seed), as many epochs as the run needs.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from typing import Any
 
 import numpy
 import torch
-from megatron.core.datasets.gpt_dataset import GPTDataset
+from megatron.core.datasets.gpt_dataset import GPTDataset, _build_document_index
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from kilocard.base.safe_read import FileReadError, require_regular
@@ -74,4 +82,39 @@ class SFTDataset(GPTDataset):
         window = self._assistant_window(idx)
         labels = window[1:] if self.config.add_extra_token_to_sequence else torch.roll(window, -1)
         sample["loss_mask"] = sample["loss_mask"] * labels[: len(sample["loss_mask"])].float()
+        if self.config.reset_attention_mask and idx is not None and self._starts_inside(idx):
+            eods = (sample["tokens"] == self.config.tokenizer.eod).nonzero()
+            sample["loss_mask"][: int(eods[0]) + 1 if len(eods) else None] = 0.0
         return sample
+
+    def _starts_inside(self, idx: int) -> bool:
+        """Whether sample ``idx`` begins inside a conversation (its document offset is not 0)."""
+        if self.shuffle_index is None:  # GPTDataset memory-maps its indices on first use
+            self._query_document_sample_shuffle_indices(idx)
+        return bool(self.sample_index[self.shuffle_index[idx]][1] > 0)
+
+
+class UnpackedSFTDataset(SFTDataset):
+    """One conversation per sample, padded (``data.packing=false``; module docstring)."""
+
+    def _build_document_sample_shuffle_indices(self) -> tuple[numpy.ndarray, None, None]:
+        """The shuffled conversations, epoch after epoch until ``num_samples``: the samples themselves (no cache:
+        one shuffle of the document ids, the same on every rank)."""
+        documents = max(len(self.indices), 1)
+        epochs = max(1, -(-(self.num_samples or documents) // documents))
+        rng = numpy.random.RandomState(self.config.random_seed)
+        return _build_document_index(self.indices, epochs, rng, False), None, None
+
+    def __len__(self) -> int:
+        return len(self.document_index)
+
+    def _query_document_sample_shuffle_indices(self, idx: int) -> tuple[numpy.ndarray, numpy.ndarray]:
+        """Conversation ``idx`` cut at ``seq_length + 1`` tokens and padded with the pad id, and its document id."""
+        doc = int(self.document_index[idx])
+        window = self.config.sequence_length + self.config.add_extra_token_to_sequence
+        text = self.dataset.get(doc, offset=0, length=min(window, int(self.dataset.sequence_lengths[doc])))
+        padding = numpy.full(window - len(text), self._pad_token_id, dtype=numpy.int64)
+        return numpy.concatenate([text.astype(numpy.int64), padding]), numpy.array([doc], dtype=numpy.int64)
+
+    def _starts_inside(self, idx: int) -> bool:
+        return False

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from kilocard.base.safe_read import FileReadError, open_regular
-from kilocard.data.byte_tokenizer import BYTES_TOKENIZER, ByteTokenizer, MegatronTokenizerBase
+from kilocard.data.byte_tokenizer import BYTES_TOKENIZER, ByteTokenizer, TokenizerBase
 from kilocard.data.errors import DataError
 from kilocard.data.hf_tokenizer import HuggingFaceTokenizer
 from kilocard.data.paths import find_file
@@ -53,7 +53,7 @@ def tokenizer_type(path: Path) -> str:
     raise DataError(f"data.tokenizer: {path} is not {KINDS}; fix: point data.tokenizer at one of them")
 
 
-def load_sentencepiece(path: Path) -> MegatronTokenizerBase:
+def load_sentencepiece(path: Path) -> TokenizerBase:
     """A SentencePiece model through Megatron-Core's tokenizer (EOD = ``</s>``, pad -1 unless the model has one)."""
     from megatron.core.tokenizers import MegatronTokenizer
 
@@ -75,7 +75,7 @@ LOADERS = {HF: HuggingFaceTokenizer, SENTENCEPIECE: load_sentencepiece, TIKTOKEN
 """Tokenizer type -> loader taking the file's path."""
 
 
-def get_tokenizer(name: str) -> MegatronTokenizerBase:
+def get_tokenizer(name: str) -> TokenizerBase:
     """The tokenizer ``name``: ``kilocard-bytes`` or the path of a tokenizer file (see the module docstring)."""
     if name == BYTES_TOKENIZER:
         return ByteTokenizer()

@@ -36,6 +36,7 @@ from typing import Any
 from kilocard.base.digest import sha256_file
 from kilocard.base.safe_read import FileReadError, expect_shape, is_regular, read_json, read_text, require_field
 from kilocard.config.schema import ModelConfig, RunConfig
+from kilocard.perf.params import padded_vocab_size
 from kilocard.rundir.freeze import HASH_FILE
 from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, OWNER, STATE, TRACKER
 from kilocard.validate.issues import Issue, error
@@ -407,6 +408,52 @@ def model_differences(saved: dict[str, Any], current: ModelConfig) -> list[str]:
         f"model.{k}: {saved.get(k)!r} -> {now[k]!r}"
         for k in sorted(now)
         if k not in NON_SHAPE_FIELDS and saved.get(k) != now[k]
+    ]
+
+
+def state_differences(state: TrainerState, model: ModelConfig, tp: int) -> list[str]:
+    """``model_differences`` of a step's model and ``model``; when the fields agree, the embedding rows the step
+    holds against those ``model.vocab_size`` pads to with tensor parallelism ``tp``."""
+    diffs = model_differences(state.model, model)
+    vocab = padded_vocab_size(model, tp)
+    if not diffs and vocab != state.padded_vocab_size:
+        diffs = [
+            f"model.vocab_size: padded to {state.padded_vocab_size} at save, {vocab} with "
+            f"tensor_model_parallel_size={tp}"
+        ]
+    return diffs
+
+
+def load_model_issues(cfg: RunConfig) -> list[Issue]:
+    """``CHECKPOINT_MODEL_MISMATCH``: the step ``checkpoint.load`` starts from (``checkpoint.ckpt_step``, else its
+    newest committed one) holds the model of ``cfg`` (its ``trainer_state.json``, which ``convert hf-to-mcore``
+    writes too): a base model of another shape is refused before the run instead of on its ranks. A directory that
+    does not exist, holds no committed step or a damaged one is left to ``CHECKPOINT_LOAD_MISSING`` and to the
+    run's own integrity check, which name the file."""
+    load = cfg.checkpoint.load
+    root = Path(load).expanduser().absolute() if load else None
+    if root is None or not root.is_dir():
+        return []
+    try:
+        step = cfg.checkpoint.ckpt_step if cfg.checkpoint.ckpt_step is not None else latest_committed(root)
+        if step is None:
+            return []
+        state = read_state(step_dir(root, step))
+    except CheckpointError:
+        return []
+    tp = cfg.parallel.tensor_model_parallel_size
+    diffs = state_differences(state, cfg.model, tp) if tp >= 1 else model_differences(state.model, cfg.model)
+    if not diffs:
+        return []
+    return [
+        error(
+            "CHECKPOINT_MODEL_MISMATCH",
+            "checkpoint.load",
+            load,
+            f"step {step} of {root} holds another model than this config: {'; '.join(diffs)}",
+            "the recipe or model.* overrides the checkpoint was made with (`kilocard convert hf-to-mcore HF_DIR "
+            "OUT recipe=<this recipe>` imports for this recipe), or another checkpoint.load",
+        )
     ]
 
 

@@ -340,14 +340,7 @@ class CheckpointManager:
 
     def _check_model(self, sdir: Path, state: ck.TrainerState) -> None:
         """Raise ``ck.ModelMismatch`` naming every shape field the step's model differs in."""
-        diffs = ck.model_differences(state.model, self.cfg.model)
-        tp = self.layout.tp
-        vocab = padded_vocab_size(self.cfg.model, tp)
-        if not diffs and vocab != state.padded_vocab_size:
-            diffs = [
-                f"model.vocab_size: padded to {state.padded_vocab_size} at save, {vocab} with "
-                f"tensor_model_parallel_size={tp}"
-            ]
+        diffs = ck.state_differences(state, self.cfg.model, self.layout.tp)
         if diffs:
             raise ck.ModelMismatch(
                 f"checkpoint {sdir} holds another model shape; differing fields: "

@@ -148,6 +148,59 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
     return cls(**kw)
 
 
+def dataset_attention_mask(run_cfg: RunConfig, backend: Backend) -> bool:
+    """Whether the dataset builds the attention mask (``GPTDatasetConfig.create_attention_mask``): only for
+    ``data.reset_attention_mask`` on Megatron-Core's local attention, which takes the block-diagonal mask;
+    otherwise attention is causal (Megatron builds the mask) or THD (``packed_thd``)."""
+    return run_cfg.data.reset_attention_mask and backend.local_spec
+
+
+def packed_thd(run_cfg: RunConfig, backend: Backend) -> bool:
+    """Whether packed sequences reach attention in the THD layout (``packed_seq_params``): ``data.reset_attention_mask``
+    with Transformer Engine, whose attention takes ``cu_seqlens`` (Megatron-Core's local attention does not)."""
+    return run_cfg.data.reset_attention_mask and not backend.local_spec
+
+
+def check_packed_thd(run_cfg: RunConfig, backend: Backend) -> None:
+    """``UnsupportedConfig`` for what the THD layout cannot take here: several sequences per micro-batch
+    (Transformer Engine's THD attention reads one packed row) and context parallelism (Megatron-Core's
+    ``get_batch_on_this_cp_rank`` splits BSHD sequences only)."""
+    if not packed_thd(run_cfg, backend):
+        return
+    t, p = run_cfg.trainer, run_cfg.parallel
+    if t.micro_batch_size != 1:
+        raise UnsupportedConfig(
+            f"trainer.micro_batch_size: {t.micro_batch_size} with data.reset_attention_mask packs in the THD "
+            f"layout on Transformer Engine, one sequence per micro-batch; set trainer.micro_batch_size=1"
+        )
+    if p.context_parallel_size > 1:
+        raise UnsupportedConfig(
+            f"parallel.context_parallel_size: {p.context_parallel_size} with data.reset_attention_mask (THD "
+            f"packing) is not built by kilocard; set parallel.context_parallel_size=1, "
+            f"or data.reset_attention_mask=false"
+        )
+
+
+def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:
+    """The cumulative sequence lengths of a packed row (int32): every index where the position ids restart at 0
+    (``data.reset_position_ids``), then the row's length; a micro-batch of several rows is read as one row."""
+    flat = position_ids.reshape(-1)
+    starts = (flat == 0).nonzero().reshape(-1)
+    end = torch.tensor([flat.numel()], dtype=starts.dtype, device=starts.device)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
+def packed_seq_params(position_ids: torch.Tensor) -> Any:
+    """Megatron-Core's ``PackedSeqParams`` (THD) for a packed micro-batch: one sequence per conversation."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = cu_seqlens(position_ids)
+    longest = int((cu[1:] - cu[:-1]).max())
+    return PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
+    )
+
+
 def layer_spec(run_cfg: RunConfig, backend: Backend, vp_stage: int | None = None) -> Any:
     """Transformer Engine spec on GPUs that have it, Megatron-Core's local spec otherwise."""
     m = run_cfg.model
@@ -300,6 +353,7 @@ def build(run_cfg: RunConfig, backend: Backend) -> Built:
     """Model chunks, DDP, optimizer, scheduler and schedule for this rank (parallel state must exist)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    check_packed_thd(run_cfg, backend)
     config = transformer_config(run_cfg, backend)
     try:
         chunks = build_model_chunks(run_cfg, config, backend)
@@ -354,12 +408,13 @@ def cp_shard(batch: dict[str, Any]) -> dict[str, Any]:
     return get_batch_on_this_cp_rank(batch)
 
 
-def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
+def forward_step(data_iterator: Any, model: Any, thd: bool = False) -> tuple[torch.Tensor, Callable]:
     """Megatron-Core forward step: one micro-batch through the chunk, masked mean LM loss.
 
     Under context parallelism each rank keeps its two sequence chunks (Megatron-LM's
     ``get_batch_on_this_cp_rank``: GPTModel takes the rank's shard, not the whole sequence); the loss
     is then its shard's, and the mean over all last-stage ranks (the trainer's) is the whole sequence's.
+    ``thd`` (``packed_thd``): the packed conversations go to attention as ``PackedSeqParams``.
     """
     raw = next(data_iterator)
     dev = next(model.parameters()).device
@@ -372,7 +427,8 @@ def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable
     batch = cp_shard({**dict.fromkeys(keys), **on_rank})
     tokens, labels, loss_mask, position_ids = (batch[k] for k in keys[:4])
     mask = batch["attention_mask"]
-    output = model(tokens, position_ids, mask, labels=labels)
+    packed = packed_seq_params(position_ids) if thd else None
+    output = model(tokens, position_ids, mask, labels=labels, packed_seq_params=packed)
 
     def loss_func(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss = masked_lm_loss(output_tensor, loss_mask)

@@ -6,6 +6,7 @@ schedule, forward only; ``trainer.eval_interval``), and the calls to the checkpo
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -83,6 +84,10 @@ class Trainer:
         self.ps = ps
         watchdog.beat("building the model")
         self.built = ma.build(run_cfg, backend)
+        self._forward_step = functools.partial(ma.forward_step, thd=ma.packed_thd(run_cfg, backend))
+        """Megatron-Core's forward step for this run (THD packing on Transformer Engine: ``ma.packed_thd``)."""
+        self._attention_mask = ma.dataset_attention_mask(run_cfg, backend)
+        """Whether the dataset builds the attention mask (block-diagonal packing on local attention)."""
         self.ckpt = CheckpointManager(
             run_cfg, layout, run_dir, config_sha256, self.built, backend.is_cuda, watchdog, self.log
         )
@@ -169,8 +174,8 @@ class Trainer:
                 dp_size=self.dp,
                 consumed_samples=self.consumed,
                 cache_dir=str(self.run_dir / "data_cache"),
-                create_attention_mask=False,
-            )  # GPT attention is causal: Megatron builds the mask
+                create_attention_mask=self._attention_mask,
+            )  # causal attention without packing: Megatron builds the mask
             for _ in self.built.model
         ]
 
@@ -181,7 +186,7 @@ class Trainer:
             m.zero_grad_buffer()
         b.optimizer.zero_grad()
         out = b.forward_backward(
-            forward_step_func=ma.forward_step,
+            forward_step_func=self._forward_step,
             data_iterator=iterators if len(iterators) > 1 else iterators[0],
             model=b.model,
             num_microbatches=self.num_micro,
@@ -314,7 +319,7 @@ class Trainer:
         cache = str(self.run_dir / "data_cache")
         for split in (VALID, TEST):
             self._eval_data[split] = build_eval_dataset(
-                self.cfg, split, dp_size=self.dp, cache_dir=cache, create_attention_mask=False
+                self.cfg, split, dp_size=self.dp, cache_dir=cache, create_attention_mask=self._attention_mask
             )
         if self._eval_data[TEST] is None:
             self.log(f"data.split {self.cfg.data.split!r} leaves the test split empty: no test evaluation")
@@ -356,7 +361,7 @@ class Trainer:
                 for k in range(t.eval_iters):
                     self.watchdog.beat(f"evaluating {SPLITS[split]} round {k + 1} at step {self.step}")
                     out = b.forward_backward(
-                        forward_step_func=ma.forward_step,
+                        forward_step_func=self._forward_step,
                         data_iterator=iterators if len(iterators) > 1 else iterators[0],
                         model=b.model,
                         num_microbatches=self.num_micro,

@@ -13,18 +13,40 @@ the other input checks. For every prefix of ``data.data_path``:
   it (``data.sft`` on mock data is ``kilocard.validate.dataset``'s);
 - ``SFT_OFF`` (a warning): the prefix was made by ``preprocess --chat`` but ``data.sft`` is false, so
   system and user tokens carry loss too;
+- ``SFT_TOO_LONG`` (a warning): with ``data.sft``, conversations longer than ``model.seq_length + 1`` tokens (the
+  ``.idx``'s lengths, counted): their tokens past one sequence carry no loss (cut by ``data.packing=false``, or the
+  piece in the next packed sequence, which has lost its prompt);
+- ``SFT_TRUNCATED`` (a warning): the record says ``preprocess --chat --max-length --on-overflow truncate`` cut
+  conversations, and how many;
+- ``SFT_CHAT_TEMPLATE``: with ``data.sft``, the ``data.tokenizer`` folder has no chat template, so the fine-tuned
+  model cannot be prompted the way it learned; ``SFT_TEMPLATE_CHANGED`` (a warning): its template is not the
+  one the conversations were rendered with (the record's sha256);
 - ``EVAL_SPLIT_EMPTY``: with ``trainer.eval_interval`` set, ``data.split`` gives the prefix (its document
   count from the record, or the ``.idx`` header) no validation document.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy
+
 from kilocard.config.schema import RunConfig
+from kilocard.data.chat import folder_template, template_sha256
 from kilocard.data.errors import DataError
 from kilocard.data.paths import resolve_data_prefix, split_blend
-from kilocard.data.record import DataRecord, describe, index_documents, mask_prefix, read_record, tokenizer_sha256
+from kilocard.data.record import (
+    HF_FILE,
+    DataRecord,
+    describe,
+    document_lengths,
+    index_documents,
+    mask_prefix,
+    read_record,
+    tokenizer_file,
+    tokenizer_sha256,
+)
 from kilocard.data.split import SPLITS, VALID, split_documents, split_weights
 from kilocard.perf.params import padded_vocab_size
 from kilocard.validate.issues import Issue, error, warning
@@ -41,6 +63,7 @@ def data_record_issues(cfg: RunConfig) -> list[Issue]:
     except (DataError, OSError):
         return []  # the blend, path and tokenizer rules report these
     out: list[Issue] = []
+    records: list[tuple[str, DataRecord]] = []
     for n, prefix in enumerate(prefixes):
         field = f"data.data_path[{n if weights is None else 2 * n + 1}]"
         try:
@@ -57,9 +80,13 @@ def data_record_issues(cfg: RunConfig) -> list[Issue]:
         else:
             out += _against_run(cfg, field, prefix, record, run_sha)
             documents = record.documents
+            records.append((prefix, record))
         out += _sft_issues(cfg, field, prefix, resolved, record)
+        if cfg.data.sft:
+            out += too_long_issues(cfg, field, prefix, document_lengths(resolved))
+            out += truncated_issues(field, prefix, record)
         out += _valid_documents(cfg, field, prefix, documents)
-    return out
+    return out + template_issues(cfg, records)
 
 
 def _sft_issues(cfg: RunConfig, field: str, prefix: str, resolved: str, record: DataRecord | None) -> list[Issue]:
@@ -88,6 +115,81 @@ def _sft_issues(cfg: RunConfig, field: str, prefix: str, resolved: str, record: 
             )
         ]
     return []
+
+
+def too_long_issues(
+    cfg: RunConfig, field: str, prefix: str, lengths: Sequence[int] | numpy.ndarray | None
+) -> list[Issue]:
+    """``SFT_TOO_LONG``: conversations of ``prefix`` (their token counts, EOD included; an array is scanned without
+    a copy) that one sequence of ``model.seq_length + 1`` tokens (the inputs and the last target) does not hold."""
+    fits = cfg.model.seq_length + 1
+    counts = numpy.asarray(lengths if lengths is not None else [], dtype=numpy.int64)
+    longer = int(numpy.count_nonzero(counts > fits))
+    if not longer:
+        return []
+    longest = int(counts.max())
+    return [
+        warning(
+            "SFT_TOO_LONG",
+            "model.seq_length",
+            cfg.model.seq_length,
+            f"{field} {prefix}: {longer} of {len(counts)} conversations are longer than "
+            f"model.seq_length + 1 = {fits} tokens (the longest {longest}); their tokens past that carry no loss",
+            f"model.seq_length={longest - 1}, or decide at preprocessing: `kilocard preprocess --chat "
+            f"--max-length {fits} --on-overflow refuse` (or truncate, counted in the record)",
+        )
+    ]
+
+
+def truncated_issues(field: str, prefix: str, record: DataRecord | None) -> list[Issue]:
+    """``SFT_TRUNCATED``: the record counts conversations ``preprocess --chat --on-overflow truncate`` cut."""
+    if record is None or not record.truncated:
+        return []
+    return [
+        warning(
+            "SFT_TRUNCATED",
+            field,
+            prefix,
+            f"{prefix}: {record.truncated} of {record.documents} conversations were cut to --max-length "
+            f"{record.max_length} tokens by `kilocard preprocess --chat --on-overflow truncate`",
+            "what was cut is never trained on; preprocess again with a larger --max-length to keep it",
+        )
+    ]
+
+
+def template_issues(cfg: RunConfig, records: list[tuple[str, DataRecord]]) -> list[Issue]:
+    """``SFT_CHAT_TEMPLATE`` when the ``data.tokenizer`` folder of an SFT run has no chat template;
+    ``SFT_TEMPLATE_CHANGED`` for each prefix rendered with another template than the folder's."""
+    if not cfg.data.sft:
+        return []
+    found = tokenizer_file(cfg.data.tokenizer)
+    if found is None or found.name != HF_FILE:
+        return []  # not a Hugging Face folder: DATA_TOKENIZER_MISMATCH names the one the data was made with
+    folder = found.parent
+    sha = template_sha256(folder_template(folder))
+    if sha is None:
+        return [
+            error(
+                "SFT_CHAT_TEMPLATE",
+                "data.tokenizer",
+                cfg.data.tokenizer,
+                f"{folder} has no chat template (tokenizer_config.json's chat_template, or chat_template.jinja): "
+                f"the fine-tuned model could not be prompted the way it learned",
+                "the tokenizer folder `kilocard preprocess --chat` rendered the conversations with",
+            )
+        ]
+    return [
+        warning(
+            "SFT_TEMPLATE_CHANGED",
+            "data.tokenizer",
+            cfg.data.tokenizer,
+            f"{prefix} was rendered with chat template sha256 {record.chat_template_sha256[:12]}, but "
+            f"{folder}'s is {sha[:12]}",
+            f"preprocess again with `kilocard preprocess --chat --tokenizer {cfg.data.tokenizer}`",
+        )
+        for prefix, record in records
+        if record.chat_template_sha256 is not None and record.chat_template_sha256 != sha
+    ]
 
 
 def _missing(field: str, prefix: str, tokenizer: str) -> Issue:

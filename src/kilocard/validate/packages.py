@@ -1,8 +1,8 @@
 """Optional packages a config switches on, checked where the ranks will run (``kilocard run``: here).
 
-TensorBoard is on by default (``trainer.tensorboard``), W&B and MLflow are off; each is an extra of
-kilocard (``pip install 'kilocard[tensorboard]'``, ``docs/install.md``). A run that turns one on must find
-its package, or it is refused before its run directory is written, with one
+TensorBoard (``trainer.tensorboard``, on in the benchmark trainer), W&B and MLflow are off by default;
+each is an extra of kilocard (``pip install 'kilocard[tensorboard]'``, ``docs/install.md``). A run that
+turns one on must find its package, or it is refused before its run directory is written, with one
 line naming the field and the fix. On a cluster the batch script's preflight checks the nodes instead.
 """
 

@@ -1,0 +1,98 @@
+"""The Hugging Face tokenizer of a conversion: kept beside an import, written beside an export.
+
+``hf-to-mcore`` copies the tokenizer files of the model folder (``TOKENIZER_FILES``, those present) into
+``OUT/tokenizer/``: the import keeps the tokenizer its weights were trained with, even after the download is
+deleted. ``mcore-to-hf`` writes a tokenizer beside the exported weights, so that
+``AutoTokenizer.from_pretrained(OUT)`` loads it, as Megatron-Bridge's export does. Which one, the first found:
+
+1. the run's ``data.tokenizer`` (the frozen config of the run whose ``checkpoints/`` holds the step) when it
+   is a Hugging Face ``tokenizer.json``: what the weights were trained on last;
+2. the tokenizer an import kept beside the step's checkpoint directory (an export of an import);
+3. the tokenizer kept beside the run's ``checkpoint.load`` (a run started from an import, on
+   ``kilocard-bytes`` or mock data).
+
+Otherwise nothing is written and the verb says so in its line: ``kilocard-bytes`` and SentencePiece or
+tiktoken files are not Hugging Face tokenizers. Every file is read through the safe reader.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kilocard.base.safe_read import FileReadError, is_regular, read_bytes
+from kilocard.convert.maps import ConvertUsageError
+from kilocard.data.errors import DataError
+from kilocard.data.record import HF_FILE, tokenizer_file
+from kilocard.data.tokenizer import HF, tokenizer_type
+from kilocard.rundir.freeze import HASH_FILE, FrozenConfigError, load_verified
+from kilocard.rundir.names import CHECKPOINTS_DIR
+
+TOKENIZER_DIR = "tokenizer"
+"""The folder beside an imported checkpoint's steps that holds its Hugging Face tokenizer."""
+TOKENIZER_FILES = (
+    HF_FILE,
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+"""The files of a Hugging Face tokenizer (``save_pretrained``'s names); each is copied when present."""
+
+
+def copy_files(src: Path, dst: Path, names: tuple[str, ...] = TOKENIZER_FILES) -> list[str]:
+    """Copy the files ``names`` present in folder ``src`` into ``dst`` (created); the names copied."""
+    copied = []
+    for name in names:
+        if not is_regular(src / name):
+            continue
+        try:
+            data = read_bytes(src / name)
+        except FileReadError as e:
+            raise ConvertUsageError(f"tokenizer: {e}") from None
+        dst.mkdir(parents=True, exist_ok=True)
+        (dst / name).write_bytes(data)
+        copied.append(name)
+    return copied
+
+
+def keep_import_tokenizer(hf_dir: Path, out: Path) -> bool:
+    """``hf-to-mcore``: the model folder's tokenizer files into ``out/tokenizer/``; whether there were any."""
+    return bool(copy_files(hf_dir, out / TOKENIZER_DIR))
+
+
+def _hf_folder_of(name: str | None) -> Path | None:
+    """The folder of ``data.tokenizer`` ``name`` when it is a Hugging Face ``tokenizer.json`` in one."""
+    path = tokenizer_file(name) if name else None
+    try:
+        if path is None or path.name != HF_FILE or tokenizer_type(path) != HF:
+            return None
+    except DataError:
+        return None
+    return path.parent
+
+
+def _kept(root: Path | str | None) -> Path | None:
+    """The tokenizer an import kept beside checkpoint directory ``root``."""
+    folder = Path(root) / TOKENIZER_DIR if root else None
+    return folder if folder is not None and is_regular(folder / HF_FILE) else None
+
+
+def export_tokenizer_source(step_dir: Path) -> Path | None:
+    """The folder whose tokenizer goes beside an export of ``step_dir`` (the module docstring's order)."""
+    root = step_dir.parent
+    run_dir = root.parent if root.name == CHECKPOINTS_DIR and (root.parent / HASH_FILE).is_file() else None
+    cfg = None
+    if run_dir is not None:
+        try:
+            cfg, _ = load_verified(run_dir)
+        except FrozenConfigError as e:
+            raise ConvertUsageError(f"{step_dir}: its run's frozen config cannot be used ({e})") from None
+    candidates = [
+        _hf_folder_of(cfg.data.tokenizer) if cfg else None,
+        _kept(root),
+        _kept(cfg.checkpoint.load) if cfg else None,
+    ]
+    return next((c for c in candidates if c is not None), None)

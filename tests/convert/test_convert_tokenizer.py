@@ -1,0 +1,98 @@
+"""``mcore-to-hf`` writes the tokenizer beside the weights, so ``AutoTokenizer.from_pretrained(OUT)`` works.
+
+The tiny Llama twin carries the shipped chat tokenizer (``data/tiny_chat``); ``hf-to-mcore`` keeps it in
+``OUT/tokenizer/``. An export takes the run's ``data.tokenizer`` (a run directory's frozen config) first,
+then the tokenizer an import kept beside the checkpoint, then the one beside the run's ``checkpoint.load``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from tiny_hf import make
+
+from kilocard import cli
+from kilocard.config.compose import compose
+from kilocard.paths import data_dir
+from kilocard.rundir.freeze import write_frozen
+
+pytestmark = pytest.mark.integration  # converts a real checkpoint: torch, Megatron-Core and transformers
+
+DATA = data_dir("conf").parent / "data"
+CHAT, CORPUS = DATA / "tiny_chat", DATA / "tiny_corpus"
+TEXT = "The heron waits by the mill."
+
+
+def convert(capsys, *argv: str) -> tuple[int, str]:
+    """(exit code, stdout + stderr) of ``kilocard convert ARGV`` in this process."""
+    capsys.readouterr()
+    code = cli.main(["convert", *argv])
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def ids(folder: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)(TEXT, add_special_tokens=False)[
+        "input_ids"
+    ]
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> tuple[Path, Path]:
+    """(the HF folder with the chat tokenizer, its import)."""
+    root = tmp_path_factory.mktemp("tok")
+    hf = root / "hf"
+    make("llama", hf)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(CHAT / name, hf / name)
+    assert cli.main(["convert", "hf-to-mcore", str(hf), str(root / "ck"), "recipe=tiny_llama"]) == 0
+    return hf, root / "ck"
+
+
+def run_dir_of(tmp_path: Path, ck: Path, *overrides: str) -> Path:
+    """A run directory (frozen tiny_llama config with ``overrides``) whose checkpoints hold the import's step."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_frozen(compose(["recipe=tiny_llama", *overrides]), run)
+    shutil.copytree(ck / "step_0000000", run / "checkpoints" / "step_0000000")
+    shutil.copy(ck / "latest_committed.txt", run / "checkpoints" / "latest_committed.txt")
+    return run
+
+
+def test_an_import_keeps_its_tokenizer_and_its_export_writes_it(imported, tmp_path, capsys):
+    hf, ck = imported
+    assert sorted(p.name for p in (ck / "tokenizer").iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    code, out = convert(capsys, "mcore-to-hf", str(ck), str(tmp_path / "out"))
+    assert code == 0 and f"(tokenizer from {ck / 'tokenizer'})" in out, out
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (CHAT / "tokenizer.json").read_bytes()
+    assert ids(tmp_path / "out") == ids(hf)
+
+
+def test_the_runs_data_tokenizer_goes_beside_the_export(imported, tmp_path, capsys):
+    """The run trained on data/tiny_corpus's tokenizer: that one is exported, not the import's."""
+    _, ck = imported
+    run = run_dir_of(tmp_path, ck, f"data.tokenizer={CORPUS}", f"checkpoint.load={ck}")
+    code, out = convert(capsys, "mcore-to-hf", str(run / "checkpoints"), str(tmp_path / "out"))
+    assert code == 0 and f"(tokenizer from {CORPUS})" in out, out
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (CORPUS / "tokenizer.json").read_bytes()
+    assert ids(tmp_path / "out") == ids(CORPUS) != ids(CHAT)
+
+
+def test_a_run_from_an_import_on_byte_data_exports_the_imports_tokenizer(imported, tmp_path, capsys):
+    hf, ck = imported
+    run = run_dir_of(tmp_path, ck, f"checkpoint.load={ck}")  # data.tokenizer: kilocard-bytes
+    code, out = convert(capsys, "mcore-to-hf", str(run / "checkpoints"), str(tmp_path / "out"))
+    assert code == 0 and f"(tokenizer from {ck / 'tokenizer'})" in out, out
+    assert ids(tmp_path / "out") == ids(hf)
+
+
+def test_without_a_recorded_tokenizer_the_export_says_so(imported, tmp_path, capsys):
+    _, ck = imported
+    run = run_dir_of(tmp_path, ck)  # kilocard-bytes, no checkpoint.load
+    code, out = convert(capsys, "mcore-to-hf", str(run / "checkpoints"), str(tmp_path / "out"))
+    assert code == 0 and "no Hugging Face tokenizer recorded for this checkpoint" in out, out
+    assert not list((tmp_path / "out").glob("tokenizer*"))

@@ -1,0 +1,132 @@
+"""``validate`` knows fine-tuning: the input checks that read files (``validate.datarecord``, ``rundir.checkpoint``).
+
+- ``CHECKPOINT_MODEL_MISMATCH``: ``checkpoint.load``'s step (its ``trainer_state.json``, as ``convert
+  hf-to-mcore`` and the trainer write it) holds another model than the config;
+- ``SFT_TOO_LONG`` / ``SFT_TRUNCATED``: conversations longer than one sequence, counted; conversations that
+  ``preprocess --chat --on-overflow truncate`` cut, counted from the record;
+- ``SFT_CHAT_TEMPLATE`` / ``SFT_TEMPLATE_CHANGED``: the run's tokenizer folder has no chat template, or another
+  one than the data was rendered with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+from kilocard.data.record import DataRecord, read_record
+from kilocard.paths import data_dir
+from kilocard.rundir.checkpoint import TrainerState, load_model_issues, step_dir
+from kilocard.rundir.names import STATE, TRACKER
+from kilocard.validate.datarecord import data_record_issues, template_issues, too_long_issues, truncated_issues
+from run_configs import cfg_of
+
+CHAT = data_dir("conf").parent / "data" / "tiny_chat"
+PREFIX = "tiny_chat_text_document"
+
+
+def _checkpoint(root: Path, model: dict, padded: int, step: int = 0) -> Path:
+    """A committed step as far as its model goes: the tracker and ``trainer_state.json`` (no tensors needed)."""
+    sdir = step_dir(root, step)
+    sdir.mkdir(parents=True)
+    state = TrainerState(step=step, consumed_samples=0, scheduler={}, model=model, layout={}, padded_vocab_size=padded)
+    (sdir / STATE).write_text(json.dumps(dataclasses.asdict(state)))
+    (root / TRACKER).write_text(f"{step}\n")
+    return root
+
+
+def test_checkpoint_load_of_another_model_is_refused(tmp_path: Path) -> None:
+    cfg = cfg_of({"model.vocab_size": 320, "model.make_vocab_size_divisible_by": 1})
+    root = _checkpoint(tmp_path / "base", dataclasses.asdict(cfg.model), padded=320)
+    same = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, load=str(root)))
+    assert load_model_issues(same) == []
+    wider = dataclasses.replace(same, model=dataclasses.replace(cfg.model, hidden_size=2 * cfg.model.hidden_size))
+    (issue,) = load_model_issues(wider)
+    assert issue.code == "CHECKPOINT_MODEL_MISMATCH" and issue.field == "checkpoint.load" and issue.severity == "error"
+    assert f"model.hidden_size: {cfg.model.hidden_size} -> {2 * cfg.model.hidden_size}" in issue.message
+    assert "step 0 of" in issue.message and "convert hf-to-mcore" in issue.hint
+    longer = dataclasses.replace(same, model=dataclasses.replace(cfg.model, seq_length=4 * cfg.model.seq_length))
+    assert load_model_issues(longer) == []  # a fine-tune may change the sequence length
+    padded = dataclasses.replace(same, parallel=dataclasses.replace(cfg.parallel, tensor_model_parallel_size=3))
+    (issue,) = load_model_issues(padded)
+    assert "padded to 320 at save, 321 with tensor_model_parallel_size=3" in issue.message
+
+
+def test_checkpoint_step_and_missing_directories(tmp_path: Path) -> None:
+    cfg = cfg_of({"model.vocab_size": 320, "model.make_vocab_size_divisible_by": 1})
+    root = _checkpoint(tmp_path / "base", dataclasses.asdict(cfg.model), padded=320)
+    other = dataclasses.replace(cfg.model, num_layers=cfg.model.num_layers + 1)
+    _checkpoint(tmp_path / "tmp", dataclasses.asdict(other), padded=320, step=5)
+    shutil.move(step_dir(tmp_path / "tmp", 5), step_dir(root, 5))  # step 5 holds a deeper model; the tracker says 0
+    pick = dataclasses.replace(cfg.checkpoint, load=str(root), ckpt_step=5)
+    assert [i.code for i in load_model_issues(dataclasses.replace(cfg, checkpoint=pick))] == [
+        "CHECKPOINT_MODEL_MISMATCH"
+    ]
+    for load in (str(tmp_path / "nowhere"), str(tmp_path)):  # CHECKPOINT_LOAD_MISSING's / the run's own refusal
+        assert (
+            load_model_issues(dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, load=load))) == []
+        )
+
+
+def test_conversations_longer_than_a_sequence_are_counted() -> None:
+    cfg = cfg_of({"model.seq_length": 100})
+    assert too_long_issues(cfg, "data.data_path[0]", "p", [50, 101, 90]) == []  # 101 = seq_length + 1 fits
+    (issue,) = too_long_issues(cfg, "data.data_path[0]", "p", [50, 102, 300, 90])
+    assert issue.code == "SFT_TOO_LONG" and issue.severity == "warning" and issue.field == "model.seq_length"
+    assert "2 of 4 conversations are longer than model.seq_length + 1 = 101 tokens (the longest 300)" in issue.message
+    assert "model.seq_length=299" in issue.hint and "--max-length 101 --on-overflow refuse" in issue.hint
+
+
+def test_truncated_conversations_are_reported_from_the_record() -> None:
+    record = DataRecord(
+        tokenizer="t", tokenizer_sha256=None, vocab_size=2, max_token_id=1, documents=9, tokens=90, max_length=10
+    )
+    assert truncated_issues("f", "p", record) == [] and truncated_issues("f", "p", None) == []
+    (issue,) = truncated_issues("f", "p", dataclasses.replace(record, truncated=3))
+    assert issue.code == "SFT_TRUNCATED" and "3 of 9 conversations were cut to --max-length 10 tokens" in issue.message
+
+
+def _sft(tokenizer: Path, prefix: Path) -> object:
+    return cfg_of(
+        {
+            "data.type": "indexed",
+            "data.data_path": [str(prefix)],
+            "data.tokenizer": str(tokenizer),
+            "data.sft": True,
+            "model.vocab_size": 320,
+            "model.seq_length": 256,
+        }
+    )
+
+
+def test_the_tokenizer_folder_must_hold_the_template_the_data_was_rendered_with(tmp_path: Path) -> None:
+    folder = tmp_path / "chat"
+    shutil.copytree(CHAT, folder)
+    prefix = folder / PREFIX
+    record = read_record(str(prefix))
+    assert record is not None and record.chat_template_sha256  # the shipped record names its template
+    assert template_issues(_sft(folder, prefix), [(str(prefix), record)]) == []
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = config["chat_template"].replace("<|end|>", "<|end|>\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (changed,) = template_issues(_sft(folder, prefix), [(str(prefix), record)])
+    assert changed.code == "SFT_TEMPLATE_CHANGED" and changed.severity == "warning"
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (missing,) = template_issues(_sft(folder, prefix), [(str(prefix), record)])
+    assert missing.code == "SFT_CHAT_TEMPLATE" and missing.severity == "error" and "no chat template" in missing.message
+    (folder / "chat_template.jinja").write_text(
+        json.loads((CHAT / "tokenizer_config.json").read_text())["chat_template"]
+    )
+    assert template_issues(_sft(folder, prefix), [(str(prefix), record)]) == []  # transformers reads the file too
+
+
+def test_the_shipped_chat_set_passes_and_a_short_sequence_is_counted(tmp_path: Path) -> None:
+    prefix = CHAT / PREFIX
+    assert data_record_issues(_sft(CHAT, prefix)) == []
+    short = dataclasses.replace(_sft(CHAT, prefix), model=dataclasses.replace(_sft(CHAT, prefix).model, seq_length=64))
+    assert [i.code for i in data_record_issues(short)] == ["SFT_TOO_LONG"]
+    assert "986 of 1040 conversations are longer than model.seq_length + 1 = 65 tokens (the longest 240)" in (
+        data_record_issues(short)[0].message
+    )
