@@ -51,7 +51,7 @@ def _losses(model, samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _conversations(dataset, k: int, eod: int) -> list[tuple[int, int, int]]:
     """``(document, start, end)`` of every conversation that begins inside packed sample ``k``."""
-    text, documents = dataset._query_document_sample_shuffle_indices(k)
+    text, documents, *_ = dataset._query_document_sample_shuffle_indices(k)  # 0.19: lengths too
     seq = dataset.config.sequence_length
     ends = [j for j in range(seq) if text[j] == eod]
     starts = [0, *[e + 1 for e in ends]]

@@ -22,6 +22,7 @@ shuffled document order (``_build_document_index``, the same seed), as many epoc
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import numpy
@@ -94,6 +95,11 @@ class SFTDataset(GPTDataset):
         return bool(self.sample_index[self.shuffle_index[idx]][1] > 0)
 
 
+QUERY_VALUES = len(typing.get_args(typing.get_type_hints(GPTDataset._query_document_sample_shuffle_indices)["return"]))
+"""How many values ``GPTDataset.__getitem__`` unpacks from ``_query_document_sample_shuffle_indices``: the
+text and document ids up to megatron-core 0.18, and the document lengths after them from 0.19."""
+
+
 class UnpackedSFTDataset(SFTDataset):
     """One conversation per sample, padded (``data.packing=false``; module docstring)."""
 
@@ -108,13 +114,15 @@ class UnpackedSFTDataset(SFTDataset):
     def __len__(self) -> int:
         return len(self.document_index)
 
-    def _query_document_sample_shuffle_indices(self, idx: int) -> tuple[numpy.ndarray, numpy.ndarray]:
-        """Conversation ``idx`` cut at ``seq_length + 1`` tokens and padded with the pad id, and its document id."""
+    def _query_document_sample_shuffle_indices(self, idx: int) -> Any:
+        """Conversation ``idx`` cut at ``seq_length + 1`` tokens and padded with the pad id, and its document id
+        (and, where Megatron-Core asks for them, ``QUERY_VALUES``, the unpadded length as the one document length)."""
         doc = int(self.document_index[idx])
         window = self.config.sequence_length + self.config.add_extra_token_to_sequence
         text = self.dataset.get(doc, offset=0, length=min(window, int(self.dataset.sequence_lengths[doc])))
         padding = numpy.full(window - len(text), self._pad_token_id, dtype=numpy.int64)
-        return numpy.concatenate([text.astype(numpy.int64), padding]), numpy.array([doc], dtype=numpy.int64)
+        values = (numpy.concatenate([text.astype(numpy.int64), padding]), numpy.array([doc], dtype=numpy.int64))
+        return values if QUERY_VALUES == 2 else (*values, [len(text)])
 
     def _starts_inside(self, idx: int) -> bool:
         return False
