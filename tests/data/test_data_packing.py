@@ -20,7 +20,7 @@ from kilocard.data.split import TRAIN
 from kilocard.data.tokenizer import get_tokenizer
 from run_configs import cfg_of
 
-pytestmark = [pytest.mark.integration, pytest.mark.mcore_range]  # Megatron-Core datasets (torch); their API changes at 0.19
+pytestmark = [pytest.mark.integration, pytest.mark.mcore_range]  # Megatron-Core datasets; their API changes at 0.19
 
 SEQ = 256
 EOD = 0  # the tiny chat tokenizer's <|endoftext|>
