@@ -14,9 +14,10 @@ if [ "${1:-}" = "--fast" ]; then
   shift
   exec .venv/bin/python -m pytest -q --durations=10 -m unit "$@"
 fi
-# Two pytest-xdist workers (KILOCARD_TEST_WORKERS): the Slurm tests run on one, in order, while the other takes
+# KILOCARD_TEST_WORKERS=2: two pytest-xdist workers; the Slurm tests run on one, in order, while the other takes
 # the rest; a module, or a page of the docs test, stays whole on one worker (tests/conftest.py, docs/testing.md).
-WORKERS=${KILOCARD_TEST_WORKERS:-2}
+# The default is one process (0): under two workers one Slurm in-job test failed once in three full runs.
+WORKERS=${KILOCARD_TEST_WORKERS:-0}
 .venv/bin/python -m pytest -q --durations=15 -n "$WORKERS" "$@"
 if [ "$#" -eq 0 ]; then
   echo "--- second pass: megatron-core 0.19.2 (marker mcore_range) ---"
