@@ -347,6 +347,10 @@ def fit_length(
     return numpy.append(ids[: max_length - 1], eod), numpy.append(mask[: max_length - 1], numpy.uint8(0)), True
 
 
+MAX_DOCUMENT_TOKENS = 2**31 - 1
+"""The longest document an ``.idx`` records (Megatron-Core stores lengths as int32)."""
+
+
 def _check_max_length(max_length: int | None, on_overflow: str) -> None:
     if on_overflow not in OVERFLOW:
         raise DataError(
@@ -356,6 +360,11 @@ def _check_max_length(max_length: int | None, on_overflow: str) -> None:
         raise DataError(
             f"--max-length: {max_length} leaves no room for a conversation and its end-of-document token; "
             f"fix: the model's seq_length + 1, e.g. --max-length 4097"
+        )
+    if max_length is not None and max_length > MAX_DOCUMENT_TOKENS:
+        raise DataError(
+            f"--max-length: {max_length} is more than a document of the .idx can hold ({MAX_DOCUMENT_TOKENS} tokens, "
+            f"int32 lengths); fix: the model's seq_length + 1, e.g. --max-length 4097"
         )
 
 
