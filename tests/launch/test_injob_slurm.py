@@ -21,6 +21,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -81,27 +82,38 @@ def test_killed_rank_restarts_in_the_same_job_with_the_uninterrupted_loss(local_
     assert "[rank0]: " in text and not any("[rank0]: " in x for x in shown), shown
 
 
+TWICE_ITERS = 2 * ITERS
+"""Steps of the twice-failed run: its restart must still be training when the second kill comes, on two
+busy cores too."""
+
+
 def test_node_that_hosted_the_failed_rank_twice_is_excluded(local_slurm, tmp_path):
     """A rank on the same node SIGKILLed in two attempts: the third attempt's health check blames the node
     twice, every rank ends BAD_NODE, and the requeued job completes without that node."""
-    run = submit(tmp_path, "launcher.job_name=injob-twice", "launcher.max_restarts=3")
+    run = submit(tmp_path, "launcher.job_name=injob-twice", "launcher.max_restarts=3", iters=TWICE_ITERS)
     try:
         first = inject(run, rank=3, kind="kill")
         node = node_of_first_failure(run)
+        # the restart's rank is found while it starts up, so the kill follows the step at once: the restart
+        # trains its ~50 steps in a few seconds, and a kill that lands after them tests nothing
+        rank = wait_until(lambda: rank_on_node(run, node, first), 120, f"a restarted rank on {node}", every=0.5)
         wait_until(lambda: any(m["time"] > first and m["step"] >= 8 for m in metrics(run)), 300, "the restart's step 8")
-        wait_until(lambda: rank_on_node(run, node, first), 60, f"a rank on {node}").send_signal(signal.SIGKILL)
+        rank.send_signal(signal.SIGKILL)
+        second = time.time()
         final = finished(run, 420)
     finally:
         cancel(run)
     text = logs(run)
     failed = [line.split("\t") for line in (run.run_dir / FAILED_RANKS).read_text().splitlines()]
     assert [(f[0], f[3]) for f in failed] == [(node, "0"), (node, "1")], failed
+    done = [m["time"] for m in metrics(run) if m["step"] == TWICE_ITERS]
+    assert min(done, default=0.0) > second, "the second kill landed after the restart had trained its last step"
     reason = (run.run_dir / BLOCKLIST).read_text().split("\t")
     assert reason[0] == node and "hosted the failed rank of 2 in-job restarts" in reason[1], reason
     assert f"excluding node(s) {node} from the requeued job" in text, text[-4000:]
     assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
     assert node not in scontrol("show", "hostnames", final["NodeList"]).split()
-    assert sorted(losses(run)) == list(range(1, ITERS + 1))
+    assert sorted(losses(run)) == list(range(1, TWICE_ITERS + 1))
 
 
 def node_of_first_failure(run: Run) -> str:
