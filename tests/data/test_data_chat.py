@@ -197,3 +197,38 @@ def test_max_length_misuse_is_one_line_exit_2(
     err = capsys.readouterr().err.strip()
     assert expected in err and "fix:" in err and len(err.splitlines()) == 1
     assert not list(tmp_path.glob("sft*"))
+
+
+TEMPLATE = (CHAT / "tokenizer_config.json").read_text()
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["config", "config-list", "jinja", "jinja-over-config", "jinja-and-named", "named-only"],
+)
+def test_validate_reads_the_template_transformers_renders_with(tmp_path: Path, layout: str) -> None:
+    """The record's ``chat_template_sha256`` (what ``preprocess --chat`` rendered with, transformers' loading) and
+    the one ``validate`` reads from the folder's files (``SFT_TEMPLATE_CHANGED``) are of the same template, in
+    every layout transformers loads: the config's string or named list, ``chat_template.jinja`` (which wins over
+    the config) and the named templates of ``additional_chat_templates/``."""
+    from kilocard.data.chat import folder_template, load_chat_tokenizer, template_sha256
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(CHAT / "tokenizer.json", folder / "tokenizer.json")
+    config = json.loads(TEMPLATE)
+    template = config["chat_template"]
+    if layout == "config-list":
+        config["chat_template"] = [{"name": "default", "template": template}, {"name": "tool_use", "template": "x"}]
+    if layout in ("jinja", "jinja-and-named", "named-only"):
+        del config["chat_template"]
+    if layout.startswith("jinja"):
+        (folder / "chat_template.jinja").write_text(template + ("" if layout == "jinja" else "{# file #}"))
+    if layout in ("jinja-and-named", "named-only"):
+        (folder / "additional_chat_templates").mkdir()
+        (folder / "additional_chat_templates" / "tool_use.jinja").write_text(template + "{# tools #}")
+    if layout == "named-only":
+        (folder / "additional_chat_templates" / "default.jinja").write_text(template)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    rendered_with = load_chat_tokenizer(str(folder)).chat_template
+    assert template_sha256(folder_template(folder)) == template_sha256(rendered_with) is not None

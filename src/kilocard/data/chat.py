@@ -78,14 +78,21 @@ def load_chat_tokenizer(name: str) -> Any:
     return tok
 
 
+NAMED_TEMPLATES = "additional_chat_templates"
+"""The folder of named chat templates (``NAME.jinja``) beside a tokenizer (transformers' ``CHAT_TEMPLATE_DIR``)."""
+
+
 def folder_template(folder: Path) -> str | dict[str, str] | None:
     """The chat template of Hugging Face tokenizer folder ``folder`` as transformers loads it, read from the files
-    alone (no transformers): ``chat_template.jinja`` beside ``tokenizer_config.json``, else the config's
-    ``chat_template`` (a string, or named templates as a dict); ``None`` when it has none or cannot be read."""
-    jinja = folder / "chat_template.jinja"
+    alone (no transformers): the template files take priority over the config, as in transformers'
+    ``from_pretrained``: ``chat_template.jinja`` (named ``default``) and the named templates of
+    ``additional_chat_templates/`` (a ``default`` alone is a string, several a dict by name); without them the
+    config's ``chat_template`` (a string, or named templates as a dict); ``None`` when it has none or cannot be
+    read."""
     try:
-        if jinja.is_file():
-            return read_text(jinja)
+        files = _template_files(folder)
+        if files:
+            return files["default"] if list(files) == ["default"] else files
         config = read_json(folder / "tokenizer_config.json", dict)
     except FileReadError:
         return None
@@ -94,6 +101,17 @@ def folder_template(folder: Path) -> str | dict[str, str] | None:
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         return {k: v for k, v in named.items() if isinstance(k, str) and isinstance(v, str)} or None
     return template if isinstance(template, str) and template else None
+
+
+def _template_files(folder: Path) -> dict[str, str]:
+    """``chat_template.jinja`` as ``default`` and ``additional_chat_templates/NAME.jinja`` as ``NAME``."""
+    files = {}
+    if (folder / "chat_template.jinja").is_file():
+        files["default"] = read_text(folder / "chat_template.jinja")
+    named = folder / NAMED_TEMPLATES
+    for path in sorted(named.glob("*.jinja")) if named.is_dir() else []:
+        files[path.name.removesuffix(".jinja")] = read_text(path)
+    return files
 
 
 def template_sha256(template: str | dict[str, str] | None) -> str | None:
