@@ -78,6 +78,19 @@ def test_conversations_longer_than_a_sequence_are_counted() -> None:
     assert "model.seq_length=299" in issue.hint and "--max-length 101 --on-overflow refuse" in issue.hint
 
 
+def test_the_warning_says_what_becomes_of_the_tokens_past_a_sequence() -> None:
+    """Cut (unpacked) or without loss (packed with ``data.reset_attention_mask``: ``SFTDataset`` zeroes the piece
+    at the start of the next sample); packed without it, that piece is trained on (no loss is zeroed)."""
+    messages = {}
+    for packing, reset in ((False, False), (True, True), (True, False)):
+        over = {"data.packing": packing, "data.reset_attention_mask": reset, "data.reset_position_ids": reset}
+        (issue,) = too_long_issues(cfg_of({"model.seq_length": 100, **over}), "data.data_path[0]", "p", [300])
+        messages[packing, reset] = issue.message
+    assert messages[False, False].endswith("their tokens past that carry no loss")
+    assert messages[True, True].endswith("their tokens past that carry no loss")
+    assert messages[True, False].endswith("go on in the next sequence and are trained on without their prompt")
+
+
 def test_truncated_conversations_are_reported_from_the_record() -> None:
     record = DataRecord(
         tokenizer="t", tokenizer_sha256=None, vocab_size=2, max_token_id=1, documents=9, tokens=90, max_length=10

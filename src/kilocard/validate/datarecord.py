@@ -15,7 +15,8 @@ the other input checks. For every prefix of ``data.data_path``:
   system and user tokens carry loss too;
 - ``SFT_TOO_LONG`` (a warning): with ``data.sft``, conversations longer than ``model.seq_length + 1`` tokens (the
   ``.idx``'s lengths, counted): their tokens past one sequence carry no loss (cut by ``data.packing=false``, or the
-  piece in the next packed sequence, which has lost its prompt);
+  piece in the next packed sequence, which has lost its prompt, with ``data.reset_attention_mask``; without it
+  that piece is trained on);
 - ``SFT_TRUNCATED`` (a warning): the record says ``preprocess --chat --max-length --on-overflow truncate`` cut
   conversations, and how many;
 - ``SFT_CHAT_TEMPLATE``: with ``data.sft``, the ``data.tokenizer`` folder has no chat template, so the fine-tuned
@@ -134,11 +135,20 @@ def too_long_issues(
             "model.seq_length",
             cfg.model.seq_length,
             f"{field} {prefix}: {longer} of {len(counts)} conversations are longer than "
-            f"model.seq_length + 1 = {fits} tokens (the longest {longest}); their tokens past that carry no loss",
+            f"model.seq_length + 1 = {fits} tokens (the longest {longest}); {_past_a_sequence(cfg)}",
             f"model.seq_length={longest - 1}, or decide at preprocessing: `kilocard preprocess --chat "
             f"--max-length {fits} --on-overflow refuse` (or truncate, counted in the record)",
         )
     ]
+
+
+def _past_a_sequence(cfg: RunConfig) -> str:
+    """What becomes of a conversation's tokens past one sequence (``kilocard.data.sft``): cut with
+    ``data.packing=false``; packed, its piece in the next sequence carries no loss with
+    ``data.reset_attention_mask`` and is trained on without its prompt otherwise."""
+    if cfg.data.packing and not cfg.data.reset_attention_mask:
+        return "their tokens past that go on in the next sequence and are trained on without their prompt"
+    return "their tokens past that carry no loss"
 
 
 def truncated_issues(field: str, prefix: str, record: DataRecord | None) -> list[Issue]:
