@@ -119,6 +119,12 @@ def test_lora_checkpoint_holds_the_adapters_only(sft8b) -> None:
     assert checkpoint_bytes(lora) < checkpoint_bytes(sft8b) / 100
 
 
-def test_memory_estimate_without_lora_is_unchanged(sft8b) -> None:
-    none = dataclasses.replace(sft8b, peft=PeftConfig())
-    assert estimate_memory(none) == estimate_memory(sft8b)
+def test_lora_settings_count_only_with_peft_lora(sft8b) -> None:
+    """``peft.dim``/``peft.target_modules`` set but ``peft.type`` null (``peft=none`` with leftover overrides):
+    memory, checkpoint size and step time are full training's, and so are the rules."""
+    assert sft8b.peft.type is None
+    leftover = _lora(sft8b, type=None, dim=3, target_modules=["linear_qkv"], alpha=0)
+    assert estimate_memory(leftover) == estimate_memory(sft8b)
+    assert checkpoint_bytes(leftover) == checkpoint_bytes(sft8b)
+    assert predict(leftover).breakdown == predict(sft8b).breakdown
+    assert validate(leftover).errors == validate(sft8b).errors == []
