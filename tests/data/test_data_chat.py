@@ -184,6 +184,7 @@ def test_the_record_names_the_chat_template(tmp_path: Path) -> None:
         (["--max-length", "1"], "--max-length: 1 leaves no room"),
         (["--max-length", "99999999999999999999"], "--max-length: 99999999999999999999 is more than a document"),
         (["--max-length", "40", "--no-chat"], "--max-length: only with --chat"),
+        (["--on-overflow", "truncate"], "--on-overflow: only with --max-length"),
     ],
 )
 def test_max_length_misuse_is_one_line_exit_2(
