@@ -38,7 +38,7 @@ from kilocard.base.safe_read import FileReadError, expect_shape, is_regular, rea
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.perf.params import padded_vocab_size
 from kilocard.rundir.freeze import HASH_FILE
-from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, OWNER, STATE, TRACKER
+from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, OWNER, PEFT, STATE, TRACKER
 from kilocard.validate.issues import Issue, error
 
 NON_SHAPE_FIELDS = frozenset(
@@ -457,16 +457,21 @@ def load_model_issues(cfg: RunConfig) -> list[Issue]:
     ]
 
 
-def newest_committed(save_root: Path, load_root: Path | None, ckpt_step: int | None = None) -> int:
-    """The step ``load_root_and_step`` would try first, before any verification (0 when there is none or its
-    tracker is unreadable): what a newer local-tier step must beat."""
+def newest_committed(save_root: Path, load_root: Path | None, ckpt_step: int | None = None, lora: bool = False) -> int:
+    """The step the run would go on from with the step ``load_root_and_step`` tries first, before any verification
+    (0 when there is none or its tracker is unreadable): what a newer local-tier step must beat. With ``lora``
+    (``peft=lora``) a ``checkpoint.load`` step without adapters is the frozen base, and the run starts at step 0
+    on it (``kilocard.train.ckpt_manager``), whatever step number it has."""
     try:
         own = latest_committed(save_root)
         if own is not None:
             return own
         if load_root is None:
             return 0
-        return ckpt_step if ckpt_step is not None else (latest_committed(load_root) or 0)
+        step = ckpt_step if ckpt_step is not None else (latest_committed(load_root) or 0)
+        if lora and step and PEFT not in read_state(step_dir(load_root, step)).extra:
+            return 0
+        return step
     except CheckpointError:
         return 0
 

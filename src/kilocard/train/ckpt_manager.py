@@ -161,7 +161,7 @@ class CheckpointManager:
         """The newest committed persistent step (unverified; 0 when none), read on rank 0 and broadcast."""
         c, found = self.cfg.checkpoint, [0]
         if self.rank == 0:
-            found = [ck.newest_committed(self.save_root, self.load_root, c.ckpt_step)]
+            found = [ck.newest_committed(self.save_root, self.load_root, c.ckpt_step, self.lora)]
         dist.broadcast_object_list(found, src=0)
         return int(found[0])
 
