@@ -41,6 +41,7 @@ def test_peft_lora_composes_with_bridge_defaults() -> None:
     [
         ({"target_modules": ["linear_qkv", "q_proj"]}, "LORA_TARGET", "peft.target_modules"),
         ({"target_modules": []}, "LORA_TARGET", "peft.target_modules"),
+        ({"target_modules": ["linear_qkv", "linear_qkv"]}, "LORA_TARGET", "peft.target_modules"),  # one adapter each
         ({"dim": 0}, "LORA_DIM", "peft.dim"),
         ({"dim": 3}, "LORA_DIM", "peft.dim"),  # TP 2: A's rank rows are split over TP
         ({"alpha": 0}, "LORA_SETTING", "peft.alpha"),
