@@ -107,6 +107,11 @@ def test_a_tokenizer_without_a_chat_template_is_one_line_exit_2(tmp_path: Path, 
         ({"messages": [{"role": "narrator", "content": "x"}]}, ":1: messages[0] is not"),
         ({"messages": [{"role": "user", "content": "hi"}]}, ":1: no assistant message"),
         ("{not json", ":1: not valid JSON"),
+        (
+            {"messages": [{"role": "user", "content": "a\ud800"}, {"role": "assistant", "content": "b"}]},
+            ":1: messages[0] holds a lone surrogate (a \\ud800 escape without its pair) at character 1",
+        ),
+        ({"prompt": "q", "completion": "\udc00"}, ":1: messages[1] holds a lone surrogate"),
     ],
 )
 def test_bad_conversations_are_one_line_exit_2(
@@ -114,8 +119,21 @@ def test_bad_conversations_are_one_line_exit_2(
 ) -> None:
     assert _preprocess(tmp_path, [row]) == 2
     err = capsys.readouterr().err.strip()
-    assert expected in err and "fix:" in err and len(err.splitlines()) == 1
+    assert expected in err and "fix:" in err and len(err.splitlines()) == 1, err
     assert not list(tmp_path.glob("sft*"))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [{"role": "narrator", "content": "SECRET-4f2a"}, {"role": "SECRET-4f2a", "content": "x"}, "SECRET-4f2a"],
+)
+def test_a_bad_message_is_named_without_quoting_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture, message: object
+) -> None:
+    """As every reader (docs/faults.md, the safe reader): no error quotes the input's content."""
+    assert _preprocess(tmp_path, [{"messages": [message, {"role": "assistant", "content": "a"}]}]) == 2
+    err = capsys.readouterr().err.strip()
+    assert ":1: messages[0] is not" in err and "SECRET" not in err and len(err.splitlines()) == 1, err
 
 
 def test_chat_refuses_workers_it_would_not_use(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

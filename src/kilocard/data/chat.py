@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy
 
-from kilocard.base.safe_read import FileReadError, read_json, read_text
-from kilocard.data.errors import DataError
+from kilocard.base.safe_read import FileReadError, read_json, read_text, type_name
+from kilocard.data.errors import DataError, require_utf8
 from kilocard.data.record import HF_FILE, tokenizer_file
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -146,11 +146,21 @@ def messages_of(line: str, path: Path, number: int) -> Messages:
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise DataError(
                 f'{where}: messages[{k}] is not {{"role": one of {", ".join(ROLES)}, "content": a string}} '
-                f"({json.dumps(m)[:80]}); fix: give every message a role and a string content"
+                f"({_shape(m)}); fix: give every message a role and a string content"
             )
+        require_utf8(m["content"], f"{where}: messages[{k}]")
     if not any(m["role"] == "assistant" for m in record["messages"]):
         raise DataError(f"{where}: no assistant message, so nothing would carry loss; fix: add the assistant's answer")
     return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+
+
+def _shape(message: object) -> str:
+    """What is wrong with a message, by its shape: never its text (no error quotes the input)."""
+    if not isinstance(message, dict):
+        return f"it is {type_name(message)}"
+    if message.get("role") not in ROLES:
+        return "no role" if "role" not in message else f"its role is {type_name(message['role'])} of no such name"
+    return f"its content is {type_name(message.get('content'))}"
 
 
 def _render(tok: Any, messages: Messages, generation_prompt: bool, where: str) -> str:
