@@ -15,6 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
+from kilocard.config.schema import PeftConfig
 from kilocard.data.record import DataRecord, read_record
 from kilocard.paths import data_dir
 from kilocard.rundir.checkpoint import TrainerState, load_model_issues, step_dir
@@ -51,6 +52,24 @@ def test_checkpoint_load_of_another_model_is_refused(tmp_path: Path) -> None:
     padded = dataclasses.replace(same, parallel=dataclasses.replace(cfg.parallel, tensor_model_parallel_size=3))
     (issue,) = load_model_issues(padded)
     assert "padded to 320 at save, 321 with tensor_model_parallel_size=3" in issue.message
+
+
+def test_checkpoint_load_of_lora_adapters_the_config_does_not_continue_is_refused(tmp_path: Path) -> None:
+    """A LoRA step (its trainer state names the ``peft`` it was trained with) continues only with ``peft=lora`` and
+    adapters of its shape: refused before the run, as the ranks refuse it after the queue (the same check)."""
+    cfg = cfg_of({"model.vocab_size": 320, "model.make_vocab_size_divisible_by": 1})
+    root = _checkpoint(tmp_path / "lora", dataclasses.asdict(cfg.model), padded=320)
+    state = json.loads((step_dir(root, 0) / STATE).read_text())
+    peft = {"type": "lora", "dim": 4, "target_modules": ["linear_qkv"], "base": str(tmp_path / "base")}
+    (step_dir(root, 0) / STATE).write_text(json.dumps({**state, "extra": {"peft": peft}}))
+    load = dataclasses.replace(cfg.checkpoint, load=str(root))
+    lora = PeftConfig(type="lora", dim=4, target_modules=["linear_qkv"])
+    assert load_model_issues(dataclasses.replace(cfg, checkpoint=load, peft=lora)) == []
+    (full,) = load_model_issues(dataclasses.replace(cfg, checkpoint=load))
+    assert full.code == "CHECKPOINT_MODEL_MISMATCH" and "holds LoRA adapters only" in full.message
+    wider = dataclasses.replace(lora, dim=8)
+    (issue,) = load_model_issues(dataclasses.replace(cfg, checkpoint=load, peft=wider))
+    assert "peft.dim: 4 -> 8" in issue.message and "peft.dim=4" in issue.hint
 
 
 def test_checkpoint_step_and_missing_directories(tmp_path: Path) -> None:

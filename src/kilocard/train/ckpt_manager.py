@@ -230,17 +230,12 @@ class CheckpointManager:
         saved = state.extra.get(PEFT)
         if saved is None:
             return None
-        if not self.lora:
+        diffs = ck.peft_differences(state, self.cfg.peft)
+        if diffs == [ck.LORA_ONLY]:
             raise ck.ModelMismatch(
-                f"checkpoint {sdir} holds LoRA adapters only (trained with peft=lora); continue it with "
-                f"peft=lora, or export it merged into the base with kilocard convert mcore-to-hf"
+                f"checkpoint {sdir} {ck.LORA_ONLY}; continue it with peft=lora, or export it merged into the base "
+                f"with kilocard convert mcore-to-hf"
             )
-        p = self.cfg.peft
-        diffs = [
-            f"peft.{k}: {saved.get(k)!r} -> {getattr(p, k)!r}"
-            for k in ("dim", "target_modules")
-            if saved.get(k) != getattr(p, k)
-        ]
         if diffs:
             raise ck.ModelMismatch(f"checkpoint {sdir} holds adapters of another shape: {'; '.join(diffs)}")
         base = Path(saved["base"])
