@@ -62,12 +62,9 @@ def execute(args: argparse.Namespace) -> int:
     try:
         note = ""
         if args.direction == "hf-to-mcore":
-            export_flags = [
-                f for f, v in (("--adapter-only", args.adapter_only), ("--max-shard-size", args.max_shard_size)) if v
-            ]
-            if export_flags:
+            if flags := export_flags(args):
                 raise ConvertUsageError(
-                    f"{export_flags[0]} is a mcore-to-hf flag; hf-to-mcore would ignore it: drop it from the command"
+                    f"{flags[0]} is a mcore-to-hf flag; hf-to-mcore would ignore it: drop it from the command"
                 )
             hf_to_mcore(Path(args.src), Path(args.dst), args.overrides)
         elif args.overrides:
@@ -79,7 +76,7 @@ def execute(args: argparse.Namespace) -> int:
             tokenizer = mcore_to_hf(
                 Path(args.src),
                 Path(args.dst),
-                st_io.parse_size(args.max_shard_size or MAX_SHARD_SIZE),
+                st_io.parse_size(MAX_SHARD_SIZE if args.max_shard_size is None else args.max_shard_size),
                 args.adapter_only,
             )
             note = (
@@ -94,3 +91,9 @@ def execute(args: argparse.Namespace) -> int:
         return fail("convert", str(e), exits.INVALID)
     print(f"kilocard convert: wrote {args.dst}{note}")
     return exits.OK
+
+
+def export_flags(args: argparse.Namespace) -> list[str]:
+    """The ``mcore-to-hf`` flags on the command line (``hf-to-mcore`` would ignore them)."""
+    given = (("--adapter-only", args.adapter_only), ("--max-shard-size", args.max_shard_size is not None))
+    return [flag for flag, on in given if on]
