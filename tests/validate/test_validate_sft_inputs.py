@@ -97,6 +97,29 @@ def test_conversations_longer_than_a_sequence_are_counted() -> None:
     assert "model.seq_length=299" in issue.hint and "--max-length 101 --on-overflow refuse" in issue.hint
 
 
+def test_the_lengths_are_scanned_in_place(tmp_path: Path) -> None:
+    """The ``.idx`` lengths (int32, memory-mapped as ``document_lengths`` gives them) are counted without a copy:
+    less than a byte per conversation is allocated (an int64 copy of 4 million lengths was 32 MB)."""
+    import tracemalloc
+
+    import numpy
+
+    n = 4_000_000
+    path = tmp_path / "lengths.bin"
+    written = numpy.full(n + 1, 50, dtype=numpy.int32)
+    written[n // 2] = 300
+    written.tofile(path)
+    lengths = numpy.memmap(path, dtype=numpy.int32, mode="r")
+    tracemalloc.start()
+    try:
+        (issue,) = too_long_issues(cfg_of({"model.seq_length": 100}), "data.data_path[0]", "p", lengths)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"1 of {n + 1} conversations are longer" in issue.message and "(the longest 300)" in issue.message
+    assert peak < n, peak
+
+
 def test_the_warning_says_what_becomes_of_the_tokens_past_a_sequence() -> None:
     """Cut (unpacked) or without loss (packed with ``data.reset_attention_mask``: ``SFTDataset`` zeroes the piece
     at the start of the next sample); packed without it, that piece is trained on (no loss is zeroed)."""

@@ -118,14 +118,18 @@ def _sft_issues(cfg: RunConfig, field: str, prefix: str, resolved: str, record: 
     return []
 
 
+SCAN_CHUNK = 1 << 20
+"""Lengths compared at a time by ``too_long_issues`` (a megabyte of comparisons, however many conversations)."""
+
+
 def too_long_issues(
     cfg: RunConfig, field: str, prefix: str, lengths: Sequence[int] | numpy.ndarray | None
 ) -> list[Issue]:
     """``SFT_TOO_LONG``: conversations of ``prefix`` (their token counts, EOD included; an array is scanned without
     a copy) that one sequence of ``model.seq_length + 1`` tokens (the inputs and the last target) does not hold."""
     fits = cfg.model.seq_length + 1
-    counts = numpy.asarray(lengths if lengths is not None else [], dtype=numpy.int64)
-    longer = int(numpy.count_nonzero(counts > fits))
+    counts = lengths if isinstance(lengths, numpy.ndarray) else numpy.asarray(lengths or [], dtype=numpy.int64)
+    longer = sum(int(numpy.count_nonzero(counts[i : i + SCAN_CHUNK] > fits)) for i in range(0, len(counts), SCAN_CHUNK))
     if not longer:
         return []
     longest = int(counts.max())
