@@ -159,3 +159,12 @@ def test_a_bad_flag_or_an_override_on_export_is_unusable_input(extra, says, tmp_
     code, err = convert(capsys, "mcore-to-hf", str(tmp_path), str(tmp_path / "out"), *extra)
     assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("kilocard convert: error: ")
     assert says in err and nothing_written(tmp_path, tmp_path / "out")
+
+
+@pytest.mark.parametrize("extra", [["--adapter-only"], ["--max-shard-size", "1GB"]])
+def test_an_export_flag_on_import_is_unusable_input(extra, tmp_path, capsys) -> None:
+    """``--adapter-only`` and ``--max-shard-size`` shape an export; on ``hf-to-mcore`` they would be ignored."""
+    make("llama", tmp_path / "hf")
+    code, err = convert(capsys, "hf-to-mcore", str(tmp_path / "hf"), str(tmp_path / "out"), *extra)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("kilocard convert: error: ")
+    assert f"{extra[0]} is a mcore-to-hf flag" in err and nothing_written(tmp_path, tmp_path / "out")

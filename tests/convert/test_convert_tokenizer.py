@@ -7,6 +7,7 @@ then the tokenizer an import kept beside the checkpoint, then the one beside the
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -96,3 +97,25 @@ def test_without_a_recorded_tokenizer_the_export_says_so(imported, tmp_path, cap
     code, out = convert(capsys, "mcore-to-hf", str(run / "checkpoints"), str(tmp_path / "out"))
     assert code == 0 and "no Hugging Face tokenizer recorded for this checkpoint" in out, out
     assert not list((tmp_path / "out").glob("tokenizer*"))
+
+
+def test_named_chat_templates_go_through_the_import_and_the_export(tmp_path, capsys):
+    """``additional_chat_templates/NAME.jinja`` (transformers' named templates, ``save_pretrained`` writes them
+    there) are part of the tokenizer: the exported folder loads with the same templates as the model's."""
+    from transformers import AutoTokenizer
+
+    hf = tmp_path / "hf"
+    make("llama", hf)
+    shutil.copy(CHAT / "tokenizer.json", hf / "tokenizer.json")
+    config = json.loads((CHAT / "tokenizer_config.json").read_text())
+    default = config.pop("chat_template")
+    (hf / "tokenizer_config.json").write_text(json.dumps(config))
+    (hf / "chat_template.jinja").write_text(default)
+    (hf / "additional_chat_templates").mkdir()
+    (hf / "additional_chat_templates" / "tool_use.jinja").write_text(default + "{# tools #}")
+    assert cli.main(["convert", "hf-to-mcore", str(hf), str(tmp_path / "ck"), "recipe=tiny_llama"]) == 0
+    code, out = convert(capsys, "mcore-to-hf", str(tmp_path / "ck"), str(tmp_path / "out"))
+    assert code == 0, out
+    want = AutoTokenizer.from_pretrained(str(hf), local_files_only=True).chat_template
+    assert isinstance(want, dict) and set(want) == {"default", "tool_use"}
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "out"), local_files_only=True).chat_template == want

@@ -107,6 +107,11 @@ def test_a_tokenizer_without_a_chat_template_is_one_line_exit_2(tmp_path: Path, 
         ({"messages": [{"role": "narrator", "content": "x"}]}, ":1: messages[0] is not"),
         ({"messages": [{"role": "user", "content": "hi"}]}, ":1: no assistant message"),
         ("{not json", ":1: not valid JSON"),
+        (
+            {"messages": [{"role": "user", "content": "a\ud800"}, {"role": "assistant", "content": "b"}]},
+            ":1: messages[0] holds a lone surrogate (a \\ud800 escape without its pair) at character 1",
+        ),
+        ({"prompt": "q", "completion": "\udc00"}, ":1: messages[1] holds a lone surrogate"),
     ],
 )
 def test_bad_conversations_are_one_line_exit_2(
@@ -114,8 +119,21 @@ def test_bad_conversations_are_one_line_exit_2(
 ) -> None:
     assert _preprocess(tmp_path, [row]) == 2
     err = capsys.readouterr().err.strip()
-    assert expected in err and "fix:" in err and len(err.splitlines()) == 1
+    assert expected in err and "fix:" in err and len(err.splitlines()) == 1, err
     assert not list(tmp_path.glob("sft*"))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [{"role": "narrator", "content": "SECRET-4f2a"}, {"role": "SECRET-4f2a", "content": "x"}, "SECRET-4f2a"],
+)
+def test_a_bad_message_is_named_without_quoting_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture, message: object
+) -> None:
+    """As every reader (docs/faults.md, the safe reader): no error quotes the input's content."""
+    assert _preprocess(tmp_path, [{"messages": [message, {"role": "assistant", "content": "a"}]}]) == 2
+    err = capsys.readouterr().err.strip()
+    assert ":1: messages[0] is not" in err and "SECRET" not in err and len(err.splitlines()) == 1, err
 
 
 def test_chat_refuses_workers_it_would_not_use(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -184,6 +202,7 @@ def test_the_record_names_the_chat_template(tmp_path: Path) -> None:
         (["--max-length", "1"], "--max-length: 1 leaves no room"),
         (["--max-length", "99999999999999999999"], "--max-length: 99999999999999999999 is more than a document"),
         (["--max-length", "40", "--no-chat"], "--max-length: only with --chat"),
+        (["--on-overflow", "truncate"], "--on-overflow: only with --max-length"),
     ],
 )
 def test_max_length_misuse_is_one_line_exit_2(
@@ -197,3 +216,38 @@ def test_max_length_misuse_is_one_line_exit_2(
     err = capsys.readouterr().err.strip()
     assert expected in err and "fix:" in err and len(err.splitlines()) == 1
     assert not list(tmp_path.glob("sft*"))
+
+
+TEMPLATE = (CHAT / "tokenizer_config.json").read_text()
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["config", "config-list", "jinja", "jinja-over-config", "jinja-and-named", "named-only"],
+)
+def test_validate_reads_the_template_transformers_renders_with(tmp_path: Path, layout: str) -> None:
+    """The record's ``chat_template_sha256`` (what ``preprocess --chat`` rendered with, transformers' loading) and
+    the one ``validate`` reads from the folder's files (``SFT_TEMPLATE_CHANGED``) are of the same template, in
+    every layout transformers loads: the config's string or named list, ``chat_template.jinja`` (which wins over
+    the config) and the named templates of ``additional_chat_templates/``."""
+    from kilocard.data.chat import folder_template, load_chat_tokenizer, template_sha256
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(CHAT / "tokenizer.json", folder / "tokenizer.json")
+    config = json.loads(TEMPLATE)
+    template = config["chat_template"]
+    if layout == "config-list":
+        config["chat_template"] = [{"name": "default", "template": template}, {"name": "tool_use", "template": "x"}]
+    if layout in ("jinja", "jinja-and-named", "named-only"):
+        del config["chat_template"]
+    if layout.startswith("jinja"):
+        (folder / "chat_template.jinja").write_text(template + ("" if layout == "jinja" else "{# file #}"))
+    if layout in ("jinja-and-named", "named-only"):
+        (folder / "additional_chat_templates").mkdir()
+        (folder / "additional_chat_templates" / "tool_use.jinja").write_text(template + "{# tools #}")
+    if layout == "named-only":
+        (folder / "additional_chat_templates" / "default.jinja").write_text(template)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    rendered_with = load_chat_tokenizer(str(folder)).chat_template
+    assert template_sha256(folder_template(folder)) == template_sha256(rendered_with) is not None

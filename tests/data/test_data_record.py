@@ -112,6 +112,34 @@ def test_a_damaged_record_is_one_line_naming_the_file(tmp_path: Path, capsys) ->
     assert code == 1 and lines.startswith("ERROR DATA_RECORD: data.data_path[0]") and "meta.json" in lines
 
 
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("documents", "many", "an integer"),
+        ("vocab_size", True, "an integer"),
+        ("chat_template_sha256", 5, "a string or null"),
+        ("truncated", [1], "an integer or null"),
+        ("tokenizer", None, "a string"),
+    ],
+)
+def test_a_record_field_of_another_type_is_one_line_naming_it(field, value, expected, tmp_path: Path, capsys) -> None:
+    """A hand-edited or foreign ``.meta.json`` (the shipped chat set's, one field changed): ``DATA_RECORD``
+    naming the file and the field, not an internal error where a rule first uses the value."""
+    chat = CORPUS.parent / "tiny_chat"
+    for path in chat.glob("tiny_chat_text_document*"):
+        shutil.copy(path, tmp_path / path.name)
+    prefix = tmp_path / "tiny_chat_text_document"
+    record = json.loads(Path(f"{prefix}.meta.json").read_text())
+    Path(f"{prefix}.meta.json").write_text(json.dumps({**record, field: value}))
+    capsys.readouterr()
+    code = main(["validate", "recipe=tiny_llama_sft", f"data.data_path=[{prefix}]"])
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.startswith(("ERROR", "kilocard validate:"))]
+    assert code == 1 and len(lines) == 1, out.out + out.err
+    assert lines[0].startswith("ERROR DATA_RECORD: data.data_path[0]"), lines
+    assert f"field {field!r} holds" in lines[0] and expected in lines[0] and "meta.json" in lines[0]
+
+
 def test_preprocess_again_replaces_the_record(tmp_path: Path) -> None:
     prefix = preprocess(tmp_path, "again", "--tokenizer", str(TOKENIZER))
     assert preprocess(tmp_path, "again") == prefix

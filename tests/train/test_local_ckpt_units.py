@@ -115,6 +115,28 @@ def test_newest_committed_is_what_a_local_step_must_beat(tmp_path):
     assert ck.newest_committed(own, other) == 0
 
 
+def test_a_lora_run_on_a_base_step_starts_at_step_0_so_its_local_steps_beat_it(tmp_path):
+    """``peft=lora`` on ``checkpoint.load`` = another run's step 30: the run starts its adapters at step 0, so its
+    local step 20 (before any persistent commit) is newer than where the persistent tier would start it; a LoRA
+    step of ``checkpoint.load`` (adapters continued at its step) still counts with its number."""
+    import dataclasses
+    import json
+
+    from kilocard.rundir.names import PEFT, STATE
+
+    own, base = tmp_path / "own", tmp_path / "base"
+    sdir = ck.step_dir(base, 30)
+    sdir.mkdir(parents=True)
+    (base / ck.TRACKER).write_text("30\n")
+    state = ck.TrainerState(step=30, consumed_samples=0, scheduler={}, model={}, layout={}, padded_vocab_size=8)
+    (sdir / STATE).write_text(json.dumps(dataclasses.asdict(state)))
+    assert ck.newest_committed(own, base) == 30  # full training continues at step 30
+    assert ck.newest_committed(own, base, lora=True) == 0
+    lora_state = dataclasses.replace(state, extra={PEFT: {"dim": 8, "base": str(tmp_path / "b0")}})
+    (sdir / STATE).write_text(json.dumps(dataclasses.asdict(lora_state)))
+    assert ck.newest_committed(own, base, lora=True) == 30
+
+
 def test_without_nvrx_the_tier_is_refused_naming_the_field(monkeypatch):
     """An install without the ``resiliency`` extra (stood in for by hiding NVRx's module: it is installed here)."""
     from kilocard.train.megatron_adapter import UnsupportedConfig

@@ -103,11 +103,7 @@ def test_forward_equals_the_merged_weights(tiny_lora) -> None:
     sharded = model.sharded_state_dict()
     assert len(lora.adapter_part(sharded)) == 2 * 4 * 2 * 2  # A and B (and their extra states) per target
     assert "decoder.layers.0.mlp.linear_fc1.adapter.linear_out.weight" in sharded
-    assert lora.merge(model) == 2 * 4
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith("adapter.linear_out.weight"):
-                p.zero_()
+    assert lora.merge(model) == 2 * 4  # the merged model computes what the adapted one did, the update once
     torch.testing.assert_close(_logits(model, tokens), adapted, rtol=0, atol=1e-5)
 
 

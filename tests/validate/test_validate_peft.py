@@ -41,6 +41,7 @@ def test_peft_lora_composes_with_bridge_defaults() -> None:
     [
         ({"target_modules": ["linear_qkv", "q_proj"]}, "LORA_TARGET", "peft.target_modules"),
         ({"target_modules": []}, "LORA_TARGET", "peft.target_modules"),
+        ({"target_modules": ["linear_qkv", "linear_qkv"]}, "LORA_TARGET", "peft.target_modules"),  # one adapter each
         ({"dim": 0}, "LORA_DIM", "peft.dim"),
         ({"dim": 3}, "LORA_DIM", "peft.dim"),  # TP 2: A's rank rows are split over TP
         ({"alpha": 0}, "LORA_SETTING", "peft.alpha"),
@@ -111,6 +112,28 @@ def test_lora_step_is_faster_by_the_skipped_weight_gradients(name: str) -> None:
     assert pl.step_time_s < pf.step_time_s
 
 
+@pytest.mark.parametrize("name", ["llama3_8b_sft", "llama3_70b_sft"])
+def test_a_lora_evaluation_costs_the_full_forward_plus_the_adapters(name: str) -> None:
+    """Evaluation is forward only: freezing the base changes nothing there, so a LoRA run's evaluation is the full
+    model's plus its adapters' GEMMs (none here: no target module), the output layer's share included."""
+    full = to_run_config(compose([f"recipe={name}"]))
+    no_adapters = _lora(full, target_modules=[])
+    assert predict(full).eval_time_s > 0
+    assert predict(no_adapters).eval_time_s == pytest.approx(predict(full).eval_time_s, rel=1e-12)
+    assert predict(_lora(full)).eval_time_s > predict(full).eval_time_s  # the adapters' forward GEMMs
+
+
+def test_plan_of_lora_targets_naming_no_module_says_so(capsys) -> None:
+    """No adapter is trained: nothing to reduce over DP (the step-time model divided by the trained count) and
+    ``kilocard plan`` names the rule, where it was an internal error (ZeroDivisionError)."""
+    from kilocard.commands import main
+
+    code = main(["plan", "recipe=llama3_8b_sft", "peft=lora", "peft.target_modules=[q_proj]"])
+    out = capsys.readouterr()
+    assert "internal error" not in out.err and code == 1, out.err  # the config refused, as validate refuses it
+    assert "LORA_TARGET: unknown target module(s) ['q_proj']" in out.out
+
+
 def test_lora_checkpoint_holds_the_adapters_only(sft8b) -> None:
     lora = _lora(sft8b)
     bpp = bytes_per_param(lora)
@@ -119,6 +142,12 @@ def test_lora_checkpoint_holds_the_adapters_only(sft8b) -> None:
     assert checkpoint_bytes(lora) < checkpoint_bytes(sft8b) / 100
 
 
-def test_memory_estimate_without_lora_is_unchanged(sft8b) -> None:
-    none = dataclasses.replace(sft8b, peft=PeftConfig())
-    assert estimate_memory(none) == estimate_memory(sft8b)
+def test_lora_settings_count_only_with_peft_lora(sft8b) -> None:
+    """``peft.dim``/``peft.target_modules`` set but ``peft.type`` null (``peft=none`` with leftover overrides):
+    memory, checkpoint size and step time are full training's, and so are the rules."""
+    assert sft8b.peft.type is None
+    leftover = _lora(sft8b, type=None, dim=3, target_modules=["linear_qkv"], alpha=0)
+    assert estimate_memory(leftover) == estimate_memory(sft8b)
+    assert checkpoint_bytes(leftover) == checkpoint_bytes(sft8b)
+    assert predict(leftover).breakdown == predict(sft8b).breakdown
+    assert validate(leftover).errors == validate(sft8b).errors == []

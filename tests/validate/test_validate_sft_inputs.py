@@ -15,6 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
+from kilocard.config.schema import PeftConfig
 from kilocard.data.record import DataRecord, read_record
 from kilocard.paths import data_dir
 from kilocard.rundir.checkpoint import TrainerState, load_model_issues, step_dir
@@ -53,6 +54,24 @@ def test_checkpoint_load_of_another_model_is_refused(tmp_path: Path) -> None:
     assert "padded to 320 at save, 321 with tensor_model_parallel_size=3" in issue.message
 
 
+def test_checkpoint_load_of_lora_adapters_the_config_does_not_continue_is_refused(tmp_path: Path) -> None:
+    """A LoRA step (its trainer state names the ``peft`` it was trained with) continues only with ``peft=lora`` and
+    adapters of its shape: refused before the run, as the ranks refuse it after the queue (the same check)."""
+    cfg = cfg_of({"model.vocab_size": 320, "model.make_vocab_size_divisible_by": 1})
+    root = _checkpoint(tmp_path / "lora", dataclasses.asdict(cfg.model), padded=320)
+    state = json.loads((step_dir(root, 0) / STATE).read_text())
+    peft = {"type": "lora", "dim": 4, "target_modules": ["linear_qkv"], "base": str(tmp_path / "base")}
+    (step_dir(root, 0) / STATE).write_text(json.dumps({**state, "extra": {"peft": peft}}))
+    load = dataclasses.replace(cfg.checkpoint, load=str(root))
+    lora = PeftConfig(type="lora", dim=4, target_modules=["linear_qkv"])
+    assert load_model_issues(dataclasses.replace(cfg, checkpoint=load, peft=lora)) == []
+    (full,) = load_model_issues(dataclasses.replace(cfg, checkpoint=load))
+    assert full.code == "CHECKPOINT_MODEL_MISMATCH" and "holds LoRA adapters only" in full.message
+    wider = dataclasses.replace(lora, dim=8)
+    (issue,) = load_model_issues(dataclasses.replace(cfg, checkpoint=load, peft=wider))
+    assert "peft.dim: 4 -> 8" in issue.message and "peft.dim=4" in issue.hint
+
+
 def test_checkpoint_step_and_missing_directories(tmp_path: Path) -> None:
     cfg = cfg_of({"model.vocab_size": 320, "model.make_vocab_size_divisible_by": 1})
     root = _checkpoint(tmp_path / "base", dataclasses.asdict(cfg.model), padded=320)
@@ -76,6 +95,42 @@ def test_conversations_longer_than_a_sequence_are_counted() -> None:
     assert issue.code == "SFT_TOO_LONG" and issue.severity == "warning" and issue.field == "model.seq_length"
     assert "2 of 4 conversations are longer than model.seq_length + 1 = 101 tokens (the longest 300)" in issue.message
     assert "model.seq_length=299" in issue.hint and "--max-length 101 --on-overflow refuse" in issue.hint
+
+
+def test_the_lengths_are_scanned_in_place(tmp_path: Path) -> None:
+    """The ``.idx`` lengths (int32, memory-mapped as ``document_lengths`` gives them) are counted without a copy:
+    less than a byte per conversation is allocated (an int64 copy of 4 million lengths was 32 MB)."""
+    import tracemalloc
+
+    import numpy
+
+    n = 4_000_000
+    path = tmp_path / "lengths.bin"
+    written = numpy.full(n + 1, 50, dtype=numpy.int32)
+    written[n // 2] = 300
+    written.tofile(path)
+    lengths = numpy.memmap(path, dtype=numpy.int32, mode="r")
+    tracemalloc.start()
+    try:
+        (issue,) = too_long_issues(cfg_of({"model.seq_length": 100}), "data.data_path[0]", "p", lengths)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"1 of {n + 1} conversations are longer" in issue.message and "(the longest 300)" in issue.message
+    assert peak < n, peak
+
+
+def test_the_warning_says_what_becomes_of_the_tokens_past_a_sequence() -> None:
+    """Cut (unpacked) or without loss (packed with ``data.reset_attention_mask``: ``SFTDataset`` zeroes the piece
+    at the start of the next sample); packed without it, that piece is trained on (no loss is zeroed)."""
+    messages = {}
+    for packing, reset in ((False, False), (True, True), (True, False)):
+        over = {"data.packing": packing, "data.reset_attention_mask": reset, "data.reset_position_ids": reset}
+        (issue,) = too_long_issues(cfg_of({"model.seq_length": 100, **over}), "data.data_path[0]", "p", [300])
+        messages[packing, reset] = issue.message
+    assert messages[False, False].endswith("their tokens past that carry no loss")
+    assert messages[True, True].endswith("their tokens past that carry no loss")
+    assert messages[True, False].endswith("go on in the next sequence and are trained on without their prompt")
 
 
 def test_truncated_conversations_are_reported_from_the_record() -> None:

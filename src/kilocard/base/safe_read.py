@@ -54,6 +54,7 @@ _TYPE_NAMES = {
     int: "an integer",
     float: "a number",
     bool: "a boolean",
+    type(None): "null",
 }
 
 

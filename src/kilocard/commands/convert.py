@@ -20,6 +20,8 @@ from kilocard.commands.common import add_config_args
 from kilocard.commands.output import fail
 
 HELP = "Hugging Face checkpoint <-> kilocard (Megatron-Core) checkpoint"
+MAX_SHARD_SIZE = "5GB"
+"""``mcore-to-hf``'s largest safetensors shard unless ``--max-shard-size`` says (Hugging Face's default)."""
 #: Shown under ``kilocard convert --help`` (each parsed by tests/commands/test_cli_help.py).
 EXAMPLES = (
     "kilocard convert hf-to-mcore ./Llama-3.2-1B ./ckpt",
@@ -38,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="HF model directory, or a kilocard checkpoint (step) directory")
     p.add_argument("dst", help="output directory (must not exist or be empty)")
     add_config_args(p, multirun=False)
-    p.add_argument("--max-shard-size", default="5GB", help="mcore-to-hf: largest safetensors shard (e.g. 5GB)")
+    p.add_argument(
+        "--max-shard-size", default=None, help=f"mcore-to-hf: largest safetensors shard (default {MAX_SHARD_SIZE})"
+    )
     p.add_argument(
         "--adapter-only",
         action="store_true",
@@ -58,6 +62,10 @@ def execute(args: argparse.Namespace) -> int:
     try:
         note = ""
         if args.direction == "hf-to-mcore":
+            if flags := export_flags(args):
+                raise ConvertUsageError(
+                    f"{flags[0]} is a mcore-to-hf flag; hf-to-mcore would ignore it: drop it from the command"
+                )
             hf_to_mcore(Path(args.src), Path(args.dst), args.overrides)
         elif args.overrides:
             raise ConvertUsageError(
@@ -66,7 +74,10 @@ def execute(args: argparse.Namespace) -> int:
             )
         else:
             tokenizer = mcore_to_hf(
-                Path(args.src), Path(args.dst), st_io.parse_size(args.max_shard_size), args.adapter_only
+                Path(args.src),
+                Path(args.dst),
+                st_io.parse_size(MAX_SHARD_SIZE if args.max_shard_size is None else args.max_shard_size),
+                args.adapter_only,
             )
             note = (
                 f" (tokenizer from {tokenizer})"
@@ -80,3 +91,9 @@ def execute(args: argparse.Namespace) -> int:
         return fail("convert", str(e), exits.INVALID)
     print(f"kilocard convert: wrote {args.dst}{note}")
     return exits.OK
+
+
+def export_flags(args: argparse.Namespace) -> list[str]:
+    """The ``mcore-to-hf`` flags on the command line (``hf-to-mcore`` would ignore them)."""
+    given = (("--adapter-only", args.adapter_only), ("--max-shard-size", args.max_shard_size is not None))
+    return [flag for flag, on in given if on]

@@ -42,9 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--on-overflow",
         choices=("refuse", "truncate"),
-        default="refuse",
-        help="--chat --max-length: a longer conversation is refused (exit 2, nothing written) or cut to the "
-        "length (counted in PREFIX.meta.json as truncated)",
+        default=None,
+        help="--chat --max-length: a longer conversation is refused (exit 2, nothing written; the default) or cut "
+        "to the length (counted in PREFIX.meta.json as truncated)",
     )
 
 
@@ -57,6 +57,13 @@ def execute(args: argparse.Namespace) -> int:
 
     if args.max_length is not None and not args.chat:
         return fail("preprocess", "--max-length: only with --chat; fix: add --chat, or drop --max-length", exits.USAGE)
+    if args.on_overflow is not None and args.max_length is None:
+        return fail(
+            "preprocess",
+            f"--on-overflow: only with --max-length (without one nothing is cut, so {args.on_overflow} would do "
+            "nothing); fix: add --max-length N, or drop --on-overflow",
+            exits.USAGE,
+        )
     if args.chat and args.workers != 1:
         return fail(
             "preprocess",
@@ -65,7 +72,9 @@ def execute(args: argparse.Namespace) -> int:
         )
     try:
         if args.chat:
-            result = preprocess_chat(args.input, args.output_prefix, args.tokenizer, args.max_length, args.on_overflow)
+            result = preprocess_chat(
+                args.input, args.output_prefix, args.tokenizer, args.max_length, args.on_overflow or "refuse"
+            )
         else:
             result = preprocess_jsonl(args.input, args.output_prefix, args.tokenizer, args.workers)
     except DataError as err:

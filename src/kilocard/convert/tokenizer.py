@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kilocard.base.safe_read import FileReadError, is_regular, read_bytes
 from kilocard.convert.maps import ConvertUsageError
+from kilocard.data.chat import NAMED_TEMPLATES
 from kilocard.data.errors import DataError
 from kilocard.data.record import HF_FILE, tokenizer_file
 from kilocard.data.tokenizer import HF, tokenizer_type
@@ -39,20 +40,30 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
 )
-"""The files of a Hugging Face tokenizer (``save_pretrained``'s names); each is copied when present."""
+"""The files of a Hugging Face tokenizer (``save_pretrained``'s names); each is copied when present, and so are the
+named chat templates (``tokenizer_names``)."""
 
 
-def copy_files(src: Path, dst: Path, names: tuple[str, ...] = TOKENIZER_FILES) -> list[str]:
-    """Copy the files ``names`` present in folder ``src`` into ``dst`` (created); the names copied."""
+def tokenizer_names(folder: Path) -> tuple[str, ...]:
+    """``TOKENIZER_FILES`` and the named chat templates of ``folder`` (``additional_chat_templates/NAME.jinja``,
+    which transformers loads beside ``chat_template.jinja``)."""
+    named = folder / NAMED_TEMPLATES
+    templates = sorted(named.glob("*.jinja")) if named.is_dir() and not named.is_symlink() else []
+    return TOKENIZER_FILES + tuple(f"{NAMED_TEMPLATES}/{p.name}" for p in templates)
+
+
+def copy_files(src: Path, dst: Path, names: tuple[str, ...] | None = None) -> list[str]:
+    """Copy the files ``names`` (default: ``tokenizer_names(src)``) present in folder ``src`` into ``dst``
+    (created); the names copied."""
     copied = []
-    for name in names:
+    for name in tokenizer_names(src) if names is None else names:
         if not is_regular(src / name):
             continue
         try:
             data = read_bytes(src / name)
         except FileReadError as e:
             raise ConvertUsageError(f"tokenizer: {e}") from None
-        dst.mkdir(parents=True, exist_ok=True)
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
         (dst / name).write_bytes(data)
         copied.append(name)
     return copied

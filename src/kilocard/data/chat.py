@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy
 
-from kilocard.base.safe_read import FileReadError, read_json, read_text
-from kilocard.data.errors import DataError
+from kilocard.base.safe_read import FileReadError, read_json, read_text, type_name
+from kilocard.data.errors import DataError, require_utf8
 from kilocard.data.record import HF_FILE, tokenizer_file
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -78,14 +78,21 @@ def load_chat_tokenizer(name: str) -> Any:
     return tok
 
 
+NAMED_TEMPLATES = "additional_chat_templates"
+"""The folder of named chat templates (``NAME.jinja``) beside a tokenizer (transformers' ``CHAT_TEMPLATE_DIR``)."""
+
+
 def folder_template(folder: Path) -> str | dict[str, str] | None:
     """The chat template of Hugging Face tokenizer folder ``folder`` as transformers loads it, read from the files
-    alone (no transformers): ``chat_template.jinja`` beside ``tokenizer_config.json``, else the config's
-    ``chat_template`` (a string, or named templates as a dict); ``None`` when it has none or cannot be read."""
-    jinja = folder / "chat_template.jinja"
+    alone (no transformers): the template files take priority over the config, as in transformers'
+    ``from_pretrained``: ``chat_template.jinja`` (named ``default``) and the named templates of
+    ``additional_chat_templates/`` (a ``default`` alone is a string, several a dict by name); without them the
+    config's ``chat_template`` (a string, or named templates as a dict); ``None`` when it has none or cannot be
+    read."""
     try:
-        if jinja.is_file():
-            return read_text(jinja)
+        files = _template_files(folder)
+        if files:
+            return files["default"] if list(files) == ["default"] else files
         config = read_json(folder / "tokenizer_config.json", dict)
     except FileReadError:
         return None
@@ -94,6 +101,17 @@ def folder_template(folder: Path) -> str | dict[str, str] | None:
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         return {k: v for k, v in named.items() if isinstance(k, str) and isinstance(v, str)} or None
     return template if isinstance(template, str) and template else None
+
+
+def _template_files(folder: Path) -> dict[str, str]:
+    """``chat_template.jinja`` as ``default`` and ``additional_chat_templates/NAME.jinja`` as ``NAME``."""
+    files = {}
+    if (folder / "chat_template.jinja").is_file():
+        files["default"] = read_text(folder / "chat_template.jinja")
+    named = folder / NAMED_TEMPLATES
+    for path in sorted(named.glob("*.jinja")) if named.is_dir() else []:
+        files[path.name.removesuffix(".jinja")] = read_text(path)
+    return files
 
 
 def template_sha256(template: str | dict[str, str] | None) -> str | None:
@@ -128,11 +146,21 @@ def messages_of(line: str, path: Path, number: int) -> Messages:
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise DataError(
                 f'{where}: messages[{k}] is not {{"role": one of {", ".join(ROLES)}, "content": a string}} '
-                f"({json.dumps(m)[:80]}); fix: give every message a role and a string content"
+                f"({_shape(m)}); fix: give every message a role and a string content"
             )
+        require_utf8(m["content"], f"{where}: messages[{k}]")
     if not any(m["role"] == "assistant" for m in record["messages"]):
         raise DataError(f"{where}: no assistant message, so nothing would carry loss; fix: add the assistant's answer")
     return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+
+
+def _shape(message: object) -> str:
+    """What is wrong with a message, by its shape: never its text (no error quotes the input)."""
+    if not isinstance(message, dict):
+        return f"it is {type_name(message)}"
+    if message.get("role") not in ROLES:
+        return "no role" if "role" not in message else f"its role is {type_name(message['role'])} of no such name"
+    return f"its content is {type_name(message.get('content'))}"
 
 
 def _render(tok: Any, messages: Messages, generation_prompt: bool, where: str) -> str:

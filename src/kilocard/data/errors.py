@@ -14,3 +14,16 @@ class DataError(Exception):
         """``(what, how)``; ``how`` is empty when the message names no fix."""
         what, _, how = str(self).partition(FIX_MARK)
         return what, how
+
+
+def require_utf8(text: str, what: str) -> str:
+    """``text`` when it encodes as UTF-8; ``DataError`` naming ``what`` (``path:line: "text"``) and where its lone
+    surrogate is (a ``\\udXXX`` JSON escape without its pair), never the text itself."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise DataError(
+            f"{what} holds a lone surrogate (a \\u{ord(err.object[err.start]):04x} escape without its pair) at "
+            f"character {err.start}; fix: escape whole characters (surrogate pairs) or write UTF-8"
+        ) from None
+    return text

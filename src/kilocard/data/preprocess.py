@@ -35,7 +35,7 @@ from tqdm import tqdm
 from kilocard.base.safe_read import FileReadError, open_regular, require_regular
 from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.chat import encode_conversation, load_chat_tokenizer, messages_of, template_sha256
-from kilocard.data.errors import DataError
+from kilocard.data.errors import DataError, require_utf8
 from kilocard.data.indexed import IndexWriter, optimal_dtype
 from kilocard.data.record import DataRecord, mask_prefix, record_path, tokenizer_sha256, write_record
 from kilocard.data.tokenizer import TokenizerBase, get_tokenizer
@@ -116,14 +116,7 @@ def text_of(line: str, path: Path, number: int) -> str:
         raise DataError(
             f'{path}:{number}: "text" is a {kind}, not a string; fix: put the document text in a JSON string'
         )
-    try:
-        record["text"].encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise DataError(
-            f'{path}:{number}: "text" holds a lone surrogate (a \\u{ord(err.object[err.start]):04x} escape without '
-            f"its pair) at character {err.start}; fix: escape whole characters (surrogate pairs) or write UTF-8"
-        ) from None
-    return record["text"]
+    return require_utf8(record["text"], f'{path}:{number}: "text"')
 
 
 _worker: tuple[TokenizerBase, Path] | None = None

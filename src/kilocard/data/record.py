@@ -11,15 +11,17 @@ embedding), or not at all while it trains on garbage.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy
 
 from kilocard.base.digest import sha256_file
-from kilocard.base.safe_read import FileReadError, open_regular, read_json
+from kilocard.base.safe_read import FileReadError, expect_shape, open_regular, read_json
 from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.errors import DataError
 from kilocard.data.indexed import INDEX_HEADER
@@ -130,13 +132,28 @@ def read_record(prefix: str) -> DataRecord | None:
         return None
     try:
         raw = read_json(path, dict)
-        names = {f.name for f in fields(DataRecord)}
-        return DataRecord(**{k: v for k, v in raw.items() if k in names})
-    except (FileReadError, TypeError) as err:
+        types = field_types()
+        for key, value in raw.items():
+            if key in types:
+                expect_shape(path, value, types[key], f"field {key!r}")
+        return DataRecord(**{k: v for k, v in raw.items() if k in types})
+    except FileReadError as err:
+        raise DataError(
+            f"data.data_path: {err} (not a kilocard data record); "
+            f"fix: rebuild the data with `kilocard preprocess`, or delete the file"
+        ) from None
+    except TypeError as err:
         raise DataError(
             f"data.data_path: {path} is not a kilocard data record ({type(err).__name__}); "
             f"fix: rebuild the data with `kilocard preprocess`, or delete the file"
         ) from None
+
+
+@functools.cache
+def field_types() -> dict[str, tuple[type, ...]]:
+    """The JSON types of each ``DataRecord`` field, from its annotation (``int | None``: an integer or null)."""
+    hints = typing.get_type_hints(DataRecord)
+    return {f.name: typing.get_args(hints[f.name]) or (hints[f.name],) for f in fields(DataRecord)}
 
 
 HEADER_BYTES = len(INDEX_HEADER) + 8 + 1 + 8 + 8

@@ -710,9 +710,10 @@ def predict_step_time(
     per_layer: dict[str, float] = {}
     t_layer = stage_microbatch_time(shape, lay, ft, hw, params, 1.0, per_layer)
     stages = lay.stage_layers or (shape.layers / lay.pp,) * lay.pp
-    logits = logits_time(shape, lay, ft, hw, params)
-    if ft.forward_only:
-        logits /= 2 if ft.lora_dim else 3  # the logits GEMM's forward, and a share of the cross-entropy's traffic
+    if ft.forward_only:  # the logits GEMM's forward, and a third of the cross-entropy's traffic (frozen or not)
+        logits = logits_time(shape, lay, replace(ft, lora_dim=0), hw, params) / 3
+    else:
+        logits = logits_time(shape, lay, ft, hw, params)
     widest = max(stages[:-1]) if lay.pp > 1 else 0.0
     last_bound = stages[-1] * t_layer + logits >= widest * t_layer
     slow_layers = stages[-1] if last_bound else widest
@@ -785,9 +786,10 @@ def dense_params_per_gpu(shape: ModelShape, lay: Layout, ft: Features, stage_lay
 def dp_comm(
     n_params: float, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams, t_microbatch: float
 ) -> float:
-    """Exposed gradient reduce (and parameter all-gather) over DP x CP ranks."""
+    """Exposed gradient reduce (and parameter all-gather) over DP x CP ranks; none without a trained parameter
+    (LoRA whose targets name no module)."""
     group = lay.dp_cp
-    if group == 1:
+    if group == 1 or n_params <= 0:
         return 0.0
     bw = ring_bandwidth(lay.dp_cp_stride, group, hw, params)  # TP fastest, then CP, (PP,) DP
     frac = (group - 1) / group

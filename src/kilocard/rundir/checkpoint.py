@@ -35,10 +35,10 @@ from typing import Any
 
 from kilocard.base.digest import sha256_file
 from kilocard.base.safe_read import FileReadError, expect_shape, is_regular, read_json, read_text, require_field
-from kilocard.config.schema import ModelConfig, RunConfig
+from kilocard.config.schema import ModelConfig, PeftConfig, RunConfig
 from kilocard.perf.params import padded_vocab_size
 from kilocard.rundir.freeze import HASH_FILE
-from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, OWNER, STATE, TRACKER
+from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, OWNER, PEFT, STATE, TRACKER
 from kilocard.validate.issues import Issue, error
 
 NON_SHAPE_FIELDS = frozenset(
@@ -424,6 +424,26 @@ def state_differences(state: TrainerState, model: ModelConfig, tp: int) -> list[
     return diffs
 
 
+LORA_ONLY = "holds LoRA adapters only (trained with peft=lora)"
+"""Why a LoRA step cannot continue without ``peft=lora`` (``peft_differences``)."""
+
+
+def peft_differences(state: TrainerState, peft: PeftConfig) -> list[str]:
+    """Why the adapters of a LoRA step (``names.PEFT`` in its extra) cannot go on under ``peft``: it needs
+    ``peft=lora`` with the same ``dim`` and ``target_modules``; ``[]`` for any other step, or when they agree. The
+    one check of ``validate`` (``load_model_issues``) and the ranks (``kilocard.train.ckpt_manager``)."""
+    saved = state.extra.get(PEFT)
+    if not isinstance(saved, dict):
+        return []
+    if peft.type != "lora":
+        return [LORA_ONLY]
+    return [
+        f"peft.{k}: {saved.get(k)!r} -> {getattr(peft, k)!r}"
+        for k in ("dim", "target_modules")
+        if saved.get(k) != getattr(peft, k)
+    ]
+
+
 def load_model_issues(cfg: RunConfig) -> list[Issue]:
     """``CHECKPOINT_MODEL_MISMATCH``: the step ``checkpoint.load`` starts from (``checkpoint.ckpt_step``, else its
     newest committed one) holds the model of ``cfg`` (its ``trainer_state.json``, which ``convert hf-to-mcore``
@@ -443,30 +463,51 @@ def load_model_issues(cfg: RunConfig) -> list[Issue]:
         return []
     tp = cfg.parallel.tensor_model_parallel_size
     diffs = state_differences(state, cfg.model, tp) if tp >= 1 else model_differences(state.model, cfg.model)
-    if not diffs:
-        return []
-    return [
-        error(
-            "CHECKPOINT_MODEL_MISMATCH",
-            "checkpoint.load",
-            load,
-            f"step {step} of {root} holds another model than this config: {'; '.join(diffs)}",
-            "the recipe or model.* overrides the checkpoint was made with (`kilocard convert hf-to-mcore HF_DIR "
-            "OUT recipe=<this recipe>` imports for this recipe), or another checkpoint.load",
+    adapters = peft_differences(state, cfg.peft)
+    out = []
+    if diffs:
+        out.append(
+            error(
+                "CHECKPOINT_MODEL_MISMATCH",
+                "checkpoint.load",
+                load,
+                f"step {step} of {root} holds another model than this config: {'; '.join(diffs)}",
+                "the recipe or model.* overrides the checkpoint was made with (`kilocard convert hf-to-mcore HF_DIR "
+                "OUT recipe=<this recipe>` imports for this recipe), or another checkpoint.load",
+            )
         )
-    ]
+    if adapters:
+        saved = state.extra[PEFT]
+        out.append(
+            error(
+                "CHECKPOINT_MODEL_MISMATCH",
+                "checkpoint.load",
+                load,
+                f"step {step} of {root} {'; '.join(adapters)}"
+                if adapters == [LORA_ONLY]
+                else f"step {step} of {root} holds adapters of another shape: {'; '.join(adapters)}",
+                f"peft=lora peft.dim={saved.get('dim')} peft.target_modules={saved.get('target_modules')} to continue "
+                "them, `kilocard convert mcore-to-hf` to merge them into the base, or another checkpoint.load",
+            )
+        )
+    return out
 
 
-def newest_committed(save_root: Path, load_root: Path | None, ckpt_step: int | None = None) -> int:
-    """The step ``load_root_and_step`` would try first, before any verification (0 when there is none or its
-    tracker is unreadable): what a newer local-tier step must beat."""
+def newest_committed(save_root: Path, load_root: Path | None, ckpt_step: int | None = None, lora: bool = False) -> int:
+    """The step the run would go on from with the step ``load_root_and_step`` tries first, before any verification
+    (0 when there is none or its tracker is unreadable): what a newer local-tier step must beat. With ``lora``
+    (``peft=lora``) a ``checkpoint.load`` step without adapters is the frozen base, and the run starts at step 0
+    on it (``kilocard.train.ckpt_manager``), whatever step number it has."""
     try:
         own = latest_committed(save_root)
         if own is not None:
             return own
         if load_root is None:
             return 0
-        return ckpt_step if ckpt_step is not None else (latest_committed(load_root) or 0)
+        step = ckpt_step if ckpt_step is not None else (latest_committed(load_root) or 0)
+        if lora and step and PEFT not in read_state(step_dir(load_root, step)).extra:
+            return 0
+        return step
     except CheckpointError:
         return 0
 

@@ -161,7 +161,7 @@ class CheckpointManager:
         """The newest committed persistent step (unverified; 0 when none), read on rank 0 and broadcast."""
         c, found = self.cfg.checkpoint, [0]
         if self.rank == 0:
-            found = [ck.newest_committed(self.save_root, self.load_root, c.ckpt_step)]
+            found = [ck.newest_committed(self.save_root, self.load_root, c.ckpt_step, self.lora)]
         dist.broadcast_object_list(found, src=0)
         return int(found[0])
 
@@ -230,17 +230,12 @@ class CheckpointManager:
         saved = state.extra.get(PEFT)
         if saved is None:
             return None
-        if not self.lora:
+        diffs = ck.peft_differences(state, self.cfg.peft)
+        if diffs == [ck.LORA_ONLY]:
             raise ck.ModelMismatch(
-                f"checkpoint {sdir} holds LoRA adapters only (trained with peft=lora); continue it with "
-                f"peft=lora, or export it merged into the base with kilocard convert mcore-to-hf"
+                f"checkpoint {sdir} {ck.LORA_ONLY}; continue it with peft=lora, or export it merged into the base "
+                f"with kilocard convert mcore-to-hf"
             )
-        p = self.cfg.peft
-        diffs = [
-            f"peft.{k}: {saved.get(k)!r} -> {getattr(p, k)!r}"
-            for k in ("dim", "target_modules")
-            if saved.get(k) != getattr(p, k)
-        ]
         if diffs:
             raise ck.ModelMismatch(f"checkpoint {sdir} holds adapters of another shape: {'; '.join(diffs)}")
         base = Path(saved["base"])

@@ -236,7 +236,9 @@ def base_part(sd: dict[str, Any]) -> dict[str, Any]:
 
 @torch.no_grad()
 def merge(model: nn.Module) -> int:
-    """Fold each adapter into its base weight (whole tensors: a single-rank model) and remove it; returns how many."""
+    """Fold each adapter into its base weight (whole tensors: a single-rank model) and zero its B, so that the
+    module computes the merged weight alone (the adapter stays attached: adding its update again would count it
+    twice); returns how many."""
     n = 0
     for _name, module in list(model.named_modules()):
         adapter = getattr(module, ADAPTER, None)
@@ -244,5 +246,6 @@ def merge(model: nn.Module) -> int:
             continue
         w: Any = module.weight
         w.copy_(merged_weight(w, adapter.linear_in.weight, adapter.linear_out.weight, adapter.alpha, adapter.dim))
+        adapter.linear_out.weight.zero_()
         n += 1
     return n

@@ -15,7 +15,8 @@ the other input checks. For every prefix of ``data.data_path``:
   system and user tokens carry loss too;
 - ``SFT_TOO_LONG`` (a warning): with ``data.sft``, conversations longer than ``model.seq_length + 1`` tokens (the
   ``.idx``'s lengths, counted): their tokens past one sequence carry no loss (cut by ``data.packing=false``, or the
-  piece in the next packed sequence, which has lost its prompt);
+  piece in the next packed sequence, which has lost its prompt, with ``data.reset_attention_mask``; without it
+  that piece is trained on);
 - ``SFT_TRUNCATED`` (a warning): the record says ``preprocess --chat --max-length --on-overflow truncate`` cut
   conversations, and how many;
 - ``SFT_CHAT_TEMPLATE``: with ``data.sft``, the ``data.tokenizer`` folder has no chat template, so the fine-tuned
@@ -117,14 +118,18 @@ def _sft_issues(cfg: RunConfig, field: str, prefix: str, resolved: str, record: 
     return []
 
 
+SCAN_CHUNK = 1 << 20
+"""Lengths compared at a time by ``too_long_issues`` (a megabyte of comparisons, however many conversations)."""
+
+
 def too_long_issues(
     cfg: RunConfig, field: str, prefix: str, lengths: Sequence[int] | numpy.ndarray | None
 ) -> list[Issue]:
     """``SFT_TOO_LONG``: conversations of ``prefix`` (their token counts, EOD included; an array is scanned without
     a copy) that one sequence of ``model.seq_length + 1`` tokens (the inputs and the last target) does not hold."""
     fits = cfg.model.seq_length + 1
-    counts = numpy.asarray(lengths if lengths is not None else [], dtype=numpy.int64)
-    longer = int(numpy.count_nonzero(counts > fits))
+    counts = lengths if isinstance(lengths, numpy.ndarray) else numpy.asarray(lengths or [], dtype=numpy.int64)
+    longer = sum(int(numpy.count_nonzero(counts[i : i + SCAN_CHUNK] > fits)) for i in range(0, len(counts), SCAN_CHUNK))
     if not longer:
         return []
     longest = int(counts.max())
@@ -134,11 +139,20 @@ def too_long_issues(
             "model.seq_length",
             cfg.model.seq_length,
             f"{field} {prefix}: {longer} of {len(counts)} conversations are longer than "
-            f"model.seq_length + 1 = {fits} tokens (the longest {longest}); their tokens past that carry no loss",
+            f"model.seq_length + 1 = {fits} tokens (the longest {longest}); {_past_a_sequence(cfg)}",
             f"model.seq_length={longest - 1}, or decide at preprocessing: `kilocard preprocess --chat "
             f"--max-length {fits} --on-overflow refuse` (or truncate, counted in the record)",
         )
     ]
+
+
+def _past_a_sequence(cfg: RunConfig) -> str:
+    """What becomes of a conversation's tokens past one sequence (``kilocard.data.sft``): cut with
+    ``data.packing=false``; packed, its piece in the next sequence carries no loss with
+    ``data.reset_attention_mask`` and is trained on without its prompt otherwise."""
+    if cfg.data.packing and not cfg.data.reset_attention_mask:
+        return "their tokens past that go on in the next sequence and are trained on without their prompt"
+    return "their tokens past that carry no loss"
 
 
 def truncated_issues(field: str, prefix: str, record: DataRecord | None) -> list[Issue]:

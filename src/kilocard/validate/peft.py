@@ -28,17 +28,23 @@ def rule_peft_type(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 
 def rule_lora_targets(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """``LORA_TARGET``: every ``peft.target_modules`` entry is a linear layer the adapter wraps, and there is one."""
+    """``LORA_TARGET``: every ``peft.target_modules`` entry is a linear layer the adapter wraps, once (a module gets
+    one adapter: a repeated name would count its adapter twice in memory, step time and checkpoint size), and
+    there is one."""
     if not _lora(cfg):
         return
     targets = list(cfg.peft.target_modules)
     unknown = [t for t in targets if t not in LORA_TARGETS]
-    if unknown or not targets:
+    repeated = sorted({t for t in targets if targets.count(t) > 1})
+    if unknown or repeated or not targets:
+        why = "names no module"
+        if unknown or repeated:
+            why = f"unknown target module(s) {unknown}" if unknown else f"names {', '.join(repeated)} more than once"
         yield error(
             "LORA_TARGET",
             "peft.target_modules",
             targets,
-            f"unknown target module(s) {unknown}" if unknown else "names no module",
+            why,
             f"choose among {', '.join(LORA_TARGETS)}, e.g. peft.target_modules=[linear_qkv,linear_proj]",
         )
 
