@@ -14,10 +14,10 @@ if [ "${1:-}" = "--fast" ]; then
   shift
   exec .venv/bin/python -m pytest -q --durations=10 -m unit "$@"
 fi
-# KILOCARD_TEST_WORKERS=2: two pytest-xdist workers; the Slurm tests run on one, in order, while the other takes
-# the rest; a module, or a page of the docs test, stays whole on one worker (tests/conftest.py, docs/testing.md).
-# The default is one process (0): under two workers one Slurm in-job test failed once in three full runs.
-WORKERS=${KILOCARD_TEST_WORKERS:-0}
+# Two pytest-xdist workers by default: the Slurm tests run on one, in order, while the other takes the rest; a
+# module, or a page of the docs test, stays whole on one worker (tests/conftest.py, docs/testing.md).
+# KILOCARD_TEST_WORKERS=0: one process (for --pdb, or to read a test's output in order).
+WORKERS=${KILOCARD_TEST_WORKERS:-2}
 .venv/bin/python -m pytest -q --durations=15 -n "$WORKERS" "$@"
 if [ "$#" -eq 0 ]; then
   echo "--- second pass: megatron-core 0.19.2 (marker mcore_range) ---"

@@ -93,3 +93,28 @@ def test_section_6_tensor_type_is_needed():
     assert r.returncode != 0 and "stage rng ok" in r.stdout and "stage step ok" not in r.stdout
     assert "torch.cuda.FloatTensor" in r.stderr or "TypeError" in r.stderr, r.stderr[-2000:]
     assert "applied [1, 2, 3, 4, 5, 7, 8, 9, 10]" in r.stdout
+
+
+JIT_PROBE = textwrap.dedent("""
+    import sys
+    from kilocard.backends import cpu_shim
+    cpu_shim.apply()
+    import megatron.core
+    from megatron.core import jit
+    print("noop", jit.jit_fuser is jit.noop_decorator, "dynamo", "torch._dynamo" in sys.modules, flush=True)
+""")
+
+
+@pytest.mark.parametrize("skip", ["", "11"])
+def test_jit_fuser_section_keeps_torch_compile_out_of_a_rank(skip):
+    """Section 11: with it, Megatron-Core's jit_fuser is its no-op, and on 0.16 TorchDynamo is never imported (a
+    third of a rank's import time; 0.19's InferenceTopKRouter applies torch.compile itself, so it is imported
+    there); without it, importing Megatron-Core applies torch.compile and imports TorchDynamo."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{cpu_shim.SKIP_ENV: skip})
+    r = subprocess.run([sys.executable, "-c", JIT_PROBE], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    if skip:
+        assert "noop False dynamo True" in r.stdout, r.stdout
+    else:
+        dynamo = cpu_shim.megatron_core_version() != "0.16.1"
+        assert f"noop True dynamo {dynamo}" in r.stdout, r.stdout

@@ -34,13 +34,23 @@ Sections (``KILOCARD_CPU_SHIM_SKIP=2,5`` switches sections off, for experiments 
     result (about 4 s per rank; 12-15 s for four ranks on two cores, every run). CPU ranks save
     synchronously (the results are put and read in the same process), so an in-process
     ``queue.Queue`` does the same job. Not for async saves (GPU backend only).
+11. Megatron-Core's ``jit_fuser`` is ``torch.compile``, applied at import to its fused activations:
+    each decorated function imports TorchDynamo and Inductor (about 1.4 s of CPU per rank, a third of
+    importing Megatron-Core), and CPU ranks never call them (their configs keep the fusions off). The
+    section makes ``jit_fuser`` Megatron-Core's own ``noop_decorator`` from the moment
+    ``megatron.core.jit`` is loaded; installed first, so it must run before Megatron-Core is imported
+    (``apply()`` comes before any Megatron-Core import in a rank). Where Megatron-Core is already
+    loaded it changes nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.abc
+import importlib.machinery
 import os
+import sys
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from typing import Any
@@ -298,7 +308,36 @@ def _patch_sync_save_results_queue() -> None:
     _replace(fa, name, lambda *args, **kwargs: results)
 
 
+class _JitFuserOff(importlib.abc.MetaPathFinder):
+    """Loads ``megatron.core.jit`` as usual, then sets its ``jit_fuser`` to its ``noop_decorator``."""
+
+    NAME = "megatron.core.jit"
+    done = False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.NAME or self.done:
+            return None
+        self.done = True  # one module, once (a finder leaves sys.meta_path alone while it is walked)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            load(module)
+            module.jit_fuser = module.noop_decorator
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _patch_jit_fuser() -> None:
+    if _JitFuserOff.NAME not in sys.modules and not any(isinstance(f, _JitFuserOff) for f in sys.meta_path):
+        sys.meta_path.insert(0, _JitFuserOff())
+
+
 SECTIONS: dict[int, Callable[[], None]] = {
+    11: _patch_jit_fuser,  # first: the sections below import Megatron-Core
     1: _patch_rng_tracker,
     2: _patch_devices,
     3: _patch_cuda_runtime,
