@@ -82,7 +82,7 @@ DAMAGE = {
         lambda hf: (hf / "config.json").write_text(
             json.dumps({**json.loads((hf / "config.json").read_text()), "rope_scaling": "yes"})
         ),
-        "field 'rope_scaling' holds a string, expected a mapping or NoneType",
+        "field 'rope_scaling' holds a string, expected a mapping or null",
     ),
     "NaN weight": (_nan, "tensor model.embed_tokens.weight holds NaN or infinite values"),
 }
