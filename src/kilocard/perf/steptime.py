@@ -687,9 +687,10 @@ def logits_time(shape: ModelShape, lay: Layout, ft: Features, hw: Hardware, para
     FP8/FP4 runs."""
     eff = params.for_family(hw.family)
     tok = ft.mbs * shape.seq / lay.cp
-    outside_fp8 = replace(ft, precision="bf16") if ft.precision in ("fp8", "fp4") else ft
+    # the bf16 peak outside FP8 (what _peak gives a bf16 run), without copying ``ft``: a hot path of the fit
+    peak = hw.peak_flops["bf16"] if ft.precision in ("fp8", "fp4") else _peak(hw, ft, eff)
     passes = 2 if ft.lora_dim else 3  # LoRA freezes the output layer: no weight gradient
-    t = passes * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, _peak(hw, outside_fp8, eff), eff)
+    t = passes * gemm_time(tok, shape.vocab / lay.tp, shape.hidden, 1, peak, eff)
     logits = tok * shape.vocab / lay.tp
     return t + logits * cross_entropy_bytes(ft.cross_entropy) / (hw.hbm_bandwidth * eff.hbm_efficiency)
 
