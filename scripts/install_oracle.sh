@@ -15,7 +15,7 @@ if [ -f "$stamp" ]; then
 fi
 rm -rf .oracle.tmp
 mkdir -p .oracle.tmp
-PIP=(.venv/bin/pip install -q --no-compile --disable-pip-version-check --no-deps --ignore-requires-python --target .oracle.tmp)
+PIP=(.venv/bin/pip install -q --disable-pip-version-check --no-deps --ignore-requires-python --target .oracle.tmp)
 "${PIP[@]}" "megatron-core==$ORACLE_VERSION"
 "${PIP[@]}" "triton==$TRITON_VERSION"
 rm -rf .oracle

@@ -9,13 +9,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.kilocard-setup
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  # --no-compile: Python compiles only the modules the tests import, on first import (pip would compile
-  # every file of torch, transformers, ...: most of the CPU time of a fresh setup)
   # torch first and exactly: the local CPU wheel. An unpinned torch would pull a multi-GB CUDA build.
-  .venv/bin/pip install -q --no-compile --disable-pip-version-check "torch==${KILOCARD_TORCH:-2.13.0}"
+  .venv/bin/pip install -q --disable-pip-version-check "torch==${KILOCARD_TORCH:-2.13.0}"
   # megatron-core: the bottom of the supported range, exactly (the newest release for Python 3.11)
-  .venv/bin/pip install -q --no-compile --disable-pip-version-check "megatron-core==${KILOCARD_MCORE:-0.16.1}"
-  .venv/bin/pip install -q --no-compile --disable-pip-version-check -e ".[test]"
+  .venv/bin/pip install -q --disable-pip-version-check "megatron-core==${KILOCARD_MCORE:-0.16.1}"
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
   touch "$stamp"
 fi
 # The test oracle: megatron-core 0.19.2 (Megatron-LM formulas) in .oracle/, apart from the pinned one.

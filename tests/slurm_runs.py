@@ -40,6 +40,24 @@ class Run:
     """The job ids of a chain's later links (``--chain``), in order."""
 
 
+def sbatch_in_process(args: list[str], env: dict[str, str] | None = None) -> tuple[int, io.StringIO, io.StringIO]:
+    """``kilocard ARGS`` in this process with ``env`` set in the submitting environment meanwhile (sbatch passes
+    it on to the job): exit code, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(args)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return rc, out, err
+
+
 def submit(root: Path, *overrides: str, env: dict[str, str] | None = None, iters: int = ITERS, chain: int = 1) -> Run:
     """``kilocard sbatch --submit --chain CHAIN`` of tiny_gpt on 2 nodes x 2 CPU ranks, ``iters`` steps;
     ``env`` is set in the submitting environment (sbatch passes it on to the job)."""
@@ -63,18 +81,7 @@ def submit(root: Path, *overrides: str, env: dict[str, str] | None = None, iters
         "--submit",
         f"--chain={chain}",
     ]
-    out, err = io.StringIO(), io.StringIO()
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(args)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    rc, out, err = sbatch_in_process(args, env)
     if rc != 0:
         raise AssertionError(f"kilocard sbatch exit {rc}: {err.getvalue()}")
     lines = dict(line.split(": ", 1) for line in out.getvalue().strip().splitlines() if ": " in line)

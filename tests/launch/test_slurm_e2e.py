@@ -10,10 +10,10 @@ script -> srun -> `python -m kilocard.train` on CPU ranks (gloo) on several slur
 
 Steps must outlast the USR1 lead: Slurm sends USR1 45 to 75 s after the start of a 2-minute job
 (its time-limit check runs every 30 s). The basic run, the chain and the chain's uninterrupted twin
-(2 nodes x 1 rank, which also measures this machine's wall-clock seconds per step, committed saves
-included) start together (6 nodes); once the twin ends, the time-limit and reference runs get ~90 s
-of steps at that rate. The chain's 100 steps (800 when it shared the reference) are done soon after,
-so the time-limit run shares the cores with one other run, not two.
+(2 nodes x 1 rank) start together (6 nodes); once they end, the time-limit and reference runs take
+at least 90 s: each rank sleeps ``DELAY_S`` before every step (``KILOCARD_FAULT_STEP_DELAY_S``), so
+the runs last long without computing for long (they once trained flat out for 90 s, two runs of two
+ranks: the most CPU of any test).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import io
 import json
 import math
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -32,17 +31,24 @@ from pathlib import Path
 import pytest
 
 from kilocard.cli import main
+from kilocard.rundir.names import STEP_DELAY_ENV
+from slurm_runs import sbatch_in_process
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-#: Seconds of steps (at the calibrated wall-clock time per step) of the time-limit and reference runs.
+#: Seconds of steps of the time-limit and reference runs, at least: ``TRAIN_S / DELAY_S`` steps.
 TRAIN_S = 90
+#: Seconds each rank of those runs sleeps before a step (the steps themselves take ~0.05 s).
+DELAY_S = 0.25
 #: Steps of the chain and its uninterrupted twin: the cancel after step 7 lands well before the end.
 CHAIN_ITERS = 100
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
-def submit(root: Path, *overrides: str, chain: int = 1, nodes: int = 2, ranks: int = 2) -> dict[str, object]:
-    """`kilocard sbatch ... --submit` in this process; returns run dir, script and job ids."""
+def submit(
+    root: Path, *overrides: str, chain: int = 1, nodes: int = 2, ranks: int = 2, env: dict[str, str] | None = None
+) -> dict[str, object]:
+    """`kilocard sbatch ... --submit` in this process, with ``env`` set in the submitting environment (sbatch
+    passes it on to the job); returns run dir, script and job ids."""
     args = [
         "sbatch",
         "recipe=tiny_gpt",
@@ -61,9 +67,7 @@ def submit(root: Path, *overrides: str, chain: int = 1, nodes: int = 2, ranks: i
     ]
     if chain > 1:
         args += ["--chain", str(chain)]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(args)
+    rc, out, err = sbatch_in_process(args, env)
     assert rc == 0, err.getvalue()
     lines = dict(line.split(": ", 1) for line in out.getvalue().strip().splitlines())
     ids = [int(x) for x in lines[next(k for k in lines if k.startswith("job id"))].split()]
@@ -103,8 +107,8 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def runs(local_slurm, tmp_path_factory):
-    """Submit the basic run, the chain and its uninterrupted twin (the calibration run); once the twin
-    ends, submit the time-limit and reference runs, sized from the twin's seconds per step."""
+    """Submit the basic run, the chain and its uninterrupted twin; once the basic run and the twin end,
+    submit the time-limit and reference runs (``TRAIN_S / DELAY_S`` steps, ``DELAY_S`` of sleep before each)."""
     root = tmp_path_factory.mktemp("slurm-runs")
     pwned = root / "pwned"
     basic = submit(root, "trainer.train_iters=10", f"+launcher.env.INJECTED='$(touch {pwned}); `touch {pwned}`'")
@@ -114,12 +118,13 @@ def runs(local_slurm, tmp_path_factory):
     cancel_after_first_commit(chain["ids"][0], chain["run_dir"])
     info = wait_state(basic["ids"][0], 300)
     wait_state(calib["ids"][0], 300)
-    # one uninterrupted attempt would need ~90 s of steps: USR1 (45-75 s after the start) interrupts it,
-    # and the second attempt (USR1 again after >= 45 s) usually finishes the rest
-    iters = min(800, max(60, math.ceil(TRAIN_S / seconds_per_step(metrics(calib["run_dir"])))))
+    # one uninterrupted attempt takes over 90 s whatever the machine's speed: USR1 (45-75 s after the start)
+    # interrupts it, and the second attempt (USR1 again after >= 45 s) usually finishes the rest
+    iters = math.ceil(TRAIN_S / DELAY_S)
     common = [f"trainer.train_iters={iters}", "checkpoint.save_interval=5"]
-    ref = submit(root, *common, "launcher.job_name=reference", nodes=2, ranks=1)
-    limited = submit(root, *common, "launcher.job_name=timelimit", "launcher.time=00:02:00", nodes=2, ranks=1)
+    slow = {STEP_DELAY_ENV: str(DELAY_S)}
+    ref = submit(root, *common, "launcher.job_name=reference", nodes=2, ranks=1, env=slow)
+    limited = submit(root, *common, "launcher.job_name=timelimit", "launcher.time=00:02:00", nodes=2, ranks=1, env=slow)
     return {
         "root": root,
         "pwned": pwned,
@@ -131,15 +136,6 @@ def runs(local_slurm, tmp_path_factory):
         "calib": calib,
         "chain": chain,
     }
-
-
-def seconds_per_step(rows: list[dict], save_interval: int = 5) -> float:
-    """Wall-clock seconds per step, committed saves included (what a run's length depends on;
-    ``step_time_s`` leaves the saves out): the median over windows of ``save_interval`` steps (one save
-    each) after the first 3 steps, so a burst of another job's start-up does not inflate it."""
-    at = {m["step"]: m["time"] for m in rows}
-    windows = [at[s + save_interval] - at[s] for s in range(3, max(at, default=0)) if s + save_interval in at]
-    return max(statistics.median(windows) / save_interval, 1e-3) if windows else 0.5
 
 
 def cancel_after_first_commit(job_id: int, run_dir: Path) -> None:

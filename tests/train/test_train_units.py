@@ -12,7 +12,7 @@ from kilocard import exitcodes
 from kilocard.config.compose import compose, to_run_config
 from kilocard.launch.local import torchrun_command
 from kilocard.rundir.metrics import Throughput
-from kilocard.train.dist_env import resolve
+from kilocard.train.dist_env import resolve, step_delay
 
 
 def test_slurm_variables_are_accepted():
@@ -226,3 +226,11 @@ def test_recorded_exit_code_is_what_the_launcher_reads(tmp_path, monkeypatch):
     record_exit(exitcodes.BAD_CKPT)
     assert (tmp_path / "rank_3").read_text() == "3\n"
     assert exitcodes.from_exit_dir(str(tmp_path), 1) == exitcodes.BAD_CKPT
+
+
+def test_step_delay_injection_is_seconds_or_one_line_naming_the_variable():
+    """KILOCARD_FAULT_STEP_DELAY_S (tests that need a run to outlast a Slurm signal): unset is no delay."""
+    assert step_delay({}) == 0.0 and step_delay({"KILOCARD_FAULT_STEP_DELAY_S": "0.25"}) == 0.25
+    for bad in ("-1", "soon", "nan", "inf"):
+        with pytest.raises(ValueError, match=rf"KILOCARD_FAULT_STEP_DELAY_S='{bad}': expected seconds >= 0; unset it"):
+            step_delay({"KILOCARD_FAULT_STEP_DELAY_S": bad})

@@ -34,3 +34,6 @@ FAILED_RANKS = "nodes/failed_ranks.tsv"
 """Which node hosted the failed rank of each in-job restart, one line each: node, ranks, job, attempt, time."""
 UNHEALTHY_NODES_ENV = "KILOCARD_FAULT_UNHEALTHY_NODES"
 """Fault injection (tests): comma-separated node names whose health check fails as if the node were bad."""
+STEP_DELAY_ENV = "KILOCARD_FAULT_STEP_DELAY_S"
+"""Fault injection (tests): seconds every rank sleeps before each training step, outside the timed step: a
+slow run that costs no CPU (a test that needs a run to outlast a Slurm signal waits instead of computing)."""

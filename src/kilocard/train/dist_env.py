@@ -9,11 +9,13 @@ in the process group's constructor (the stale-address trap, measured in the resi
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 from kilocard.base.net import free_port
+from kilocard.rundir.names import STEP_DELAY_ENV
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,18 @@ def _int(env: Mapping[str, str], key: str) -> int:
         return int(env[key])
     except (KeyError, ValueError):
         raise ValueError(f"{key}={env.get(key)!r}: expected an integer") from None
+
+
+def step_delay(env: Mapping[str, str]) -> float:
+    """Seconds to sleep before each step (``names.STEP_DELAY_ENV``, fault injection; 0 when unset)."""
+    raw = env.get(STEP_DELAY_ENV, "").strip()
+    try:
+        value = float(raw or 0)
+    except ValueError:
+        value = -1.0
+    if not (0 <= value < math.inf):
+        raise ValueError(f"{STEP_DELAY_ENV}={raw!r}: expected seconds >= 0; unset it")
+    return value
 
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"

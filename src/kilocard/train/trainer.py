@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from kilocard.layout import Layout
 from kilocard.rundir.metrics import MetricsWriter, Throughput, peak_memory_bytes
 from kilocard.train import megatron_adapter as ma
 from kilocard.train.ckpt_manager import CheckpointManager
+from kilocard.train.dist_env import step_delay
 from kilocard.train.profiling import StepProfiler
 from kilocard.train.signals import StopFlag, Watchdog
 from kilocard.train.straggler import StragglerWatch, spread
@@ -267,8 +269,11 @@ class Trainer:
         self.log(f"data ready; training steps {self.step + 1}..{t.train_iters}")
         interval, local = self.cfg.checkpoint.save_interval, self.cfg.checkpoint.non_persistent_save_interval
         pending: _InFlight | None = None  # the previous step, its all-reduce still in flight
+        delay = step_delay(os.environ)
         while self.step < t.train_iters:
             self.watchdog.beat(f"step {self.step + 1}")
+            if delay:
+                time.sleep(delay)
             self.profiler.before_step(self.step + 1)
             t0 = time.perf_counter()
             r = self.train_step(iterators)
