@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kilocard.base.safe_read import FileReadError, is_regular, read_bytes
 from kilocard.convert.maps import ConvertUsageError
-from kilocard.data.chat import NAMED_TEMPLATES
+from kilocard.data.chat import NAMED_TEMPLATES, named_template_files
 from kilocard.data.errors import DataError
 from kilocard.data.record import HF_FILE, tokenizer_file
 from kilocard.data.tokenizer import HF, tokenizer_type
@@ -47,8 +47,7 @@ named chat templates (``tokenizer_names``)."""
 def tokenizer_names(folder: Path) -> tuple[str, ...]:
     """``TOKENIZER_FILES`` and the named chat templates of ``folder`` (``additional_chat_templates/NAME.jinja``,
     which transformers loads beside ``chat_template.jinja``)."""
-    named = folder / NAMED_TEMPLATES
-    templates = sorted(named.glob("*.jinja")) if named.is_dir() and not named.is_symlink() else []
+    templates = [] if (folder / NAMED_TEMPLATES).is_symlink() else named_template_files(folder)
     return TOKENIZER_FILES + tuple(f"{NAMED_TEMPLATES}/{p.name}" for p in templates)
 
 

@@ -103,13 +103,18 @@ def folder_template(folder: Path) -> str | dict[str, str] | None:
     return template if isinstance(template, str) and template else None
 
 
+def named_template_files(folder: Path) -> list[Path]:
+    """The named chat templates of tokenizer folder ``folder`` (``additional_chat_templates/NAME.jinja``), sorted."""
+    named = folder / NAMED_TEMPLATES
+    return sorted(named.glob("*.jinja")) if named.is_dir() else []
+
+
 def _template_files(folder: Path) -> dict[str, str]:
     """``chat_template.jinja`` as ``default`` and ``additional_chat_templates/NAME.jinja`` as ``NAME``."""
     files = {}
     if (folder / "chat_template.jinja").is_file():
         files["default"] = read_text(folder / "chat_template.jinja")
-    named = folder / NAMED_TEMPLATES
-    for path in sorted(named.glob("*.jinja")) if named.is_dir() else []:
+    for path in named_template_files(folder):
         files[path.name.removesuffix(".jinja")] = read_text(path)
     return files
 

@@ -36,17 +36,21 @@ def rule_lora_targets(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     targets = list(cfg.peft.target_modules)
     unknown = [t for t in targets if t not in LORA_TARGETS]
     repeated = sorted({t for t in targets if targets.count(t) > 1})
-    if unknown or repeated or not targets:
+    if unknown:
+        why = f"unknown target module(s) {unknown}"
+    elif repeated:
+        why = f"names {', '.join(repeated)} more than once"
+    elif not targets:
         why = "names no module"
-        if unknown or repeated:
-            why = f"unknown target module(s) {unknown}" if unknown else f"names {', '.join(repeated)} more than once"
-        yield error(
-            "LORA_TARGET",
-            "peft.target_modules",
-            targets,
-            why,
-            f"choose among {', '.join(LORA_TARGETS)}, e.g. peft.target_modules=[linear_qkv,linear_proj]",
-        )
+    else:
+        return
+    yield error(
+        "LORA_TARGET",
+        "peft.target_modules",
+        targets,
+        why,
+        f"choose among {', '.join(LORA_TARGETS)}, e.g. peft.target_modules=[linear_qkv,linear_proj]",
+    )
 
 
 def rule_lora_dim(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
