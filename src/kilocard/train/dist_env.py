@@ -9,7 +9,6 @@ in the process group's constructor (the stale-address trap, measured in the resi
 from __future__ import annotations
 
 import datetime
-import math
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,15 +57,19 @@ def _int(env: Mapping[str, str], key: str) -> int:
         raise ValueError(f"{key}={env.get(key)!r}: expected an integer") from None
 
 
+MAX_STEP_DELAY_S = 3600.0
+"""The longest step delay ``step_delay`` accepts (an hour: longer is a typo, not a test)."""
+
+
 def step_delay(env: Mapping[str, str]) -> float:
     """Seconds to sleep before each step (``names.STEP_DELAY_ENV``, fault injection; 0 when unset)."""
     raw = env.get(STEP_DELAY_ENV, "").strip()
     try:
         value = float(raw or 0)
     except ValueError:
-        value = -1.0
-    if not (0 <= value < math.inf):
-        raise ValueError(f"{STEP_DELAY_ENV}={raw!r}: expected seconds >= 0; unset it")
+        value = -1.0  # refused below, with the raw text
+    if not (0 <= value <= MAX_STEP_DELAY_S):
+        raise ValueError(f"{STEP_DELAY_ENV}={raw!r}: expected seconds from 0 to {MAX_STEP_DELAY_S:g}; unset it")
     return value
 
 
