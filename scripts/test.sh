@@ -12,7 +12,7 @@ bash scripts/setup.sh
 export OMP_NUM_THREADS=1
 # kilocard's own bytecode, once: where PYTHONDONTWRITEBYTECODE is set (CI machines) every process of the suite
 # would compile the modules it imports from source (pip compiled the installed packages already)
-.venv/bin/python -m compileall -q src >/dev/null
+.venv/bin/python -m compileall -q src
 if [ "${1:-}" = "--fast" ]; then
   shift
   exec .venv/bin/python -m pytest -q --durations=10 -m unit "$@"
