@@ -34,13 +34,15 @@ Sections (``KILOCARD_CPU_SHIM_SKIP=2,5`` switches sections off, for experiments 
     result (about 4 s per rank; 12-15 s for four ranks on two cores, every run). CPU ranks save
     synchronously (the results are put and read in the same process), so an in-process
     ``queue.Queue`` does the same job. Not for async saves (GPU backend only).
-11. Megatron-Core's ``jit_fuser`` is ``torch.compile``, applied at import to its fused activations:
-    each decorated function imports TorchDynamo and Inductor (about 1.4 s of CPU per rank, a third of
-    importing Megatron-Core), and CPU ranks never call them (their configs keep the fusions off). The
-    section makes ``jit_fuser`` Megatron-Core's own ``noop_decorator`` from the moment
-    ``megatron.core.jit`` is loaded; installed first, so it must run before Megatron-Core is imported
-    (``apply()`` comes before any Megatron-Core import in a rank). Where Megatron-Core is already
-    loaded it changes nothing.
+11. Megatron-Core applies ``torch.compile`` at import: its ``jit_fuser`` to its fused activations, and
+    on 0.19 ``@torch.compile`` to ``InferenceTopKRouter``'s routing. Each import of TorchDynamo and
+    Inductor that this pulls in costs a rank CPU time on every start (about 1.4 s of CPU per rank on
+    0.16, a third of importing Megatron-Core; on 0.19 the router alone costs 1.1 s), and CPU ranks never
+    call those functions (their configs keep the fusions off; the router is for inference). The section
+    loads those modules with ``torch.compile`` a no-op decorator while they execute, and makes
+    ``jit_fuser`` Megatron-Core's own ``noop_decorator``; installed first, so it must run before
+    Megatron-Core is imported (``apply()`` comes before any Megatron-Core import in a rank). Where
+    Megatron-Core is already loaded it changes nothing.
 """
 
 from __future__ import annotations
@@ -308,32 +310,48 @@ def _patch_sync_save_results_queue() -> None:
     _replace(fa, name, lambda *args, **kwargs: results)
 
 
-class _JitFuserOff(importlib.abc.MetaPathFinder):
-    """Loads ``megatron.core.jit`` as usual, then sets its ``jit_fuser`` to its ``noop_decorator``."""
+def _no_compile(model: Any = None, **_: Any) -> Any:
+    """``torch.compile`` that compiles nothing: ``@_no_compile`` and ``_no_compile(f)`` give ``f`` back."""
+    return model if model is not None else (lambda f: f)
 
-    NAME = "megatron.core.jit"
-    done = False
+
+class _CompileOff(importlib.abc.MetaPathFinder):
+    """Loads the Megatron-Core modules that apply ``torch.compile`` at import with ``torch.compile`` a no-op
+    while they execute; ``megatron.core.jit``'s ``jit_fuser`` becomes its ``noop_decorator``."""
+
+    JIT = "megatron.core.jit"
+    NAMES = (JIT, "megatron.core.transformer.moe.router")
+
+    def __init__(self) -> None:
+        self.done: set[str] = set()
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.NAME or self.done:
+        if fullname not in self.NAMES or fullname in self.done:
             return None
-        self.done = True  # one module, once (a finder leaves sys.meta_path alone while it is walked)
+        self.done.add(fullname)  # each module once (a finder leaves sys.meta_path alone while it is walked)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
         load = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
-            load(module)
-            module.jit_fuser = module.noop_decorator
+            compile_ = torch.compile
+            _replace(torch, "compile", _no_compile)
+            try:
+                load(module)
+            finally:
+                _replace(torch, "compile", compile_)
+            if fullname == self.JIT:
+                module.jit_fuser = module.noop_decorator
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
 def _patch_jit_fuser() -> None:
-    if _JitFuserOff.NAME not in sys.modules and not any(isinstance(f, _JitFuserOff) for f in sys.meta_path):
-        sys.meta_path.insert(0, _JitFuserOff())
+    loaded = all(name in sys.modules for name in _CompileOff.NAMES)
+    if not loaded and not any(isinstance(f, _CompileOff) for f in sys.meta_path):
+        sys.meta_path.insert(0, _CompileOff())
 
 
 SECTIONS: dict[int, Callable[[], None]] = {
