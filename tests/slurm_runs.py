@@ -22,10 +22,14 @@ from pathlib import Path
 import psutil
 
 from kilocard.cli import main
+from kilocard.rundir.names import STEP_DELAY_ENV
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 ITERS, EVERY = 60, 5
 """Steps of each run and steps between committed saves: a fault after step 10 lands mid-run."""
+SLOW = {STEP_DELAY_ENV: "0.25"}
+"""The environment of a run whose ranks sleep 0.25 s before each step (``KILOCARD_FAULT_STEP_DELAY_S``): its
+50 steps after a fault at step 10 take over 12 s however fast the machine, without computing more steps."""
 
 
 @dataclass

@@ -31,6 +31,7 @@ import pytest
 from kilocard.rundir.names import BLOCKLIST, FAILED_RANKS, UNHEALTHY_NODES_ENV
 from slurm_runs import (
     ITERS,
+    SLOW,
     Run,
     cancel,
     finished,
@@ -82,20 +83,15 @@ def test_killed_rank_restarts_in_the_same_job_with_the_uninterrupted_loss(local_
     assert "[rank0]: " in text and not any("[rank0]: " in x for x in shown), shown
 
 
-TWICE_ITERS = 2 * ITERS
-"""Steps of the twice-failed run: its restart must still be training when the second kill comes, on two
-busy cores too."""
-
-
 def test_node_that_hosted_the_failed_rank_twice_is_excluded(local_slurm, tmp_path):
     """A rank on the same node SIGKILLed in two attempts: the third attempt's health check blames the node
     twice, every rank ends BAD_NODE, and the requeued job completes without that node."""
-    run = submit(tmp_path, "launcher.job_name=injob-twice", "launcher.max_restarts=3", iters=TWICE_ITERS)
+    run = submit(tmp_path, "launcher.job_name=injob-twice", "launcher.max_restarts=3", env=SLOW)
     try:
         first = inject(run, rank=3, kind="kill")
         node = node_of_first_failure(run)
-        # the restart's rank is found while it starts up, so the kill follows the step at once: the restart
-        # trains its ~50 steps in a few seconds, and a kill that lands after them tests nothing
+        # the restart's rank is found while it starts up, so the kill follows the step at once: the restart's
+        # ~50 steps take over 12 s (SLOW), and a kill that lands after them tests nothing
         rank = wait_until(lambda: rank_on_node(run, node, first), 120, f"a restarted rank on {node}", every=0.5)
         wait_until(lambda: any(m["time"] > first and m["step"] >= 8 for m in metrics(run)), 300, "the restart's step 8")
         rank.send_signal(signal.SIGKILL)
@@ -106,14 +102,14 @@ def test_node_that_hosted_the_failed_rank_twice_is_excluded(local_slurm, tmp_pat
     text = logs(run)
     failed = [line.split("\t") for line in (run.run_dir / FAILED_RANKS).read_text().splitlines()]
     assert [(f[0], f[3]) for f in failed] == [(node, "0"), (node, "1")], failed
-    done = [m["time"] for m in metrics(run) if m["step"] == TWICE_ITERS]
+    done = [m["time"] for m in metrics(run) if m["step"] == ITERS]
     assert min(done, default=0.0) > second, "the second kill landed after the restart had trained its last step"
     reason = (run.run_dir / BLOCKLIST).read_text().split("\t")
     assert reason[0] == node and "hosted the failed rank of 2 in-job restarts" in reason[1], reason
     assert f"excluding node(s) {node} from the requeued job" in text, text[-4000:]
     assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
     assert node not in scontrol("show", "hostnames", final["NodeList"]).split()
-    assert sorted(losses(run)) == list(range(1, TWICE_ITERS + 1))
+    assert sorted(losses(run)) == list(range(1, ITERS + 1))
 
 
 def node_of_first_failure(run: Run) -> str:
@@ -121,11 +117,6 @@ def node_of_first_failure(run: Run) -> str:
     path = run.run_dir / FAILED_RANKS
     wait_until(lambda: path.exists() and path.read_text().strip(), 300, "the restart's failed-rank record")
     return path.read_text().split("\t", 1)[0]
-
-
-USR1_ITERS = 200
-"""Steps of the USR1 run: long enough that the signal lands mid-run however slowly scancel answers on a
-loaded machine."""
 
 
 def _unhealthy_node(run: Run) -> dict:
@@ -167,7 +158,7 @@ def side_by_side(local_slurm, tmp_path_factory) -> Iterator[dict[str, tuple[Run,
         "unhealthy": submit(
             root, "launcher.job_name=badnode", "launcher.max_restarts=2", env={UNHEALTHY_NODES_ENV: bad}, chain=2
         ),
-        "usr1": submit(root, "launcher.job_name=injob-usr1", "launcher.max_restarts=2", iters=USR1_ITERS),
+        "usr1": submit(root, "launcher.job_name=injob-usr1", "launcher.max_restarts=2", env=SLOW),
         "hang": submit(root, "launcher.job_name=hang-requeue"),
     }
     faults = {"unhealthy": _unhealthy_node, "usr1": _usr1_at_step_10, "hang": _rank_3_stopped}
@@ -211,7 +202,7 @@ def test_usr1_before_the_time_limit_saves_and_requeues_under_ft_launcher(side_by
     assert "exiting RETRY (75)" in text and "trainer exit code 75" in text, text[-4000:]
     assert "User defined signal 1" not in text and "ft_launcher exit code 0" in text, text[-4000:]
     assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
-    assert sorted(losses(run)) == list(range(1, USR1_ITERS + 1)) and (run.run_dir / "DONE").exists()
+    assert sorted(losses(run)) == list(range(1, ITERS + 1)) and (run.run_dir / "DONE").exists()
 
 
 def test_hung_rank_without_in_job_restarts_ends_the_step_and_the_job_requeues(side_by_side):

@@ -37,10 +37,12 @@ from slurm_runs import sbatch_in_process
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 #: Seconds of steps of the time-limit and reference runs, at least: ``TRAIN_S / DELAY_S`` steps.
 TRAIN_S = 90
-#: Seconds each rank of those runs sleeps before a step (the steps themselves take ~0.05 s).
-DELAY_S = 0.25
-#: Steps of the chain and its uninterrupted twin: the cancel after step 7 lands well before the end.
-CHAIN_ITERS = 100
+#: Seconds each rank of those runs sleeps before a step (the steps themselves take ~0.05 s): 90 steps and 18
+#: committed saves per run (at 0.25 s, 360 steps and 72 saves cost four times the CPU for the same proof).
+DELAY_S = 1.0
+#: Steps of the chain and its uninterrupted twin: the chain's ranks sleep ``DELAY_S / 4`` before each step, so
+#: the cancel after step 7 lands well before the end (over 8 s of steps are left) however fast the machine.
+CHAIN_ITERS = 40
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -114,7 +116,9 @@ def runs(local_slurm, tmp_path_factory):
     basic = submit(root, "trainer.train_iters=10", f"+launcher.env.INJECTED='$(touch {pwned}); `touch {pwned}`'")
     short = [f"trainer.train_iters={CHAIN_ITERS}", "checkpoint.save_interval=5"]
     calib = submit(root, *short, "launcher.job_name=calibrate", nodes=2, ranks=1)
-    chain = submit(root, *short, "launcher.job_name=chain", chain=3, nodes=2, ranks=1)
+    chain = submit(
+        root, *short, "launcher.job_name=chain", chain=3, nodes=2, ranks=1, env={STEP_DELAY_ENV: str(DELAY_S / 4)}
+    )
     cancel_after_first_commit(chain["ids"][0], chain["run_dir"])
     info = wait_state(basic["ids"][0], 300)
     wait_state(calib["ids"][0], 300)
