@@ -32,7 +32,7 @@ import pytest
 
 from kilocard.cli import main
 from kilocard.rundir.names import STEP_DELAY_ENV
-from slurm_runs import sbatch_in_process
+from slurm_runs import SLOW, sbatch_in_process
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 #: Seconds of steps of the time-limit and reference runs, at least: ``TRAIN_S / DELAY_S`` steps.
@@ -40,7 +40,7 @@ TRAIN_S = 90
 #: Seconds each rank of those runs sleeps before a step (the steps themselves take ~0.05 s): 90 steps and 18
 #: committed saves per run (at 0.25 s, 360 steps and 72 saves cost four times the CPU for the same proof).
 DELAY_S = 1.0
-#: Steps of the chain and its uninterrupted twin: the chain's ranks sleep ``DELAY_S / 4`` before each step, so
+#: Steps of the chain and its uninterrupted twin: the chain's ranks sleep 0.25 s before each step (``SLOW``), so
 #: the cancel after step 7 lands well before the end (over 8 s of steps are left) however fast the machine.
 CHAIN_ITERS = 40
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -116,9 +116,7 @@ def runs(local_slurm, tmp_path_factory):
     basic = submit(root, "trainer.train_iters=10", f"+launcher.env.INJECTED='$(touch {pwned}); `touch {pwned}`'")
     short = [f"trainer.train_iters={CHAIN_ITERS}", "checkpoint.save_interval=5"]
     calib = submit(root, *short, "launcher.job_name=calibrate", nodes=2, ranks=1)
-    chain = submit(
-        root, *short, "launcher.job_name=chain", chain=3, nodes=2, ranks=1, env={STEP_DELAY_ENV: str(DELAY_S / 4)}
-    )
+    chain = submit(root, *short, "launcher.job_name=chain", chain=3, nodes=2, ranks=1, env=SLOW)
     cancel_after_first_commit(chain["ids"][0], chain["run_dir"])
     info = wait_state(basic["ids"][0], 300)
     wait_state(calib["ids"][0], 300)

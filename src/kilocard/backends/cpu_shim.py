@@ -348,14 +348,14 @@ class _CompileOff(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _patch_jit_fuser() -> None:
+def _patch_compile_at_import() -> None:
     loaded = all(name in sys.modules for name in _CompileOff.NAMES)
     if not loaded and not any(isinstance(f, _CompileOff) for f in sys.meta_path):
         sys.meta_path.insert(0, _CompileOff())
 
 
 SECTIONS: dict[int, Callable[[], None]] = {
-    11: _patch_jit_fuser,  # first: the sections below import Megatron-Core
+    11: _patch_compile_at_import,  # first: the sections below import Megatron-Core
     1: _patch_rng_tracker,
     2: _patch_devices,
     3: _patch_cuda_runtime,
