@@ -4,8 +4,9 @@ The rows of a baselines file are grouped by the document, or the table of a docu
 them (``source_group``).
 Each group in turn is held out: the free parameters are refitted on the other groups' rows and the
 held-out rows are predicted with that fit, which never saw them. The fit is ``kilocard.calibration.fit``'s,
-made fast: one coordinate search, warm-started from the FITTED values, run to convergence at a coarser
-step (``TOL``).
+made fast: a stored fold fit (``baselines/X.folds.json``, ``scripts/fit_perf_model.py --folds``) is used as
+it is while it is current (its training loss unchanged), and otherwise refined by one coordinate search to
+a coarser step (``TOL``).
 
 A parameter that no training row constrains (the GPU-specific efficiencies of a GPU family with no
 training row, the TP overlap when no training row overlaps TP) cannot keep its FITTED value, which the
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from kilocard.base.safe_read import FileReadError, read_json
 from kilocard.calibration.baselines import Comparison, Row
-from kilocard.calibration.fit import Target, cold_fit, fit, middles, targets
+from kilocard.calibration.fit import Target, cold_fit, fit, free_values, loss, middles, targets
 from kilocard.perf.efficiency import FITTED, with_values
 
 STARTS = 1
@@ -69,6 +70,20 @@ def load_fold_fits(baselines_file: Path) -> dict[str, FoldFit]:
             f"{path}: not a fold-fits file ({type(e).__name__}: {e}); rewrite it with "
             f"scripts/fit_perf_model.py --file {baselines_file} --folds, or delete it"
         ) from None
+
+
+LOSS_TOLERANCE = 1e-5
+"""A stored fold's training loss (6 decimals) and its recomputed one differ by less than this unless the
+model or the rows changed since the fit."""
+
+
+def current(fold: FoldFit, train: Sequence[Target]) -> bool:
+    """Whether a stored fold fit is of this model and these rows: it has every free parameter and its values
+    still give its stored training loss on ``train`` (the model's formulas and the rows' configurations are
+    the ones it was fitted with)."""
+    if fold.train_loss is None or set(fold.values) != set(free_values()):
+        return False
+    return abs(loss(fold.values, train) - fold.train_loss) <= LOSS_TOLERANCE
 
 
 EVALS = 1500
@@ -124,15 +139,23 @@ def held_out_errors(
         train = [t for t in scored if t.row.id not in held_ids]
         if not train:
             continue
-        stored = (folds or {}).get(group)
-        if stored is not None and usable(stored, held):
-            values = fit(train, starts=starts, start=fold_values(stored), evals=EVALS, tol=TOL)
-        else:
-            values = cold_fit(train)
-        params = with_values(FITTED, values)
+        params = with_values(FITTED, fold_fit(train, held, (folds or {}).get(group), starts))
         for t in held:
             out[t.row.id] = t.rel_error(params)
     return out
+
+
+def fold_fit(
+    train: Sequence[Target], held: Sequence[Target], stored: FoldFit | None, starts: int = STARTS
+) -> dict[str, float]:
+    """The fit of one fold: its stored fit as it is when that is current (what ``plan`` and ``validate`` quote,
+    ``kilocard.calibration.trust``); refined by ``starts`` coordinate searches when the model or the rows changed
+    since; a cold fit when there is none that never saw ``held``."""
+    if stored is None or not usable(stored, held):
+        return cold_fit(train)
+    if current(stored, train):
+        return fold_values(stored)
+    return fit(train, starts=starts, start=fold_values(stored), evals=EVALS, tol=TOL)
 
 
 def with_cross_validation(

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 
 from kilocard.base.table import text_table
 from kilocard.calibration.baselines import baselines_file, load_rows
-from kilocard.calibration.crossval import FoldFit, by_source, fold_values, folds_file, load_fold_fits, usable
+from kilocard.calibration.crossval import (
+    LOSS_TOLERANCE,
+    FoldFit,
+    by_source,
+    fold_values,
+    folds_file,
+    load_fold_fits,
+    usable,
+)
 from kilocard.calibration.fit import Target, free_values, loss, targets
 from kilocard.config.schema import RunConfig
 from kilocard.perf.efficiency import FITTED, with_values
@@ -48,10 +56,6 @@ WIDTH = {"fp32": "32-bit", "bf16": "16-bit", "fp16": "16-bit", "fp8": "8-bit", "
 
 WIDENING = ((0, 1, 2), (0, 1), (1,), ())
 """Which traits a band keeps, in the order tried: all; family and dense/MoE; dense/MoE; none."""
-
-LOSS_TOLERANCE = 1e-5
-"""A stored fold's training loss (6 decimals) and its recomputed one differ by less than this unless the
-model or the rows changed since the fit."""
 
 
 def _traits(family: str, experts: int, precision: str) -> Traits:
