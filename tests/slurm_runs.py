@@ -1,6 +1,7 @@
 """Runs on the local Slurm cluster for the in-job restart tests and ``scripts/bench_faults_slurm.py``.
 
-tiny_gpt on 2 nodes x 2 CPU ranks (``cluster=local_cpu``): submit it with ``kilocard sbatch --submit``,
+tiny_gpt on 2 nodes x 2 CPU ranks (``cluster=local_cpu``; 1 rank per node where a test needs no more):
+submit it with ``kilocard sbatch --submit``,
 watch the job, find one of its ranks and signal it, and measure the recovery from the run's own
 records (``events.jsonl``, ``metrics.jsonl``).
 """
@@ -62,16 +63,23 @@ def sbatch_in_process(args: list[str], env: dict[str, str] | None = None) -> tup
     return rc, out, err
 
 
-def submit(root: Path, *overrides: str, env: dict[str, str] | None = None, iters: int = ITERS, chain: int = 1) -> Run:
-    """``kilocard sbatch --submit --chain CHAIN`` of tiny_gpt on 2 nodes x 2 CPU ranks, ``iters`` steps;
+def submit(
+    root: Path,
+    *overrides: str,
+    env: dict[str, str] | None = None,
+    iters: int = ITERS,
+    chain: int = 1,
+    ranks: int = 2,
+) -> Run:
+    """``kilocard sbatch --submit --chain CHAIN`` of tiny_gpt on 2 nodes x ``ranks`` CPU ranks, ``iters`` steps;
     ``env`` is set in the submitting environment (sbatch passes it on to the job)."""
     args = [
         "sbatch",
         "recipe=tiny_gpt",
         "cluster=local_cpu",
         "cluster.nodes=2",
-        "cluster.gpus_per_node=2",
-        "cluster.cpus_per_node=2",
+        f"cluster.gpus_per_node={ranks}",
+        f"cluster.cpus_per_node={ranks}",
         "cluster.partition=local",
         f"cluster.venv={sys.prefix}",
         f"cluster.shared_fs={root}",
