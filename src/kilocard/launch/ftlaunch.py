@@ -137,14 +137,11 @@ def rank_env(cfg: RunConfig) -> dict[str, str]:
 
 def tied_main() -> None:
     """Run ``ft_launcher`` (``MODULE``) in this process with every fork tied to it (``TIED_MODULE``)."""
-    import runpy
-    import sys
-
     from kilocard.base.lifeline import die_with_parent_in_forks
+    from kilocard.base.quickexit import run_module
 
     die_with_parent_in_forks()
-    sys.argv[0] = MODULE
-    runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+    run_module(MODULE)  # and ends without the interpreter's teardown of the torch it imported
 
 
 if __name__ == "__main__":

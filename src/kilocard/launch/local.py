@@ -67,6 +67,11 @@ SHORT_TMP_ROOT = "/tmp"
 """Where a short link to a deep run directory's ``tmp`` is made for ft_launcher's sockets."""
 
 
+QUICK_EXIT = "kilocard.base.quickexit"
+"""``python -m QUICK_EXIT MODULE ARGS``: torchrun's main, then an exit without the interpreter's teardown of the
+torch it imported (``kilocard.base.quickexit``)."""
+
+
 def torchrun_command(
     run_dir: Path, nproc: int, port: int, max_restarts: int = 0, shutdown_timeout_s: float = 30.0
 ) -> list[str]:
@@ -79,6 +84,7 @@ def torchrun_command(
     return [
         sys.executable,
         "-m",
+        QUICK_EXIT,
         "torch.distributed.run",
         f"--nproc-per-node={nproc}",
         "--nnodes=1",

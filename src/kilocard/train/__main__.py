@@ -1,9 +1,9 @@
 """``python -m kilocard.train <run_dir>``: the per-rank training entry (see ``kilocard.train.entry``)."""
 
 import os
-import sys
 
 from kilocard.base.lifeline import die_with_parent  # noqa: E402  (imports no torch)
+from kilocard.base.quickexit import exit_now  # noqa: E402  (imports no torch)
 
 # No rank outlives its launcher (torchrun, ft_launcher, srun's step daemon): SIGKILL when it dies.
 die_with_parent(os.getppid())
@@ -21,4 +21,4 @@ from kilocard.train import entry  # noqa: E402
 
 code = entry.main(stop=_early)
 _early.settle()  # the outcome is decided: a USR1 from here on must not kill the rank as Python shuts down
-sys.exit(code)
+exit_now(code)  # without the interpreter's teardown of torch and Megatron-Core (about 1 CPU-s a rank)
