@@ -28,9 +28,11 @@ def exit_now(code: int) -> NoReturn:
             thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None or stream.closed:  # CPython skips a stream the program closed
+            continue
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: CPython reports it by the status alone
+        except OSError:  # the reader went away: CPython reports it by the status
             code = code or FLUSH_FAILED
     os._exit(code)
 
