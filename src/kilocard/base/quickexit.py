@@ -1,12 +1,13 @@
 """Ending a process that imported torch without the interpreter's teardown.
 
 CPython's finalization frees every module and runs the garbage collector over what torch and Megatron-Core
-built at import: about 0.7 CPU-s for torch alone and 1 to 1.5 CPU-s with Megatron-Core on the development
-machine (``scripts/bench_exit.py``), paid by every rank at every exit, restart and requeue. ``exit_now``
-does what a normal exit does that anyone can observe (waits for non-daemon threads, runs the ``atexit``
-handlers, where logging flushes and multiprocessing reaps its children, flushes stdout and stderr) and then
-ends the process with ``os._exit``, skipping the teardown. Open files are closed by the kernel; a file
-object's unwritten buffer would be lost, so everything kilocard writes is written with ``with``.
+built at import: about 0.7 CPU-s for torch alone and 1.5 CPU-s with Megatron-Core on the development
+machine (``scripts/bench_exit.py``: 5.36 against 3.85 CPU-s for the whole process), paid by every rank at
+every exit, restart and requeue. ``exit_now`` does what a normal exit does that anyone can observe (waits
+for non-daemon threads, runs the ``atexit`` handlers, where logging flushes and multiprocessing reaps its
+children, flushes stdout and stderr) and then ends the process with ``os._exit``, skipping the teardown.
+Open files are closed by the kernel; a file object's unwritten buffer would be lost, so everything kilocard
+writes is written with ``with``.
 """
 
 from __future__ import annotations
