@@ -25,9 +25,16 @@ def cpu_of(code: str) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def positive(text: str) -> int:
+    """``--repeat``: a whole number from 1 to 100."""
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number from 1 to 100")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=positive, default=5, help="runs of each end, interleaved (1 to 100)")
     args = ap.parse_args(argv)
     medians = {}
     for _ in range(args.repeat):  # interleaved, so a busy moment of the machine hits both alike

@@ -53,3 +53,12 @@ def test_a_systemexit_message_is_printed_and_the_status_is_1(capsys):
 
     assert (status_of(None), status_of(3)) == (0, 3)
     assert status_of("bad input") == 1 and capsys.readouterr().err == "bad input\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "line"),
+    [((), 2, "usage: python -m kilocard.base.quickexit MODULE"), (("no.such.module",), 1, "No module named no.such")],
+)
+def test_its_own_command_line_refuses_in_one_line(args, status, line):
+    done = subprocess.run([sys.executable, "-m", "kilocard.base.quickexit", *args], capture_output=True, text=True)
+    assert done.returncode == status and line in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr

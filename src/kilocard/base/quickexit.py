@@ -52,7 +52,6 @@ def run_module(module: str) -> NoReturn:
     """``python -m module`` in this process (``sys.argv[1:]`` are its arguments), then ``exit_now``."""
     import runpy
 
-    sys.argv[0] = module
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
@@ -60,6 +59,28 @@ def run_module(module: str) -> NoReturn:
     exit_now(0)
 
 
-if __name__ == "__main__":  # python -m kilocard.base.quickexit MODULE ARGS: MODULE's main, then exit_now
-    del sys.argv[0]
-    run_module(sys.argv[0])
+USAGE = 2
+"""Exit status of ``python -m kilocard.base.quickexit`` without a module to run (argparse's)."""
+
+
+def main(argv: list[str]) -> NoReturn:
+    """``python -m kilocard.base.quickexit MODULE ARGS``: MODULE's main, then ``exit_now``; one line and the
+    status ``python -m`` gives (2 without a module, 1 for one that does not exist)."""
+    import importlib.util
+
+    if not argv or argv[0].startswith("-"):
+        print("usage: python -m kilocard.base.quickexit MODULE [ARGS ...]", file=sys.stderr)
+        exit_now(USAGE)
+    try:
+        found = importlib.util.find_spec(argv[0]) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        print(f"{sys.executable}: No module named {argv[0]}", file=sys.stderr)
+        exit_now(1)
+    sys.argv[:] = argv
+    run_module(argv[0])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -77,13 +77,24 @@ LOSS_TOLERANCE = 1e-5
 model or the rows changed since the fit."""
 
 
+def stale(fold: FoldFit, train: Sequence[Target]) -> str | None:
+    """Why a stored fold fit is not of this model and these rows, or ``None``: its parameters are not the free
+    ones, or its values no longer give its stored training loss on ``train`` (the model's formulas or the rows'
+    configurations changed since it was fitted). A fit without a stored loss is checked by its names only."""
+    if set(fold.values) != set(free_values()):
+        return "has other parameters than the model"
+    if fold.train_loss is None:
+        return None
+    now = loss(fold.values, train)
+    if not abs(now - fold.train_loss) <= LOSS_TOLERANCE:
+        return f"gives training loss {now:.6f}, stored {fold.train_loss:.6f}: the model changed since it was fitted"
+    return None
+
+
 def current(fold: FoldFit, train: Sequence[Target]) -> bool:
-    """Whether a stored fold fit is of this model and these rows: it has every free parameter and its values
-    still give its stored training loss on ``train`` (the model's formulas and the rows' configurations are
-    the ones it was fitted with)."""
-    if fold.train_loss is None or set(fold.values) != set(free_values()):
-        return False
-    return abs(loss(fold.values, train) - fold.train_loss) <= LOSS_TOLERANCE
+    """Whether a stored fold fit may stand for the fold as it is: it has a stored training loss and is not
+    ``stale``."""
+    return fold.train_loss is not None and stale(fold, train) is None
 
 
 EVALS = 1500

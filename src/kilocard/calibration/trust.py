@@ -21,16 +21,8 @@ from dataclasses import dataclass
 
 from kilocard.base.table import text_table
 from kilocard.calibration.baselines import baselines_file, load_rows
-from kilocard.calibration.crossval import (
-    LOSS_TOLERANCE,
-    FoldFit,
-    by_source,
-    fold_values,
-    folds_file,
-    load_fold_fits,
-    usable,
-)
-from kilocard.calibration.fit import Target, free_values, loss, targets
+from kilocard.calibration.crossval import FoldFit, by_source, fold_values, folds_file, load_fold_fits, stale, usable
+from kilocard.calibration.fit import Target, targets
 from kilocard.config.schema import RunConfig
 from kilocard.perf.efficiency import FITTED, with_values
 from kilocard.perf.predict import PredictionInputs, gpu_family, precision_of, require_gpu
@@ -208,25 +200,16 @@ def band(run: Traits, errors: Sequence[Held], source: str) -> ErrorBand | None:
 
 def check_current(scored: Sequence[Target], folds: dict[str, FoldFit], where: str) -> None:
     """A ``ValueError`` naming the fix when the stored fold fits are not of this model and these rows: a
-    scored source without a fit, a fit whose parameter names are not the free ones, or one whose values
-    no longer give its stored training loss (the model's formulas changed since)."""
+    scored source without a fit, or a ``crossval.stale`` one."""
     fix = f"rerun scripts/fit_perf_model.py --folds for {where}"
-    names = set(free_values())
     for group, held in by_source(scored).items():
         fold = folds.get(group)
         if fold is None:
             raise ValueError(f"{where}: no stored fold fit for source {group!r}; {fix}")
-        if set(fold.values) != names:
-            raise ValueError(f"{where}: the fold fit of {group!r} has other parameters than the model; {fix}")
-        if fold.train_loss is not None:
-            seen = fold.trained_on - {t.row.id for t in held}
-            train = [t for t in scored if t.row.id in seen]
-            now = loss(fold.values, train)
-            if abs(now - fold.train_loss) > LOSS_TOLERANCE:
-                raise ValueError(
-                    f"{where}: the fold fit of {group!r} gives training loss {now:.6f}, stored {fold.train_loss:.6f}: "
-                    f"the model changed since it was fitted; {fix}"
-                )
+        seen = fold.trained_on - {t.row.id for t in held}
+        why = stale(fold, [t for t in scored if t.row.id in seen])
+        if why:
+            raise ValueError(f"{where}: the fold fit of {group!r} {why}; {fix}")
 
 
 @functools.cache
