@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kilocard.train.dist_env import attempt_store, free_port
+from kilocard.base.net import free_port
+from kilocard.train.dist_env import attempt_store
 
 pytestmark = pytest.mark.slow
 

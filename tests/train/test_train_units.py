@@ -7,12 +7,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from kilocard import exitcodes
 from kilocard.config.compose import compose, to_run_config
 from kilocard.launch.local import torchrun_command
 from kilocard.rundir.metrics import Throughput
-from kilocard.train.dist_env import resolve, step_delay
+from kilocard.train.dist_env import alone, init_process_group, resolve, step_delay
 
 
 def test_slurm_variables_are_accepted():
@@ -31,7 +32,27 @@ def test_torchrun_variables_win_and_missing_master_is_named():
 def test_single_process_defaults():
     env: dict = {}
     r = resolve(env)
-    assert (r.rank, r.world_size) == (0, 1) and int(env["MASTER_PORT"]) > 0
+    assert (r.rank, r.world_size) == (0, 1) and "MASTER_PORT" not in env and alone(env)
+    assert not alone({"WORLD_SIZE": "1", "MASTER_PORT": "29500"})  # torchrun's one rank meets its agent's store
+
+
+def test_a_lone_rank_binds_no_port():
+    """A single process (``python -m kilocard.train RUN``) meets in an in-memory store: a port picked before
+    torch imports could be taken by another process's connection before the bind (EADDRINUSE in a full run)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    env: dict = {}
+    resolve(env)
+    init_process_group("gloo", env, datetime.timedelta(seconds=30))
+    try:
+        assert isinstance(dist.distributed_c10d._get_default_store().underlying_store, dist.HashStore)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
 
 
 def test_rank_exit_codes_decide_the_run_code(tmp_path):

@@ -13,7 +13,6 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from kilocard.base.net import free_port
 from kilocard.rundir.names import STEP_DELAY_ENV
 
 
@@ -30,10 +29,11 @@ class RankEnv:
 
 
 def resolve(env: MutableMapping[str, str]) -> RankEnv:
-    """Fill RANK/WORLD_SIZE/LOCAL_RANK (+ MASTER_ADDR/PORT) in ``env`` from torchrun, Slurm or defaults.
+    """Fill RANK/WORLD_SIZE/LOCAL_RANK in ``env`` from torchrun, Slurm or defaults.
 
     torchrun's variables win; otherwise Slurm's ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``
-    (the batch script must export MASTER_ADDR/MASTER_PORT); otherwise a single local process.
+    (the batch script must export MASTER_ADDR/MASTER_PORT); otherwise a single local process, which meets
+    no other rank: ``init_process_group`` gives it an in-memory store and it binds no port (``alone``).
     """
     if "RANK" not in env and "SLURM_PROCID" in env:
         env["RANK"] = env["SLURM_PROCID"]
@@ -44,8 +44,6 @@ def resolve(env: MutableMapping[str, str]) -> RankEnv:
                 raise ValueError(f"{key}: not set; the Slurm batch script must export it for every rank")
     if "RANK" not in env:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        env.setdefault("MASTER_ADDR", "127.0.0.1")
-        env.setdefault("MASTER_PORT", str(free_port()))
     env.setdefault("LOCAL_RANK", "0")
     return RankEnv(rank=_int(env, "RANK"), world_size=_int(env, "WORLD_SIZE"), local_rank=_int(env, "LOCAL_RANK"))
 
@@ -102,11 +100,18 @@ def attempt_store(env: Mapping[str, str], timeout: datetime.timedelta) -> Any | 
     return dist.PrefixStore(f"attempt{env[RESTART_ENV]}", base)
 
 
+def alone(env: Mapping[str, str]) -> bool:
+    """Whether this is the job's only rank with no launcher store to meet in (``MASTER_PORT`` unset)."""
+    return _int(env, "WORLD_SIZE") == 1 and "MASTER_PORT" not in env
+
+
 def init_process_group(backend: str, env: Mapping[str, str], timeout: datetime.timedelta) -> None:
     """``torch.distributed.init_process_group`` for this rank, in this attempt's own store (``attempt_store``)."""
     import torch.distributed as dist
 
     store = attempt_store(env, timeout)
+    if store is None and alone(env):
+        store = dist.HashStore()  # a port picked and bound later can be taken by then: a lone rank needs none
     if store is None:
         dist.init_process_group(backend, timeout=timeout)
     else:
