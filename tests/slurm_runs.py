@@ -157,6 +157,18 @@ def logs(run: Run) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted((run.run_dir / "logs").glob("slurm-*.out")))
 
 
+STORY = re.compile(
+    r"start: restart|node health|failed \(exitcode|resumed from|exit code|excluding|done at step|exiting [A-Z_]+ \(|"
+    r"error:|TERM|requeue"
+)
+"""The lines of a job's output that tell what happened to its attempts (a failed test's message)."""
+
+
+def story(run: Run) -> str:
+    """The job's output cut to ``STORY``'s lines: every attempt's start, health verdict, failures and end."""
+    return "\n".join(line[:300] for line in logs(run).splitlines() if STORY.search(line))
+
+
 def trainer(run: Run, p: psutil.Process | None) -> bool:
     """Whether ``p`` runs this run's trainer (under srun or ft_launcher; not the launcher itself)."""
     cmd = " ".join(p.cmdline()) if p is not None else ""

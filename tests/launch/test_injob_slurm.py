@@ -49,6 +49,7 @@ from slurm_runs import (
     rank_on_node,
     recovery,
     scontrol,
+    story,
     submit,
     wait_until,
 )
@@ -104,15 +105,15 @@ def test_node_that_hosted_the_failed_rank_twice_is_excluded(local_slurm, tmp_pat
         final = finished(run, 420)
     finally:
         cancel(run)
-    text = logs(run)
+    text, told = logs(run), story(run)
     failed = [line.split("\t") for line in (run.run_dir / FAILED_RANKS).read_text().splitlines()]
-    assert [(f[0], f[3]) for f in failed] == [(node, "0"), (node, "1")], failed
+    assert [(f[0], f[3]) for f in failed] == [(node, "0"), (node, "1")], (failed, told)
     done = [m["time"] for m in metrics(run) if m["step"] == ITERS]
     assert min(done, default=0.0) > second, "the second kill landed after the restart had trained its last step"
     reason = (run.run_dir / BLOCKLIST).read_text().split("\t")
-    assert reason[0] == node and "hosted the failed rank of 2 in-job restarts" in reason[1], reason
-    assert f"excluding node(s) {node} from the requeued job" in text, text[-4000:]
-    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", text[-4000:]
+    assert reason[0] == node and "hosted the failed rank of 2 in-job restarts" in reason[1], (reason, told)
+    assert f"excluding node(s) {node} from the requeued job" in text, f"{told}\n...\n{text[-2000:]}"
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", told
     assert node not in scontrol("show", "hostnames", final["NodeList"]).split()
     assert sorted(losses(run)) == list(range(1, ITERS + 1))
 

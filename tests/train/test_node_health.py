@@ -112,6 +112,17 @@ def test_verdict_and_blocklist(tmp_path):
     assert health.verdict_code(True, ["n1", "n3"], ["n2"], 2) == exitcodes.CRASH
 
 
+def test_a_node_this_job_blocklisted_is_named_again(tmp_path):
+    """A restarted attempt (or a requeue whose exclusion failed) that finds a node this job blocklisted in its
+    allocation ends BAD_NODE again: the node of job 42 is named for job 42 only, and a node not in the job is not."""
+    health.append_blocklist(tmp_path, {"n1": ["hosted the failed rank of 2 in-job restarts"]}, "42")
+    health.append_blocklist(tmp_path, {"n2": ["x"]}, "41")
+    found = health.listed_by_job(tmp_path, ["n1", "n2", "n3"], "42")
+    assert list(found) == ["n1"] and "hosted the failed rank of 2" in found["n1"], found
+    assert health.listed_by_job(tmp_path, ["n3"], "42") == {} and health.listed_by_job(tmp_path, ["n1"], "43") == {}
+    assert health.listed_by_job(tmp_path / "none", ["n1"], "42") == {}
+
+
 def _rank(rank: int, port: int, run_dir: Path, exit_dir: Path, env: dict, out) -> None:
     os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ[EXIT_DIR_ENV] = str(exit_dir)
@@ -140,12 +151,16 @@ def run_two_ranks(tmp_path: Path, env: dict) -> dict[int, int | None]:
 @pytest.mark.slow
 def test_two_ranks_agree_on_the_verdict_and_blocklist_the_node(tmp_path):
     """Two real gloo ranks on one node: healthy -> None on both; injected -> both BAD_NODE, one blocklist line;
+    the same job's ranks started again on that node -> BAD_NODE again, still one line;
     a second bad node past launcher.max_excluded_nodes=1 -> both CRASH, nothing more blocklisted."""
     base = {"SLURMD_NODENAME": "nA", exitcodes.INJOB_ENV: "2", "SLURM_JOB_ID": "9"}
     assert run_two_ranks(tmp_path, base) == {0: None, 1: None}
     assert sorted(p.name for p in (tmp_path / "exit").iterdir()) == ["node_0", "node_1"]
     assert run_two_ranks(tmp_path, {**base, UNHEALTHY_NODES_ENV: "nA"}) == {0: 77, 1: 77}
     assert health.blocklisted(tmp_path / "run") == ["nA"]
+    # the launcher restarted the ranks on the node anyway: BAD_NODE again, and no second line
+    assert run_two_ranks(tmp_path, base) == {0: 77, 1: 77}
+    assert len((tmp_path / "run" / BLOCKLIST).read_text().splitlines()) == 1
     crash = {**base, "SLURMD_NODENAME": "nB", UNHEALTHY_NODES_ENV: "nB"}
     assert run_two_ranks(tmp_path, crash) == {0: exitcodes.CRASH, 1: exitcodes.CRASH}
     assert health.blocklisted(tmp_path / "run") == ["nA"]

@@ -9,6 +9,7 @@ A node is bad when, on it:
   - a small all-reduce among the node's ranks (a per-node process group) fails or sums wrong;
   - the run directory's filesystem has less free space than one checkpoint (``checkpoint_bytes``);
   - it is named in ``$KILOCARD_FAULT_UNHEALTHY_NODES`` (fault injection, for tests);
+  - in an in-job run on Slurm: this job has put it in the blocklist already (``listed_by_job``);
   - at an in-job restart on Slurm: it hosted the failed rank of ``REPEAT_FAILURES`` attempts. The failed rank
     of an attempt is the one that left no exit code in ``$KILOCARD_EXIT_DIR`` (a killed or hung rank;
     the others record FAULT when their collective fails); each rank leaves its node's name there
@@ -264,6 +265,23 @@ def blocklisted(run_dir: Path) -> list[str]:
     return list(dict.fromkeys(nodes))
 
 
+def listed_by_job(run_dir: Path, nodes: list[str], job: str) -> dict[str, str]:
+    """{node: reason} for each of ``nodes`` that job ``job`` has already put in the run's blocklist.
+
+    An in-job run never trains on such a node: the batch script keeps the blocklist out of a requeued job, so
+    the node is in this allocation only when the launcher restarted the ranks after their BAD_NODE, or the
+    exclusion's ``scontrol`` failed. Either way the ranks end BAD_NODE again."""
+    path = run_dir / BLOCKLIST
+    if not path.exists():
+        return {}
+    found: dict[str, str] = {}
+    for line in _small(path, RECORDS_LIMIT).splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 3 and fields[0] in nodes and fields[2] == job and fields[0] not in found:
+            found[fields[0]] = f"in the blocklist since earlier in this job ({fields[1]})"
+    return found
+
+
 def append_blocklist(run_dir: Path, bad: dict[str, list[str]], job: str) -> Path:
     """Append one line per bad node: node, reason, job, time (tab-separated)."""
     path = run_dir / BLOCKLIST
@@ -317,6 +335,8 @@ def check(cfg: RunConfig, run_dir: Path, env: Mapping[str, str], on_gpu: bool) -
         problems += found
     problems += allreduce_problems([r for r, n in enumerate(nodes) if n == node], on_gpu)
     listed = blocklisted(run_dir) if rank == 0 else []
+    if rank == 0 and env.get(exitcodes.INJOB_ENV) and "SLURM_JOB_ID" in env:
+        repeat = {**listed_by_job(run_dir, nodes, env["SLURM_JOB_ID"]), **repeat}
     verdicts = _gather((node, problems, repeat, listed))
     bad = merge_verdicts([(n, found_on_rank, repeated) for n, found_on_rank, repeated, _ in verdicts])
     if not bad:
@@ -345,8 +365,9 @@ def conclude(
             "a person must look (or raise the cap)"
         )
     else:
-        if rank == 0:
-            append_blocklist(run_dir, bad, env.get("SLURM_JOB_ID", "local"))
+        new = {n: reasons for n, reasons in bad.items() if n not in listed}
+        if rank == 0 and new:
+            append_blocklist(run_dir, new, env.get("SLURM_JOB_ID", "local"))
         action = f"added to the blocklist {run_dir / BLOCKLIST}; " + (
             "the batch script excludes it and requeues the job"
             if code == exitcodes.BAD_NODE
