@@ -3,7 +3,7 @@ ft_launcher on 2 nodes x 2 CPU ranks (a killed rank takes its node's other rank 
 ``kilocard logs --rank`` must tell a rank from its node's srun label); e), which has no ft_launcher, on 2 nodes
 x 1 rank (half the ranks to start). (Under ft_launcher with one rank per node, both nodes on this one host,
 the ranks hung once in the restarted attempt's start and once in the step after USR1, in 2 of 5 tries here;
-each job then requeued and completed: noted in docs/faults.md, not yet understood.)
+each job then requeued and completed: docs/faults.md names the likely cause of the first and its fix.)
 
 a) ``launcher.max_restarts=2``: one rank SIGKILLed mid-run; NVRx's ft_launcher restarts every rank
    inside the same allocation and the job ends COMPLETED without a requeue (Restarts=0), with the loss

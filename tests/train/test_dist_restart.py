@@ -86,3 +86,39 @@ def test_no_restarting_launcher_means_torchs_default_store():
     import datetime
 
     assert attempt_store({"RANK": "0", "WORLD_SIZE": "1"}, datetime.timedelta(seconds=1)) is None
+
+
+def _meet(env: dict, value: str | None) -> str:
+    """One rank: its attempt store; rank 0 leaves ``value``, rank 1 reads it."""
+    import datetime
+
+    store = attempt_store(env, datetime.timedelta(seconds=10))
+    if value is not None:
+        store.set("hello", value)
+        store.wait(["seen"])
+        return value
+    got = store.get("hello").decode()
+    store.set("seen", "1")
+    return got
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_ranks_whose_launchers_counted_different_restarts_meet(shared):
+    """Two nodes' launchers may disagree on the restart count (NVRx counts only the restarts it paid for,
+    not one for a membership change). Under ft_launcher, whose every attempt has a fresh store hosted by
+    rank 0, the ranks still meet; under torchrun's shared agent store each attempt keeps its own keys."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch.distributed as dist
+
+    port = free_port()
+    host = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False) if shared else None
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env["TORCHELASTIC_USE_AGENT_STORE"] = str(shared)
+    ranks = [{**env, "RANK": "0", "TORCHELASTIC_RESTART_COUNT": "2"}, {**env, "RANK": "1"}]
+    ranks[1]["TORCHELASTIC_RESTART_COUNT"] = "2" if shared else "1"
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(_meet, ranks, ["attempt-2", None]))
+    assert got == ["attempt-2", "attempt-2"]
+    if shared:  # the agent's store holds the attempt's keys under its prefix, none at the top
+        assert host.get("attempt2/hello") == b"attempt-2" and not host.check(["hello"])

@@ -4,6 +4,11 @@ Under a restarting launcher (torchrun ``--max-restarts``, NVRx ``ft_launcher``) 
 meet in a store key space of their own (``attempt_store``): with torchrun's shared store and no
 per-attempt prefix, restarted gloo ranks read a dead peer's old address and fail to connect or hang
 in the process group's constructor (the stale-address trap, measured in the resiliency notes).
+NVRx's ``ft_launcher`` (0.4) gives every attempt a fresh store on a new port instead, and there the
+ranks must not add a prefix of their own: each node's launcher counts only the restarts it paid for, so
+after a restart for a membership change (one node's launcher re-entered the rendezvous while the
+other's ranks still ran) the nodes' ``TORCHELASTIC_RESTART_COUNT`` differ, and ranks that prefixed
+their keys with it would wait for each other in two key spaces until the hang watchdog.
 """
 
 from __future__ import annotations
@@ -78,10 +83,10 @@ RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 def attempt_store(env: Mapping[str, str], timeout: datetime.timedelta) -> Any | None:
     """The store this attempt's process group meets in, or ``None`` for torch's default (``env://``).
 
-    Under a restarting launcher (``RESTART_ENV`` set): the rendezvous TCPStore at
-    ``MASTER_ADDR:MASTER_PORT`` (rank 0 hosts it unless the launcher's agent already does,
-    ``TORCHELASTIC_USE_AGENT_STORE``), wrapped in ``PrefixStore("attempt<N>")`` so no key of an
-    earlier attempt is ever read.
+    Under a restarting launcher (``RESTART_ENV`` set): the TCPStore at ``MASTER_ADDR:MASTER_PORT``. When the
+    launcher's agent hosts it for every attempt (``TORCHELASTIC_USE_AGENT_STORE``: torchrun), it is wrapped
+    in ``PrefixStore("attempt<N>")`` so no key of an earlier attempt is ever read; otherwise rank 0 hosts a
+    store that is this attempt's alone (``ft_launcher``), used as it is (see the module docstring).
     """
     if RESTART_ENV not in env:
         return None
@@ -97,6 +102,8 @@ def attempt_store(env: Mapping[str, str], timeout: datetime.timedelta) -> Any | 
         timeout=timeout,
         multi_tenant=True,
     )
+    if not hosted_by_agent:
+        return base  # fresh for this attempt: the nodes' restart counts may differ, their keys must not
     return dist.PrefixStore(f"attempt{env[RESTART_ENV]}", base)
 
 
