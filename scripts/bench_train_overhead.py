@@ -282,9 +282,9 @@ def main() -> int:
     if a.rank:
         rank_main(Path(a.rank), a.blocks, a.block_steps, Path(os.environ["KILOCARD_BENCH_OUT"]))
         return 0
+    from kilocard.base.net import free_port
     from kilocard.config.compose import compose
     from kilocard.launch.rundir import create_run_dir
-    from kilocard.train.dist_env import free_port
 
     work = Path(tempfile.mkdtemp(prefix="kilocard-bench-"))
     total = a.blocks * a.block_steps + 1  # + 1: the last ours block's record is read before the run's end

@@ -58,9 +58,9 @@ def straight(tmp_path_factory):
 
 def single_rank(tmp_path, overrides):
     """Create a run dir for ``overrides`` and run ``python -m kilocard.train`` on it with Slurm's variables."""
+    from kilocard.base.net import free_port
     from kilocard.config.compose import compose
     from kilocard.launch.rundir import create_run_dir
-    from kilocard.train.dist_env import free_port
 
     tmp_path.mkdir(parents=True, exist_ok=True)  # kilocard makes only the runs folder itself, never its parents
     run_dir = create_run_dir(compose(overrides), overrides, root=tmp_path / "runs")

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from kilocard import exitcodes
 from kilocard.config.compose import compose, to_run_config
@@ -36,11 +35,13 @@ def test_single_process_defaults():
     assert not alone({"WORLD_SIZE": "1", "MASTER_PORT": "29500"})  # torchrun's one rank meets its agent's store
 
 
+@pytest.mark.integration  # a real gloo process group
 def test_a_lone_rank_binds_no_port():
     """A single process (``python -m kilocard.train RUN``) meets in an in-memory store: a port picked before
     torch imports could be taken by another process's connection before the bind (EADDRINUSE in a full run)."""
     import datetime
 
+    import torch
     import torch.distributed as dist
 
     env: dict = {}
