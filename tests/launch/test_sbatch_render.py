@@ -16,7 +16,7 @@ import pytest
 from kilocard.base.shell import ShellValueError
 from kilocard.base.slurmtime import time_to_seconds
 from kilocard.config.compose import compose, to_run_config
-from kilocard.launch.render import render_script
+from kilocard.launch.render import master_port, render_script
 from kilocard.plan import build_plan
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "sbatch"
@@ -128,6 +128,17 @@ def test_h100_layout_and_environment():
     assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text
     assert "--ntasks=16384 " in text
     assert "scontrol show hostnames" in text and "MASTER_PORT=$(( 20000 + (SLURM_JOB_ID" in text
+
+
+@pytest.mark.parametrize("job,restarts", [(1, 0), (1714, 3), (4_294_967_294, 0), (999_999_937, 17)])
+def test_derived_master_port_stays_below_the_ephemeral_range(job, restarts):
+    """The batch script's own MASTER_PORT is 20000-31999 for any job id: the kernel hands out 32768 and up to
+    outgoing connections, which could already hold the port when the rendezvous binds it."""
+    plan = build_plan(to_run_config(compose(CASES["tiny_gpt_local_cpu_2x2"])))
+    export = master_port(plan).splitlines()[-1]
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": str(job), "SLURM_RESTART_COUNT": str(restarts)}
+    out = subprocess.run(["bash", "-c", f"{export}; echo $MASTER_PORT"], env=env, text=True, capture_output=True)
+    assert 20000 <= int(out.stdout) < 32000, out
 
 
 def test_container_through_pyxis_and_bare_metal():

@@ -394,8 +394,9 @@ def master_port(plan: LaunchPlan) -> str:
     if plan.master_port is not None:
         return f"export MASTER_PORT={int(plan.master_port)}"
     return (
-        "# derived from the job id (+ restart count: a requeued job gets a fresh port)\n"
-        "export MASTER_PORT=$(( 20000 + (SLURM_JOB_ID * 7 + ${SLURM_RESTART_COUNT:-0}) % 40000 ))"
+        "# derived from the job id (+ restart count: a requeued job gets a fresh port); 20000-31999 stays\n"
+        "# below the kernel's ephemeral ports (32768 up), which any outgoing connection on the node may hold\n"
+        "export MASTER_PORT=$(( 20000 + (SLURM_JOB_ID * 7 + ${SLURM_RESTART_COUNT:-0}) % 12000 ))"
     )
 
 
