@@ -19,7 +19,7 @@ from kilocard.config.schema import PeftConfig
 from kilocard.data.record import DataRecord, read_record
 from kilocard.paths import data_dir
 from kilocard.rundir.checkpoint import TrainerState, load_model_issues, step_dir
-from kilocard.rundir.names import STATE, TRACKER
+from kilocard.rundir.names import MANIFEST, STATE, TRACKER
 from kilocard.validate.datarecord import data_record_issues, template_issues, too_long_issues, truncated_issues
 from run_configs import cfg_of
 
@@ -33,6 +33,7 @@ def _checkpoint(root: Path, model: dict, padded: int, step: int = 0) -> Path:
     sdir.mkdir(parents=True)
     state = TrainerState(step=step, consumed_samples=0, scheduler={}, model=model, layout={}, padded_vocab_size=padded)
     (sdir / STATE).write_text(json.dumps(dataclasses.asdict(state)))
+    (sdir / MANIFEST).write_text("{}")  # committed: its manifest is there (validate reads no tensor, nor hashes)
     (root / TRACKER).write_text(f"{step}\n")
     return root
 
@@ -73,19 +74,30 @@ def test_checkpoint_load_of_lora_adapters_the_config_does_not_continue_is_refuse
 
 
 def test_checkpoint_step_and_missing_directories(tmp_path: Path) -> None:
+    """The step checked is ``checkpoint.ckpt_step``, else the newest committed one; a step that is not committed
+    (or a directory with none) is ``CHECKPOINT_LOAD_EMPTY`` naming the committed steps, as the ranks would refuse it
+    after the queue; a directory that does not exist is left to ``CHECKPOINT_LOAD_MISSING``."""
     cfg = cfg_of({"model.vocab_size": 320, "model.make_vocab_size_divisible_by": 1})
     root = _checkpoint(tmp_path / "base", dataclasses.asdict(cfg.model), padded=320)
     other = dataclasses.replace(cfg.model, num_layers=cfg.model.num_layers + 1)
     _checkpoint(tmp_path / "tmp", dataclasses.asdict(other), padded=320, step=5)
-    shutil.move(step_dir(tmp_path / "tmp", 5), step_dir(root, 5))  # step 5 holds a deeper model; the tracker says 0
-    pick = dataclasses.replace(cfg.checkpoint, load=str(root), ckpt_step=5)
-    assert [i.code for i in load_model_issues(dataclasses.replace(cfg, checkpoint=pick))] == [
-        "CHECKPOINT_MODEL_MISMATCH"
-    ]
-    for load in (str(tmp_path / "nowhere"), str(tmp_path)):  # CHECKPOINT_LOAD_MISSING's / the run's own refusal
-        assert (
-            load_model_issues(dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, load=load))) == []
-        )
+    shutil.move(step_dir(tmp_path / "tmp", 5), step_dir(root, 5))  # step 5 holds a deeper model
+    (root / TRACKER).write_text("5\n")
+
+    def codes(load: str, step: int | None = None) -> list[str]:
+        ckpt = dataclasses.replace(cfg.checkpoint, load=load, ckpt_step=step)
+        return [i.code for i in load_model_issues(dataclasses.replace(cfg, checkpoint=ckpt))]
+
+    assert codes(str(root)) == ["CHECKPOINT_MODEL_MISMATCH"] and codes(str(root), 0) == []
+    ckpt = dataclasses.replace(cfg.checkpoint, load=str(root), ckpt_step=3)
+    (issue,) = load_model_issues(dataclasses.replace(cfg, checkpoint=ckpt))
+    assert (issue.code, issue.field, issue.value) == ("CHECKPOINT_LOAD_EMPTY", "checkpoint.ckpt_step", 3)
+    assert "committed: [0, 5]" in issue.message and "checkpoint.ckpt_step=null" in issue.hint
+    (issue,) = load_model_issues(dataclasses.replace(cfg, checkpoint=dataclasses.replace(ckpt, load=str(tmp_path))))
+    assert (issue.code, issue.field) == ("CHECKPOINT_LOAD_EMPTY", "checkpoint.load")
+    assert "holds no committed step" in issue.message and "convert hf-to-mcore" in issue.hint
+    assert codes(str(tmp_path), None) == ["CHECKPOINT_LOAD_EMPTY"]
+    assert codes(str(tmp_path / "nowhere")) == []  # CHECKPOINT_LOAD_MISSING's
 
 
 def test_conversations_longer_than_a_sequence_are_counted() -> None:

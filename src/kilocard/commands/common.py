@@ -40,7 +40,8 @@ def check_config(cfg: DictConfig, skip_paths: bool = False) -> tuple[RunConfig, 
     before anything resolves ``cfg``; then the pure ``validate`` and the input checks that read
     files (data prefixes, the tokenizer, ``checkpoint.load``; off with ``skip_paths`` or
     ``cluster.check_paths=false``, said in a warning), that ``checkpoint.save`` holds no other
-    run's steps (one owner per checkpoint directory), and that ``checkpoint.load``'s step holds this model.
+    run's steps (one owner per checkpoint directory), and that ``checkpoint.load`` has the step to
+    start from and that it holds this model.
     """
     extract_secret_refs(cfg)
     run_cfg = to_run_config(cfg)

@@ -445,19 +445,23 @@ def peft_differences(state: TrainerState, peft: PeftConfig) -> list[str]:
 
 
 def load_model_issues(cfg: RunConfig) -> list[Issue]:
-    """``CHECKPOINT_MODEL_MISMATCH``: the step ``checkpoint.load`` starts from (``checkpoint.ckpt_step``, else its
-    newest committed one) holds the model of ``cfg`` (its ``trainer_state.json``, which ``convert hf-to-mcore``
-    writes too): a base model of another shape is refused before the run instead of on its ranks. A directory that
-    does not exist, holds no committed step or a damaged one is left to ``CHECKPOINT_LOAD_MISSING`` and to the
-    run's own integrity check, which name the file."""
+    """The step ``checkpoint.load`` starts from (``checkpoint.ckpt_step``, else its newest committed one) exists
+    (``CHECKPOINT_LOAD_EMPTY``) and holds the model of ``cfg`` (``CHECKPOINT_MODEL_MISMATCH``; its
+    ``trainer_state.json``, which ``convert hf-to-mcore`` writes too): either would stop the ranks after the wait
+    in the queue. A directory that does not exist is ``CHECKPOINT_LOAD_MISSING``'s; a damaged step is left to the
+    run's own integrity check, which names the file (and may fall back to an older step)."""
     load = cfg.checkpoint.load
     root = Path(load).expanduser().absolute() if load else None
-    if root is None or not root.is_dir():
+    if not load or root is None or not root.is_dir():
         return []
     try:
         step = cfg.checkpoint.ckpt_step if cfg.checkpoint.ckpt_step is not None else latest_committed(root)
-        if step is None:
-            return []
+        steps = committed_steps(root)
+    except CheckpointError:
+        return []
+    if step is None or not steps or (cfg.checkpoint.ckpt_step is not None and step not in steps):
+        return [_no_step(load, root, step, steps)]
+    try:
         state = read_state(step_dir(root, step))
     except CheckpointError:
         return []
@@ -491,6 +495,21 @@ def load_model_issues(cfg: RunConfig) -> list[Issue]:
             )
         )
     return out
+
+
+def _no_step(load: str, root: Path, step: int | None, steps: list[int]) -> Issue:
+    """``CHECKPOINT_LOAD_EMPTY``: ``checkpoint.load`` has no committed step, or not the ``ckpt_step`` asked for."""
+    if not steps:
+        what = f"holds no committed step (no {TRACKER} with a step that has its {MANIFEST})"
+        fix = "the checkpoints folder of a run that saved a step, or `kilocard convert hf-to-mcore HF_DIR OUT`'s OUT"
+        return error("CHECKPOINT_LOAD_EMPTY", "checkpoint.load", load, f"checkpoint.load {root} {what}", fix)
+    return error(
+        "CHECKPOINT_LOAD_EMPTY",
+        "checkpoint.ckpt_step",
+        step,
+        f"checkpoint.ckpt_step {step} is not a committed step of {root} (committed: {sorted(steps)})",
+        f"checkpoint.ckpt_step=<one of {sorted(steps)}>, or checkpoint.ckpt_step=null for the newest",
+    )
 
 
 def newest_committed(save_root: Path, load_root: Path | None, ckpt_step: int | None = None, lora: bool = False) -> int:
