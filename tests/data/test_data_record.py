@@ -156,3 +156,26 @@ def test_a_prefix_too_small_for_a_validation_document_is_refused_when_evaluating
     assert "(10 documents) no valid document" in lines
     assert validate(capsys, f"data.data_path=[{prefix}]", "trainer.eval_interval=5", "data.split='80,20,0'")[0] == 0
     assert validate(capsys, f"data.data_path=[{prefix}]")[0] == 0  # no evaluation, no validation split needed
+
+
+def test_a_publish_cut_off_between_the_files_is_refused_until_preprocess_runs_again(tmp_path: Path, capsys) -> None:
+    """Preprocess replaces ``.bin`` and ``.idx`` one after the other: stopped between them (here a real rename
+    failure: a directory stands where the new ``.idx`` goes), the new ``.bin`` sits beside the old index. The record
+    still says ``publishing``, so validate refuses the prefix (it used to pass, record-less, with a warning);
+    a preprocess that finishes clears it."""
+    prefix = preprocess(tmp_path, "cut", "--tokenizer", str(TOKENIZER))
+    old_index = Path(f"{prefix}.idx").rename(tmp_path / "old.idx")
+    Path(f"{prefix}.idx").mkdir()
+    (Path(f"{prefix}.idx") / "keep").write_text("")  # a non-empty directory: the rename onto it fails
+    capsys.readouterr()
+    assert main(["preprocess", "--input", str(CORPUS / "tiny_corpus.jsonl"), "--output-prefix", str(tmp_path / "cut")])
+    assert "run preprocess again" in capsys.readouterr().err
+    assert read_record(prefix).publishing is True  # type: ignore[union-attr]
+    shutil.rmtree(f"{prefix}.idx")
+    old_index.rename(f"{prefix}.idx")  # what a crash between the two renames leaves: the new .bin, the old .idx
+    code, lines = validate(capsys, f"data.data_path=[{prefix}]")
+    assert code == 1 and lines.startswith("ERROR DATA_INCOMPLETE: data.data_path[0] = "), lines
+    assert "cut off" in lines and "kilocard preprocess" in lines
+    assert preprocess(tmp_path, "cut") == prefix
+    assert "publishing" not in json.loads(Path(f"{prefix}.meta.json").read_text())
+    assert validate(capsys, f"data.data_path=[{prefix}]")[0] == 0

@@ -24,7 +24,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from kilocard.config.schema import BYTES_TOKENIZER
 from kilocard.data.chat import encode_conversation, load_chat_tokenizer, messages_of, template_sha256
 from kilocard.data.errors import DataError, require_utf8
 from kilocard.data.indexed import IndexWriter, optimal_dtype
-from kilocard.data.record import DataRecord, mask_prefix, record_path, tokenizer_sha256, write_record
+from kilocard.data.record import DataRecord, mask_prefix, tokenizer_sha256, write_record
 from kilocard.data.tokenizer import TokenizerBase, get_tokenizer
 
 SUFFIX = "_text_document"
@@ -260,22 +260,12 @@ class _Counts:
 def _publish(
     prefix: str, outputs: list[Output], tokenizer: str, vocab_size: int, counts: _Counts, empty: str, **chat: Any
 ) -> None:
-    """Refuse an input without documents (``empty``: the line saying so); else finalize each writer's index, rename
-    its temporary ``.bin/.idx`` into place, then write the data record (a record from before is removed first: it
-    never describes the new data); ``chat``: the record's ``--chat`` fields (template, ``max_length``, cuts)."""
+    """Refuse an input without documents (``empty``: the line saying so); else finalize each writer's index and
+    rename its temporary ``.bin/.idx`` into place between two writes of the data record: first marked
+    ``publishing`` (so files left half old, half new by a cut-off publish are refused by ``validate``), then
+    without the mark. ``chat``: the record's ``--chat`` fields (template, ``max_length``, cuts)."""
     if counts.documents == 0:
         raise DataError(empty)
-    try:
-        for writer, _, tmp in outputs:
-            writer.finalize(str(tmp[1]))
-        record_path(prefix).unlink(missing_ok=True)
-        for _, final, tmp in outputs:
-            for src, dst in zip(tmp, final, strict=True):
-                os.replace(src, dst)
-    except OSError as err:
-        raise DataError(
-            f"--output-prefix: cannot write {prefix}.bin/.idx ({err.strerror}); fix: a writable folder with space"
-        ) from None
     record = DataRecord(
         tokenizer=tokenizer,
         tokenizer_sha256=tokenizer_sha256(tokenizer),
@@ -286,7 +276,19 @@ def _publish(
         assistant_tokens=counts.assistant,
         **chat,
     )
-    write_record(prefix, record)
+    try:
+        for writer, _, tmp in outputs:
+            writer.finalize(str(tmp[1]))
+        write_record(prefix, replace(record, publishing=True))
+        for _, final, tmp in outputs:
+            for src, dst in zip(tmp, final, strict=True):
+                os.replace(src, dst)
+        write_record(prefix, record)
+    except OSError as err:
+        raise DataError(
+            f"--output-prefix: cannot write {prefix}.bin/.idx ({err.strerror}); fix: a writable folder with space, "
+            f"then run preprocess again (until then validate refuses the prefix)"
+        ) from None
 
 
 def preprocess_jsonl(

@@ -1,6 +1,7 @@
 """What made an indexed dataset: ``PREFIX.meta.json`` beside ``PREFIX.bin/.idx`` (torch-free).
 
-``kilocard preprocess`` writes it (atomically, after the ``.bin/.idx``): the tokenizer as given and
+``kilocard preprocess`` writes it (atomically, marked ``publishing`` before it renames the ``.bin/.idx``
+into place and without the mark after): the tokenizer as given and
 the sha256 of its file (``null`` for the built-in ``kilocard-bytes``), the tokenizer's vocabulary
 size, the largest token id written, and the document and token counts. ``kilocard validate`` reads
 it for every prefix of ``data.data_path`` and compares it with the run's ``data.tokenizer`` and
@@ -33,7 +34,7 @@ HF_FILE = "tokenizer.json"
 """A model folder's tokenizer file (``kilocard.data.tokenizer`` reads the same)."""
 FORMAT = 1
 """Version of the record's layout."""
-OMITTED_WHEN_NONE = ("assistant_tokens", "chat_template_sha256", "max_length", "truncated")
+OMITTED_WHEN_NONE = ("assistant_tokens", "chat_template_sha256", "max_length", "truncated", "publishing")
 """Fields left out of the file when unset, so a record of plain text reads as it did before they existed."""
 
 
@@ -65,6 +66,10 @@ class DataRecord:
     truncated: int | None = None
     """``preprocess --chat --max-length N --on-overflow truncate``: conversations cut to ``N`` tokens (what was
     cut carries no loss anywhere); ``None`` without ``--max-length``."""
+    publishing: bool | None = None
+    """``True`` while ``preprocess`` renames the new ``.bin/.idx`` files into place (it writes the record so first,
+    and without the field once every file is there): a record that still says so is of a publish that was cut
+    off, whose files may be half old, half new. ``None`` (left out of the file) for a finished dataset."""
     format: int = FORMAT
     """Version of this layout."""
 

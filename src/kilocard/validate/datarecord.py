@@ -75,6 +75,9 @@ def data_record_issues(cfg: RunConfig) -> list[Issue]:
                 what, how = err.parts()
                 out.append(error("DATA_RECORD", field, prefix, what.removeprefix("data.data_path: "), how))
             continue
+        if record is not None and record.publishing:
+            out.append(_interrupted(field, prefix, record))
+            continue
         if record is None:
             out.append(_missing(field, prefix, cfg.data.tokenizer))
             documents = index_documents(resolved)
@@ -204,6 +207,20 @@ def template_issues(cfg: RunConfig, records: list[tuple[str, DataRecord]]) -> li
         for prefix, record in records
         if record.chat_template_sha256 is not None and record.chat_template_sha256 != sha
     ]
+
+
+def _interrupted(field: str, prefix: str, record: DataRecord) -> Issue:
+    """``DATA_INCOMPLETE``: the record is still marked ``publishing``: preprocess stopped while it renamed the new
+    ``.bin/.idx`` into place, so they may be half old, half new (token ids read past the documents, or silently
+    the wrong ones)."""
+    return error(
+        "DATA_INCOMPLETE",
+        field,
+        prefix,
+        f"{prefix}: kilocard preprocess was cut off while it put the new .bin/.idx in place "
+        f"({prefix}.meta.json still says publishing): the files may be half old, half new",
+        f"run `kilocard preprocess` for it again (tokenizer {record.tokenizer})",
+    )
 
 
 def _missing(field: str, prefix: str, tokenizer: str) -> Issue:
