@@ -136,3 +136,7 @@ def test_a_lora_step_resumes_only_with_the_same_adapters(tmp_path) -> None:
         CheckpointManager._peft_base(manager(other), tmp_path, state)  # type: ignore[arg-type]
     plain = dataclasses.replace(state, extra={})
     assert CheckpointManager._peft_base(manager(other), tmp_path, plain) is None  # type: ignore[arg-type]
+    scaled = PeftConfig(type="lora", dim=4, alpha=64, target_modules=["linear_qkv"])  # alpha / dim: 16 -> 8
+    with pytest.raises(ck.ModelMismatch, match=r"another shape or scale: peft.alpha: 32 -> 64"):
+        CheckpointManager._peft_base(manager(scaled), tmp_path, _lora_step_state(alpha=32))  # type: ignore[arg-type]
+    assert ck.peft_differences(state, scaled) == []  # a step from before alpha was recorded: not compared

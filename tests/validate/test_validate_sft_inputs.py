@@ -61,7 +61,7 @@ def test_checkpoint_load_of_lora_adapters_the_config_does_not_continue_is_refuse
     cfg = cfg_of({"model.vocab_size": 320, "model.make_vocab_size_divisible_by": 1})
     root = _checkpoint(tmp_path / "lora", dataclasses.asdict(cfg.model), padded=320)
     state = json.loads((step_dir(root, 0) / STATE).read_text())
-    peft = {"type": "lora", "dim": 4, "target_modules": ["linear_qkv"], "base": str(tmp_path / "base")}
+    peft = {"type": "lora", "dim": 4, "alpha": 32, "target_modules": ["linear_qkv"], "base": str(tmp_path / "base")}
     (step_dir(root, 0) / STATE).write_text(json.dumps({**state, "extra": {"peft": peft}}))
     load = dataclasses.replace(cfg.checkpoint, load=str(root))
     lora = PeftConfig(type="lora", dim=4, target_modules=["linear_qkv"])
@@ -71,6 +71,8 @@ def test_checkpoint_load_of_lora_adapters_the_config_does_not_continue_is_refuse
     wider = dataclasses.replace(lora, dim=8)
     (issue,) = load_model_issues(dataclasses.replace(cfg, checkpoint=load, peft=wider))
     assert "peft.dim: 4 -> 8" in issue.message and "peft.dim=4" in issue.hint
+    (issue,) = load_model_issues(dataclasses.replace(cfg, checkpoint=load, peft=dataclasses.replace(lora, alpha=8)))
+    assert "another shape or scale: peft.alpha: 32 -> 8" in issue.message and "peft.alpha=32" in issue.hint
 
 
 def test_checkpoint_step_and_missing_directories(tmp_path: Path) -> None:

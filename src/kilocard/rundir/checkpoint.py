@@ -430,8 +430,10 @@ LORA_ONLY = "holds LoRA adapters only (trained with peft=lora)"
 
 def peft_differences(state: TrainerState, peft: PeftConfig) -> list[str]:
     """Why the adapters of a LoRA step (``names.PEFT`` in its extra) cannot go on under ``peft``: it needs
-    ``peft=lora`` with the same ``dim`` and ``target_modules``; ``[]`` for any other step, or when they agree. The
-    one check of ``validate`` (``load_model_issues``) and the ranks (``kilocard.train.ckpt_manager``)."""
+    ``peft=lora`` with the same ``dim`` and ``target_modules`` (their shape) and ``alpha`` (their scale,
+    ``alpha / dim``: another one makes the loaded adapters another model; a step that did not record it is not
+    compared); ``[]`` for any other step, or when they agree. The one check of ``validate``
+    (``load_model_issues``) and the ranks (``kilocard.train.ckpt_manager``)."""
     saved = state.extra.get(PEFT)
     if not isinstance(saved, dict):
         return []
@@ -439,8 +441,8 @@ def peft_differences(state: TrainerState, peft: PeftConfig) -> list[str]:
         return [LORA_ONLY]
     return [
         f"peft.{k}: {saved.get(k)!r} -> {getattr(peft, k)!r}"
-        for k in ("dim", "target_modules")
-        if saved.get(k) != getattr(peft, k)
+        for k in ("dim", "target_modules", "alpha")
+        if saved.get(k) != getattr(peft, k) and (k != "alpha" or k in saved)
     ]
 
 
@@ -489,9 +491,10 @@ def load_model_issues(cfg: RunConfig) -> list[Issue]:
                 load,
                 f"step {step} of {root} {'; '.join(adapters)}"
                 if adapters == [LORA_ONLY]
-                else f"step {step} of {root} holds adapters of another shape: {'; '.join(adapters)}",
-                f"peft=lora peft.dim={saved.get('dim')} peft.target_modules={saved.get('target_modules')} to continue "
-                "them, `kilocard convert mcore-to-hf` to merge them into the base, or another checkpoint.load",
+                else f"step {step} of {root} holds adapters of another shape or scale: {'; '.join(adapters)}",
+                f"peft=lora peft.dim={saved.get('dim')} peft.target_modules={saved.get('target_modules')} "
+                f"peft.alpha={saved.get('alpha', '<as trained>')} to continue them, `kilocard convert mcore-to-hf` "
+                "to merge them into the base, or another checkpoint.load",
             )
         )
     return out

@@ -237,7 +237,7 @@ class CheckpointManager:
                 f"with kilocard convert mcore-to-hf"
             )
         if diffs:
-            raise ck.ModelMismatch(f"checkpoint {sdir} holds adapters of another shape: {'; '.join(diffs)}")
+            raise ck.ModelMismatch(f"checkpoint {sdir} holds adapters of another shape or scale: {'; '.join(diffs)}")
         base = Path(saved["base"])
         self._verify_base(base)
         self._load_base(base)
