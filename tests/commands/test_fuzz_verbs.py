@@ -141,6 +141,11 @@ SLOTS: dict[str, Callable[[Path, str | bytes], list[str]]] = {
     "convert hf shard": lambda w, k: (
         ["convert", "hf-to-mcore", str(_hf(w, "model.safetensors", k)), f"{w}/out"] + ["recipe=tiny_llama"]
     ),
+    "validate checkpoint tracker": lambda w, k: [
+        "validate",
+        "recipe=tiny_gpt",
+        f"checkpoint.load={_step(w / 'ck', 'tracker', k)}",
+    ],
     "convert tracker": lambda w, k: ["convert", "mcore-to-hf", str(_step(w / "ck", "tracker", k)), f"{w}/out"],
     "convert manifest": lambda w, k: ["convert", "mcore-to-hf", str(_step(w / "ck", "manifest", k)), f"{w}/out"],
     "convert state": lambda w, k: ["convert", "mcore-to-hf", str(_step(w / "ck", "state", k)), f"{w}/out"],

@@ -100,6 +100,9 @@ def test_checkpoint_step_and_missing_directories(tmp_path: Path) -> None:
     assert "holds no committed step" in issue.message and "convert hf-to-mcore" in issue.hint
     assert codes(str(tmp_path), None) == ["CHECKPOINT_LOAD_EMPTY"]
     assert codes(str(tmp_path / "nowhere")) == []  # CHECKPOINT_LOAD_MISSING's
+    (tmp_path / TRACKER).write_bytes(b"\xff\xfe")  # a tracker the ranks could not read either
+    (issue,) = load_model_issues(dataclasses.replace(cfg, checkpoint=dataclasses.replace(ckpt, load=str(tmp_path))))
+    assert issue.code == "CHECKPOINT_LOAD_EMPTY" and "is not UTF-8" in issue.message and TRACKER in issue.message
 
 
 def test_conversations_longer_than_a_sequence_are_counted() -> None:

@@ -452,16 +452,16 @@ def load_model_issues(cfg: RunConfig) -> list[Issue]:
     ``trainer_state.json``, which ``convert hf-to-mcore`` writes too): either would stop the ranks after the wait
     in the queue. A directory that does not exist is ``CHECKPOINT_LOAD_MISSING``'s; a damaged step is left to the
     run's own integrity check, which names the file (and may fall back to an older step)."""
-    load = cfg.checkpoint.load
+    load, wanted = cfg.checkpoint.load, cfg.checkpoint.ckpt_step
     root = Path(load).expanduser().absolute() if load else None
     if not load or root is None or not root.is_dir():
         return []
     try:
-        step = cfg.checkpoint.ckpt_step if cfg.checkpoint.ckpt_step is not None else latest_committed(root)
         steps = committed_steps(root)
-    except CheckpointError:
-        return []
-    if step is None or not steps or (cfg.checkpoint.ckpt_step is not None and step not in steps):
+        step = wanted if wanted is not None else latest_committed(root)
+    except CheckpointError as e:  # the tracker: not a step number, not UTF-8, not a file
+        return [error("CHECKPOINT_LOAD_EMPTY", "checkpoint.load", load, str(e), _EMPTY_FIX)]
+    if step is None or not steps or (wanted is not None and wanted not in steps):
         return [_no_step(load, root, step, steps)]
     try:
         state = read_state(step_dir(root, step))
@@ -500,12 +500,15 @@ def load_model_issues(cfg: RunConfig) -> list[Issue]:
     return out
 
 
+_EMPTY_FIX = "the checkpoints folder of a run that saved a step, or `kilocard convert hf-to-mcore HF_DIR OUT`'s OUT"
+"""How to give ``checkpoint.load`` a committed step to start from."""
+
+
 def _no_step(load: str, root: Path, step: int | None, steps: list[int]) -> Issue:
     """``CHECKPOINT_LOAD_EMPTY``: ``checkpoint.load`` has no committed step, or not the ``ckpt_step`` asked for."""
     if not steps:
         what = f"holds no committed step (no {TRACKER} with a step that has its {MANIFEST})"
-        fix = "the checkpoints folder of a run that saved a step, or `kilocard convert hf-to-mcore HF_DIR OUT`'s OUT"
-        return error("CHECKPOINT_LOAD_EMPTY", "checkpoint.load", load, f"checkpoint.load {root} {what}", fix)
+        return error("CHECKPOINT_LOAD_EMPTY", "checkpoint.load", load, f"checkpoint.load {root} {what}", _EMPTY_FIX)
     return error(
         "CHECKPOINT_LOAD_EMPTY",
         "checkpoint.ckpt_step",
