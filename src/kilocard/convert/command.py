@@ -8,8 +8,8 @@
 its newest committed step). The import keeps the model folder's tokenizer in ``OUT_DIR/tokenizer/``.
 
 On import the model comes from the recipe, every field a ``config.json`` disagrees with named in one line;
-without ``recipe=`` it is derived from ``config.json`` (Llama, Mixtral, Qwen2), as Megatron-Bridge's
-AutoBridge does, and ``model.yaml`` plus ``recipe.yaml`` (a recipe of that model starting from the
+without ``recipe=`` it is derived from ``config.json`` (``kilocard.convert.families``), as
+Megatron-Bridge's AutoBridge does, and ``model.yaml`` plus ``recipe.yaml`` (a recipe of that model starting from the
 imported weights: ``kilocard run recipe=OUT_DIR/recipe.yaml``) are written beside the checkpoint. On export
 the model comes from the checkpoint's saved model config; a tensor that disagrees is refused. Output is
 written into a hidden sibling directory and renamed into place only when complete, so a failed
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.convert import maps, st_io
+from kilocard.convert import families, maps, st_io
 from kilocard.convert import tokenizer as tk
 from kilocard.convert.maps import ConvertError, ConvertUsageError, Slot
 from kilocard.layout import compute_layout, of_sizes
@@ -93,9 +93,6 @@ def staging(out: Path) -> Iterator[Path]:
 # --- import -----------------------------------------------------------------------------------------
 
 
-BASE_RECIPES = {"llama": "tiny_llama", "mixtral": "tiny_mixtral", "qwen2": "tiny_qwen2"}
-"""Without ``recipe=``: the family's tiny recipe gives what ``config.json`` does not say (norm, activation,
-router settings, a local CPU profile, mock data); every shape field comes from ``config.json``."""
 RECIPE_FILE = "recipe.yaml"
 """Written beside an import without ``recipe=``: a recipe (``recipe=OUT/recipe.yaml``) of the derived model
 that starts from the imported weights (``checkpoint.load``)."""
@@ -111,7 +108,7 @@ def _value(v: Any) -> str:
 def derived_overrides(hf_cfg: dict[str, Any], family: str, name: str) -> list[str]:
     """The overrides of a run whose model is the one ``config.json`` describes (no recipe given)."""
     fields = {"name": name, **maps.model_from_config(hf_cfg, family)}
-    return [f"recipe={BASE_RECIPES[family]}", *(f"model.{k}={_value(v)}" for k, v in fields.items())]
+    return [f"recipe={families.get(family).base_recipe}", *(f"model.{k}={_value(v)}" for k, v in fields.items())]
 
 
 def _run_config(overrides: Sequence[str], hf_cfg: dict[str, Any], family: str, name: str) -> tuple[RunConfig, bool]:

@@ -1,6 +1,7 @@
 """Explicit per-family maps: Hugging Face config keys and tensor names <-> kilocard's Megatron-Core model.
 
-For each family (Llama, Mixtral, Qwen2) this module says, from the recipe's ``ModelConfig`` alone:
+Each family (``kilocard.convert.families``: one module each) says what it knows; this module applies it,
+given a family's ``model_type`` and the recipe's ``ModelConfig`` alone:
 
 * ``expected_config``: the ``config.json`` values the recipe implies, each tied to the model field it
   comes from. Import checks a given ``config.json`` against them (the first difference is refused,
@@ -16,154 +17,45 @@ checked bit-exact against Megatron-Bridge 0.3.1's Llama bridge (shared/reference
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kilocard.config.schema import ModelConfig
+from kilocard.convert import families
+from kilocard.convert.families.base import MCORE_ROPE_SCALING, head_dim
+from kilocard.convert.spec import ConvertError, ConvertUsageError, Expect, Slot
 
-FAMILIES = ("llama", "mixtral", "qwen2")
-"""Hugging Face ``model_type`` values kilocard converts."""
+__all__ = ["MCORE_ROPE_SCALING", "ConvertError", "ConvertUsageError", "Expect", "Slot"]
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+FAMILIES = families.names()
+"""Hugging Face ``model_type`` values kilocard converts (``kilocard.convert.families``)."""
+
+ARCHITECTURES = {f.model_type: f.architecture for f in families.FAMILIES}
 """The ``architectures`` entry written into an exported ``config.json``."""
-
-MCORE_ROPE_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-"""Llama 3.1 RoPE scaling constants Megatron-Core hard-codes (``RotaryEmbedding._apply_scaling``);
-only the factor is a parameter (``model.rope_scaling_factor``)."""
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 """Buffers some older checkpoints carry that are recomputed, not learned."""
 
 
-class ConvertError(Exception):
-    """A model the conversion refuses (a mismatch with the recipe, an unsupported family, weights it cannot
-    hold exactly); the message names the field or tensor, the value and the fix. ``kilocard convert`` exits
-    INVALID (1), as ``validate`` does for a config it refuses."""
-
-
-class ConvertUsageError(ConvertError):
-    """What the command line points at cannot be used: an output path that is taken, a symlink, inside a
-    checkpoint or not creatable; a source that is no model directory or committed checkpoint; a file the
-    safe reader refuses or that is damaged; a bad flag. ``kilocard convert`` exits USAGE (2), the code of
-    every verb for input that cannot be used (``kilocard.commands.exits``)."""
-
-
-@dataclass(frozen=True)
-class Expect:
-    """One ``config.json`` key the recipe decides."""
-
-    key: str
-    """``config.json`` key (``rope_parameters.rope_theta`` for a nested one)."""
-    value: Any
-    """The value the recipe implies."""
-    field: str | None
-    """The ``model.*`` field it comes from; ``None`` for a value no kilocard model can change."""
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where one Hugging Face tensor lives in the Megatron-Core state dict."""
-
-    hf: str
-    """Hugging Face tensor name."""
-    mcore: str
-    """Megatron-Core (single-rank) state-dict name."""
-    part: str
-    """``all``, ``q``, ``k``, ``v`` (of linear_qkv), ``gate``, ``up`` (of linear_fc1) or ``rows`` (unpadded vocab)."""
-    shape: tuple[int, ...]
-    """The Hugging Face tensor's shape."""
-
-
 def family_of_config(hf_config: dict[str, Any]) -> str:
     """The family of a ``config.json``; refuses one kilocard has no map for."""
-    kind = hf_config.get("model_type")
-    if kind not in FAMILIES:
-        raise ConvertError(f"config.json: model_type {kind!r} is not supported (expected one of {', '.join(FAMILIES)})")
-    return kind
+    return families.of_config(hf_config).model_type
 
 
 def family_of_model(m: ModelConfig) -> str:
-    """The family a kilocard model exports as: MoE -> mixtral, QKV bias -> qwen2, else llama."""
-    if m.num_moe_experts:
-        return "mixtral"
-    return "qwen2" if m.add_qkv_bias else "llama"
+    """The family a kilocard model with no recorded source exports as (``families.of_model``)."""
+    return families.of_model(m).model_type
 
 
 def check_model(family: str, m: ModelConfig) -> None:
     """Refuse a recipe model the family's Hugging Face layout cannot express, naming the field."""
-    wanted: list[tuple[str, Any]] = [
-        ("normalization", "RMSNorm"),
-        ("activation", "swiglu"),
-        ("add_bias_linear", False),
-        ("position_embedding_type", "rope"),
-        ("rotary_percent", 1.0),
-        ("multi_latent_attention", False),
-        ("mtp_num_layers", None),
-        ("add_qkv_bias", family == "qwen2"),
-    ]
-    if family == "mixtral":
-        wanted += [("moe_layer_freq", 1), ("moe_shared_expert_intermediate_size", None)]
-        wanted += [("moe_router_score_function", "softmax")]
-    else:
-        wanted.append(("num_moe_experts", None))
-    for name, value in wanted:
-        if getattr(m, name) != value:
-            raise ConvertError(
-                f"model.{name}: {getattr(m, name)!r} has no {family} Hugging Face equivalent "
-                f"(expected {value!r}); pick a recipe whose model the {family} layout can hold"
-            )
-
-
-def _head_dim(m: ModelConfig) -> int:
-    return m.kv_channels or m.hidden_size // m.num_attention_heads
-
-
-def _rope(m: ModelConfig) -> list[Expect]:
-    out = [Expect("rope_parameters.rope_theta", float(m.rotary_base), "rotary_base")]
-    if not m.rope_scaling:
-        return [*out, Expect("rope_parameters.rope_type", "default", "rope_scaling")]
-    out += [
-        Expect("rope_parameters.rope_type", "llama3", "rope_scaling"),
-        Expect("rope_parameters.factor", float(m.rope_scaling_factor), "rope_scaling_factor"),
-    ]
-    return out + [Expect(f"rope_parameters.{k}", v, None) for k, v in MCORE_ROPE_SCALING.items()]
+    families.get(family).check_model(m)
 
 
 def expected_config(family: str, m: ModelConfig) -> list[Expect]:
-    """The ``config.json`` values the recipe's model implies for ``family`` (after ``check_model``).
-
-    ``max_position_embeddings`` is written on export but not compared on import: RoPE has no position
-    table, and a recipe may train at a shorter context than the model supports.
-    """
-    out = [
-        Expect("model_type", family, None),
-        Expect("num_hidden_layers", m.num_layers, "num_layers"),
-        Expect("hidden_size", m.hidden_size, "hidden_size"),
-        Expect("num_attention_heads", m.num_attention_heads, "num_attention_heads"),
-        Expect("num_key_value_heads", m.num_query_groups or m.num_attention_heads, "num_query_groups"),
-        Expect("head_dim", _head_dim(m), "kv_channels"),
-        Expect("vocab_size", m.vocab_size, "vocab_size"),
-        Expect("rms_norm_eps", m.layernorm_epsilon, "layernorm_epsilon"),
-        Expect("tie_word_embeddings", m.share_embeddings_and_output_weights, "share_embeddings_and_output_weights"),
-        Expect("hidden_act", "silu", "activation"),
-        *_rope(m),
-    ]
-    if family == "mixtral":
-        out += [
-            Expect("intermediate_size", m.moe_ffn_hidden_size or m.ffn_hidden_size, "moe_ffn_hidden_size"),
-            Expect("num_local_experts", m.num_moe_experts, "num_moe_experts"),
-            Expect("num_experts_per_tok", m.moe_router_topk, "moe_router_topk"),
-            Expect("sliding_window", None, None),
-        ]
-    else:
-        out.append(Expect("intermediate_size", m.ffn_hidden_size or 4 * m.hidden_size, "ffn_hidden_size"))
-    if family == "llama":
-        out += [Expect("attention_bias", False, "add_qkv_bias"), Expect("mlp_bias", False, "add_bias_linear")]
-    if family == "qwen2":
-        out.append(Expect("use_sliding_window", False, None))
-    return out
+    """The ``config.json`` values the recipe's model implies for ``family`` (after ``check_model``)."""
+    return families.get(family).expected_config(m)
 
 
 def normalized(hf_config: dict[str, Any]) -> dict[str, Any]:
@@ -226,33 +118,7 @@ def check_config(hf_config: dict[str, Any], family: str, m: ModelConfig, recipe:
 def model_from_config(hf_config: dict[str, Any], family: str) -> dict[str, Any]:
     """The ``model.*`` fields a ``config.json`` of ``family`` decides (what ``expected_config`` compares),
     as Megatron-Bridge's AutoBridge derives a model from it; ``seq_length`` is the context, at most 8192."""
-    c = normalized(hf_config)
-    rope = c["rope_parameters"]
-    out: dict[str, Any] = {
-        "num_layers": c["num_hidden_layers"],
-        "hidden_size": c["hidden_size"],
-        "num_attention_heads": c["num_attention_heads"],
-        "num_query_groups": c["num_key_value_heads"],
-        "kv_channels": c["head_dim"],
-        "vocab_size": c["vocab_size"],
-        "layernorm_epsilon": float(c.get("rms_norm_eps", 1e-6)),
-        "share_embeddings_and_output_weights": bool(c["tie_word_embeddings"]),
-        "rotary_base": int(rope["rope_theta"]),  # an integer field (Megatron-LM --rotary-base)
-        "rope_scaling": rope["rope_type"] == "llama3",
-        "ffn_hidden_size": c["intermediate_size"],
-        "add_qkv_bias": family == "qwen2",
-        "max_position_embeddings": c.get("max_position_embeddings") or 4096,
-    }
-    out["seq_length"] = min(out["max_position_embeddings"], 8192)
-    if out["rope_scaling"]:
-        out["rope_scaling_factor"] = float(rope.get("factor", 8.0))
-    if family == "mixtral":
-        out["moe_ffn_hidden_size"] = c["intermediate_size"]
-        out["num_moe_experts"] = c["num_local_experts"]
-        out["moe_router_topk"] = c["num_experts_per_tok"]
-        if "router_aux_loss_coef" in c:
-            out["moe_aux_loss_coeff"] = float(c["router_aux_loss_coef"])
-    return out
+    return families.get(family).model_from_config(normalized(hf_config))
 
 
 def hf_config(family: str, m: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -266,54 +132,15 @@ def hf_config(family: str, m: ModelConfig, dtype: torch.dtype) -> dict[str, Any]
             out[e.key] = e.value
     out["max_position_embeddings"] = m.max_position_embeddings
     out["dtype"] = str(dtype).removeprefix("torch.")
-    if family == "mixtral":
-        out["router_aux_loss_coef"] = m.moe_aux_loss_coeff
-    return out
-
-
-def _layer_slots(family: str, m: ModelConfig, i: int) -> list[Slot]:
-    h, d = m.hidden_size, _head_dim(m)
-    q_rows, kv_rows = m.num_attention_heads * d, (m.num_query_groups or m.num_attention_heads) * d
-    p, t = f"model.layers.{i}.", f"decoder.layers.{i}."
-    qkv = t + "self_attention.linear_qkv."
-    out = [
-        Slot(p + "input_layernorm.weight", t + "input_layernorm.weight", "all", (h,)),
-        Slot(p + "self_attn.q_proj.weight", qkv + "weight", "q", (q_rows, h)),
-        Slot(p + "self_attn.k_proj.weight", qkv + "weight", "k", (kv_rows, h)),
-        Slot(p + "self_attn.v_proj.weight", qkv + "weight", "v", (kv_rows, h)),
-    ]
-    if m.add_qkv_bias:
-        out += [Slot(p + f"self_attn.{x}_proj.bias", qkv + "bias", x, (n,)) for x, n in (("q", q_rows), ("k", kv_rows))]
-        out.append(Slot(p + "self_attn.v_proj.bias", qkv + "bias", "v", (kv_rows,)))
-    out += [
-        Slot(p + "self_attn.o_proj.weight", t + "self_attention.linear_proj.weight", "all", (h, q_rows)),
-        Slot(p + "post_attention_layernorm.weight", t + "pre_mlp_layernorm.weight", "all", (h,)),
-    ]
-    if family != "mixtral":
-        f = m.ffn_hidden_size or 4 * h
-        return out + [
-            Slot(p + "mlp.gate_proj.weight", t + "mlp.linear_fc1.weight", "gate", (f, h)),
-            Slot(p + "mlp.up_proj.weight", t + "mlp.linear_fc1.weight", "up", (f, h)),
-            Slot(p + "mlp.down_proj.weight", t + "mlp.linear_fc2.weight", "all", (h, f)),
-        ]
-    f, moe = m.moe_ffn_hidden_size or m.ffn_hidden_size or 4 * h, p + "block_sparse_moe."
-    out.append(Slot(moe + "gate.weight", t + "mlp.router.weight", "all", (m.num_moe_experts or 0, h)))
-    for e in range(m.num_moe_experts or 0):
-        x, y = f"{moe}experts.{e}.", f"{t}mlp.experts.local_experts.{e}."
-        out += [
-            Slot(x + "w1.weight", y + "linear_fc1.weight", "gate", (f, h)),
-            Slot(x + "w3.weight", y + "linear_fc1.weight", "up", (f, h)),
-            Slot(x + "w2.weight", y + "linear_fc2.weight", "all", (h, f)),
-        ]
-    return out
+    return {**out, **families.get(family).export_extras(m)}
 
 
 def slots(family: str, m: ModelConfig) -> list[Slot]:
     """Every Hugging Face tensor of the model, in the order Hugging Face lists them."""
-    h, v = m.hidden_size, m.vocab_size
+    h, v, fam = m.hidden_size, m.vocab_size, families.get(family)
     out = [Slot("model.embed_tokens.weight", "embedding.word_embeddings.weight", "rows", (v, h))]
     for i in range(m.num_layers):
-        out += _layer_slots(family, m, i)
+        out += fam.layer_slots(m, i)
     out.append(Slot("model.norm.weight", "decoder.final_layernorm.weight", "all", (h,)))
     if not m.share_embeddings_and_output_weights:
         out.append(Slot("lm_head.weight", "output_layer.weight", "rows", (v, h)))
@@ -330,7 +157,7 @@ def region(t: torch.Tensor, slot: Slot, m: ModelConfig) -> torch.Tensor:
         return t.chunk(2, dim=0)[slot.part == "up"]
     groups = m.num_query_groups or m.num_attention_heads
     per = m.num_attention_heads // groups
-    x = t.view(groups, per + 2, _head_dim(m), *t.shape[1:])
+    x = t.view(groups, per + 2, head_dim(m), *t.shape[1:])
     return {"q": x[:, :per], "k": x[:, per], "v": x[:, per + 1]}[slot.part]
 
 

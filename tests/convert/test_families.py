@@ -1,0 +1,42 @@
+"""The family registry (``kilocard.convert.families``): one family per ``model_type``, found by ``config.json`` and,
+for an export with no recorded source, by the model itself; each family's weight map names every tensor once."""
+
+from __future__ import annotations
+
+import pytest
+
+from kilocard.config.schema import ModelConfig
+from kilocard.convert import families
+from kilocard.convert.spec import ConvertError
+
+DENSE = dict(normalization="RMSNorm", activation="swiglu", add_bias_linear=False, position_embedding_type="rope")
+
+
+def test_every_family_is_found_by_its_model_type_and_names_its_architecture():
+    for f in families.FAMILIES:
+        assert families.of_config({"model_type": f.model_type}) is f
+        assert f.architecture.endswith("ForCausalLM") and f.base_recipe.startswith("tiny_")
+    assert len(families.BY_TYPE) == len(families.FAMILIES)
+
+
+def test_an_unknown_model_type_is_refused_naming_the_known_ones():
+    with pytest.raises(ConvertError, match=r"model_type 'gemma' is not supported \(expected one of llama, mixtral"):
+        families.of_config({"model_type": "gemma"})
+
+
+@pytest.mark.parametrize(
+    ("changes", "family"),
+    [({}, "llama"), ({"add_qkv_bias": True}, "qwen2"), ({"num_moe_experts": 4}, "mixtral")],
+)
+def test_a_model_with_no_recorded_source_exports_as_the_family_that_claims_it(changes, family):
+    m = ModelConfig(**DENSE, **changes)
+    assert families.of_model(m).model_type == family
+    families.get(family).check_model(m)  # and that family can hold it
+
+
+def test_each_tensor_of_a_family_has_one_slot():
+    for f in families.FAMILIES:
+        m = ModelConfig(**DENSE, num_query_groups=2, add_qkv_bias=f.qkv_bias, num_moe_experts=2 if f.moe else None)
+        f.check_model(m)
+        names = [s.hf for i in range(m.num_layers) for s in f.layer_slots(m, i)]
+        assert len(names) == len(set(names)), f.model_type
