@@ -42,7 +42,7 @@ CASES = [
         "TRAIN_SAMPLES",
         "trainer.train_iters",
     ),
-    ({"trainer.train_iters": 2**62}, "TRAIN_SAMPLES", "trainer.train_iters"),
+    ({"trainer.train_iters": 2**62}, "OUT_OF_RANGE", "trainer.train_iters"),
 ]
 
 

@@ -131,7 +131,7 @@ def test_plan_of_lora_targets_naming_no_module_says_so(capsys) -> None:
     code = main(["plan", "recipe=llama3_8b_sft", "peft=lora", "peft.target_modules=[q_proj]"])
     out = capsys.readouterr()
     assert "internal error" not in out.err and code == 1, out.err  # the config refused, as validate refuses it
-    assert "LORA_TARGET: unknown target module(s) ['q_proj']" in out.out
+    assert "LORA_TARGET: peft.target_modules=['q_proj'] [0]='q_proj': is not one of linear_qkv" in out.out
 
 
 def test_lora_checkpoint_holds_the_adapters_only(sft8b) -> None:
@@ -144,9 +144,10 @@ def test_lora_checkpoint_holds_the_adapters_only(sft8b) -> None:
 
 def test_lora_settings_count_only_with_peft_lora(sft8b) -> None:
     """``peft.dim``/``peft.target_modules`` set but ``peft.type`` null (``peft=none`` with leftover overrides):
-    memory, checkpoint size and step time are full training's, and so are the rules."""
+    memory, checkpoint size and step time are full training's, and so are the rules (values inside each field's
+    domain: one outside it is refused whatever peft.type says, kilocard.config.domains)."""
     assert sft8b.peft.type is None
-    leftover = _lora(sft8b, type=None, dim=3, target_modules=["linear_qkv"], alpha=0)
+    leftover = _lora(sft8b, type=None, dim=3, target_modules=["linear_qkv"], alpha=7)
     assert estimate_memory(leftover) == estimate_memory(sft8b)
     assert checkpoint_bytes(leftover) == checkpoint_bytes(sft8b)
     assert predict(leftover).breakdown == predict(sft8b).breakdown

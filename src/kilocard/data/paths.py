@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from kilocard.config.domains import choices
 from kilocard.data.errors import DataError
 from kilocard.paths import data_dir
 
-DATA_TYPES = ("mock", "indexed")
+DATA_TYPES = choices("data.type")
 """``data.type``: Megatron-Core's mock dataset, or indexed ``.bin``/``.idx`` files (``data.data_path``)."""
 
 

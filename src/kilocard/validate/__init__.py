@@ -24,6 +24,7 @@ from kilocard.validate import (
     batch,
     checkpointing,
     dataset,
+    domains,
     environment,
     evaluation,
     inputs,
@@ -109,7 +110,7 @@ MCORE_CODES = frozenset(
 
 def structurally_valid(cfg: RunConfig, lay: Layout) -> bool:
     """No error from the structural rules (model, parallel, batch, recompute) or TP placement."""
-    rules = STRUCTURAL_RULES + (topology.rule_tp_nvlink,)
+    rules = (domains.rule_field_domains,) + STRUCTURAL_RULES + (topology.rule_tp_nvlink,)
     return not any(i.severity == ERROR for r in rules for i in r(cfg, lay))
 
 
@@ -138,7 +139,12 @@ def validate(cfg: RunConfig, params: PerfModelParams = FITTED) -> Report:
     """Check ``cfg`` against every rule and estimate its memory and FLOPs (pure); the prediction uses the
     performance model's ``params`` (a site refit's, or the shipped fit)."""
     lay = compute_layout(cfg)
+    outside = list(domains.rule_field_domains(cfg, lay))
     issues = run_rules(cfg, lay)
+    if outside:  # a field outside its domain is said once, and nothing is estimated from it
+        named = {o.field.partition("[")[0] for o in outside}
+        issues = [i for i in issues if i.severity == ERROR and i.field.partition("[")[0] not in named]
+        return Report(issues=outside + issues, layout=lay, estimates=Estimates(hbm_bytes=hbm_bytes(cfg)))
     est = estimates(cfg, lay)
     if est.memory is not None and not any(i.code == "WORLD_NOT_DIVISIBLE" for i in issues):
         issues.extend(rule_memory_fits(cfg, lay, structural=structurally_valid))

@@ -11,23 +11,6 @@ from kilocard.validate.issues import Issue, error, warning
 T = "trainer."
 
 
-def rule_batch_positive(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """Batch sizes and step counts are positive."""
-    t = cfg.trainer
-    for name in ("micro_batch_size", "global_batch_size", "train_iters"):
-        v = getattr(t, name)
-        if v < 1:
-            yield error("BATCH_NOT_POSITIVE", T + name, v, f"{name}({v}) must be >= 1", f"set {T}{name} to 1 or more")
-    if cfg.model.seq_length < 1:
-        yield error(
-            "SEQ_NOT_POSITIVE",
-            "model.seq_length",
-            cfg.model.seq_length,
-            f"seq_length({cfg.model.seq_length}) must be >= 1",
-            "set model.seq_length",
-        )
-
-
 def rule_global_batch(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """The global batch is a whole number of micro-batches on every DP rank."""
     t = cfg.trainer
@@ -114,7 +97,6 @@ def rule_max_positions(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 
 RULES = (
-    rule_batch_positive,
     rule_global_batch,
     rule_interleaved_microbatches,
     rule_pipeline_bubble,

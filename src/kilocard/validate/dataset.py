@@ -10,16 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kilocard.config.schema import RunConfig
-from kilocard.data.paths import DATA_TYPES
 from kilocard.layout import Layout
 from kilocard.topology import gpu_spec
-from kilocard.validate.issues import Issue, error, not_one_of, warning
-
-
-def rule_data_type(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """``DATA_TYPE``: ``data.type`` is one the trainer builds."""
-    fix = "choose the data group: data=mock or data=tiny_corpus (or data.type=indexed with data.data_path)"
-    yield from not_one_of("DATA_TYPE", "data.type", cfg.data.type, DATA_TYPES, fix)
+from kilocard.validate.issues import Issue, error, warning
 
 
 def rule_sft_data(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -102,5 +95,5 @@ def rule_packing_thd(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
 
 
-RULES = (rule_data_type, rule_sft_data, rule_packing, rule_sft_packed_attention, rule_packing_thd)
+RULES = (rule_sft_data, rule_packing, rule_sft_packed_attention, rule_packing_thd)
 """``data.split`` is ``kilocard.validate.evaluation``'s (its arithmetic is Megatron-Core's)."""

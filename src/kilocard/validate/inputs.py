@@ -17,39 +17,12 @@ from functools import partial
 
 from kilocard.base import shell
 from kilocard.base.slurmtime import time_limit_problem
-from kilocard.config.schema import WANDB_MODES, RunConfig
+from kilocard.config.domains import SEED_MAX
+from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.paths import MAX_NAME_BYTES
 from kilocard.validate.issues import Issue, error
 
-#: (field, lowest allowed value, whether the lowest is allowed, what it means): numbers with a floor.
-FLOORS: tuple[tuple[str, float, bool, str], ...] = (
-    ("trainer.train_iters", 1, True, "optimizer steps to train"),
-    ("trainer.log_interval", 1, True, "steps between log lines"),
-    ("trainer.eval_interval", 1, True, "steps between evaluations (null = no evaluation)"),
-    ("trainer.eval_iters", 1, True, "global batches of the validation split per evaluation"),
-    ("trainer.rank_time_interval", 0, True, "steps between per-rank step-time gathers (0 = off)"),
-    ("trainer.hang_timeout_s", 0, True, "seconds without progress before a rank is declared hung (0 = off)"),
-    ("trainer.seed", 0, True, "the seed of model init, dropout and data order (numpy takes 0 .. 2**32 - 1)"),
-    ("data.random_seed", 0, True, "the seed of Megatron-Core's dataset shuffle (numpy takes 0 .. 2**32 - 1)"),
-    ("optim.lr", 0, True, "the peak learning rate"),
-    ("optim.min_lr", 0, True, "the learning rate at the end of the decay"),
-    ("optim.weight_decay", 0, True, "the decoupled weight decay"),
-    ("checkpoint.keep_last", 1, True, "committed steps kept (the newest is never removed)"),
-    ("checkpoint.save_interval", 0, True, "steps between saves (0 = only at the end and on a stop)"),
-    ("checkpoint.ckpt_step", 0, True, "the step of checkpoint.load to start from"),
-    ("checkpoint.expected_save_time_s", 0, True, "a measured save time in seconds"),
-    ("cluster.cpus_per_node", 1, True, "CPU cores per node"),
-    ("cluster.fs_write_bandwidth_gbs", 0, False, "the shared filesystem's write bandwidth in GB/s"),
-    ("launcher.nproc", 1, True, "local ranks"),
-    ("launcher.signal_lead_s", 0, True, "seconds between USR1 and the time limit"),
-    ("launcher.max_restarts", 0, True, "in-job restarts after a rank fault"),
-    ("launcher.max_requeues", 0, True, "times a job may requeue itself"),
-    ("launcher.max_excluded_nodes", 0, True, "nodes a run may exclude after failed health checks"),
-)
-
-#: Highest seed: numpy's ``RandomState`` takes 0 .. 2**32 - 1, and each pipeline stage adds 100 to it.
-SEED_MAX = 2**32 - 1
 #: Samples one run may read (``train_iters * global_batch_size``). Megatron-Core's dataset keeps a
 #: shuffle index (8 bytes) and a sample index (16 bytes) per sample on every rank: 2**36 samples is a
 #: 1.5 TiB index, and 2**36 x 8192 tokens is 40 times Llama 3's 15T-token pre-training. Above it the
@@ -57,9 +30,6 @@ SEED_MAX = 2**32 - 1
 MAX_TRAIN_SAMPLES = 2**36
 #: Tokens the run reads must fit Megatron-Core's int64 token counters.
 INT64_MAX = 2**63 - 1
-
-#: Probability fields: 0 <= p < 1.
-PROBABILITIES = ("model.hidden_dropout", "model.attention_dropout")
 
 #: Free-text fields that must stay on one line (they reach logs, paths or the batch script).
 ONE_LINE = (
@@ -93,33 +63,6 @@ def get(cfg: RunConfig, dotted: str) -> object:
     return node
 
 
-def rule_number_ranges(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """Counts, rates and durations at or above their floor; dropouts in [0, 1)."""
-    for field, low, inclusive, what in FLOORS:
-        v = get(cfg, field)
-        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            continue  # a non-finite number is NOT_FINITE (rule_finite_numbers)
-        if v < low or (v == low and not inclusive):
-            op = ">=" if inclusive else ">"
-            yield error(
-                "OUT_OF_RANGE",
-                field,
-                v,
-                f"{field}={v} is out of range: {what} must be {op} {low:g}",
-                f"set {field} to a value {op} {low:g}",
-            )
-    for field in PROBABILITIES:
-        v = get(cfg, field)
-        if isinstance(v, (int, float)) and not 0 <= v < 1:
-            yield error(
-                "OUT_OF_RANGE",
-                field,
-                v,
-                f"{field}={v} is a probability and must be in [0, 1)",
-                f"set {field}=0.0 (or e.g. 0.1)",
-            )
-
-
 def float_fields(cfg: RunConfig) -> Iterable[tuple[str, float]]:
     """``(dotted field, value)`` of every float in the config's sections."""
     for section in dataclasses.fields(cfg):
@@ -146,18 +89,16 @@ def rule_finite_numbers(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 
 def rule_seed_range(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """``trainer.seed`` (plus 100 per pipeline stage) and ``data.random_seed`` fit numpy's 32-bit seed."""
-    top = {"trainer.seed": SEED_MAX - 100 * (max(lay.pp, 1) - 1), "data.random_seed": SEED_MAX}
-    for field, high in top.items():
-        v = get(cfg, field)
-        if isinstance(v, int) and v > high:
-            yield error(
-                "OUT_OF_RANGE",
-                field,
-                v,
-                f"{field}={v} is out of range: numpy seeds are 0 .. 2**32 - 1 (and each pipeline stage adds 100)",
-                f"set {field} to a value <= {high}, e.g. 1234",
-            )
+    """``trainer.seed`` plus 100 per pipeline stage fits numpy's 32-bit seed."""
+    high, field, v = SEED_MAX - 100 * (max(lay.pp, 1) - 1), "trainer.seed", cfg.trainer.seed
+    if v > high:
+        yield error(
+            "OUT_OF_RANGE",
+            field,
+            v,
+            f"{field}={v} is out of range: numpy seeds are 0 .. 2**32 - 1 (and each pipeline stage adds 100)",
+            f"set {field} to a value <= {high}, e.g. 1234",
+        )
 
 
 def rule_train_samples(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
@@ -217,19 +158,6 @@ def rule_nsys_window(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             True,
             "trainer.nsys=true captures the steps of trainer.profile_steps, which is empty",
             "set trainer.profile_steps=[a,b] (e.g. [10,12]) or trainer.nsys=false",
-        )
-
-
-def rule_master_port(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """``launcher.master_port``, when fixed, is a TCP port 1..65535."""
-    port = cfg.launcher.master_port
-    if port is not None and not 1 <= port <= 65535:
-        yield error(
-            "OUT_OF_RANGE",
-            "launcher.master_port",
-            port,
-            f"launcher.master_port={port} is not a TCP port (1..65535)",
-            "set launcher.master_port=null (derived from the job id) or e.g. 29500",
         )
 
 
@@ -321,30 +249,14 @@ def rule_secret_names(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             )
 
 
-def rule_wandb_mode(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """``trainer.wandb_mode`` is one of ``WANDB_MODES`` (checked whether or not W&B is on: a typo waits otherwise)."""
-    mode = cfg.trainer.wandb_mode
-    if mode not in WANDB_MODES:
-        yield error(
-            "WANDB_MODE",
-            "trainer.wandb_mode",
-            mode,
-            f"trainer.wandb_mode={mode!r} is not a W&B mode (expected one of {', '.join(WANDB_MODES)})",
-            "trainer.wandb_mode=offline (sync later with wandb sync) or online",
-        )
-
-
 RULES = (
-    rule_number_ranges,
     rule_finite_numbers,
     rule_seed_range,
     rule_train_samples,
     rule_launcher_time,
     rule_profile_steps,
     rule_nsys_window,
-    rule_master_port,
     rule_run_name,
     rule_script_values,
     rule_secret_names,
-    rule_wandb_mode,
 )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,20 +50,6 @@ def error(code: str, field: str, value: Any, message: str, hint: str) -> Issue:
 def warning(code: str, field: str, value: Any, message: str, hint: str) -> Issue:
     """A ``warning`` issue."""
     return Issue(WARNING, code, field, value, message, hint)
-
-
-def below_floor(code: str, field: str, value: float, floor: float, strict: bool, why: str, fix: str) -> Iterable[Issue]:
-    """An error when the finite ``value`` of ``field`` is below ``floor`` (or at it, when ``strict``): the
-    message says the bound and ``why`` it holds. A non-finite value is left to ``NOT_FINITE``."""
-    if math.isfinite(value) and (value < floor or (strict and value == floor)):
-        op = ">" if strict else ">="
-        yield error(code, field, value, f"{field}={value} must be {op} {floor:g}: {why}", fix)
-
-
-def not_one_of(code: str, field: str, value: Any, allowed: tuple[str, ...], fix: str) -> Iterable[Issue]:
-    """An error when ``value`` of ``field`` is not one of ``allowed`` (the message lists them)."""
-    if value not in allowed:
-        yield error(code, field, value, f"{field}={value!r} is not one of {', '.join(allowed)}", fix)
 
 
 def _jsonable(v: Any) -> Any:

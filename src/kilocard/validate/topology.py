@@ -14,17 +14,8 @@ C = "cluster."
 
 
 def rule_cluster_shape(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """Nodes and GPUs per node are >= 1; the NVLink domain tiles nodes; the GPU is known."""
+    """The NVLink domain tiles nodes; the GPU is known (the sizes' ranges: ``kilocard.config.domains``)."""
     c = cfg.cluster
-    for name in ("nodes", "gpus_per_node", "nvlink_domain_size"):
-        if getattr(c, name) < 1:
-            yield error(
-                "CLUSTER_SIZE",
-                C + name,
-                getattr(c, name),
-                f"{name}({getattr(c, name)}) must be >= 1",
-                f"set {C}{name} to 1 or more",
-            )
     d, g = c.nvlink_domain_size, c.gpus_per_node
     if d >= 1 and g >= 1 and g % d and d % g:
         yield warning(
