@@ -2,7 +2,8 @@
 
 For each place a verb reads a file (a recipe, a site config directory, a run directory's config,
 events, metrics and logs, a checkpoint's tracker, manifest and state, a Hugging Face config and index,
-a tokenizer, a baselines file, preprocess input) the file is made a FIFO, a directory, a broken
+a tokenizer, a baselines file, a site baselines file, preprocess input) or writes one (a plot) the file
+is made a FIFO, a directory, a broken
 symlink, binary junk, latin-1 text, an empty file, a secret (``.netrc``, an SSH key, a ``.env``), a
 JSON error around a secret, or arbitrary bytes (Hypothesis). The verb runs in this process through
 ``kilocard.commands.main`` and must:
@@ -125,6 +126,23 @@ SLOTS: dict[str, Callable[[Path, str | bytes], list[str]]] = {
         str(_replace(w / "tok" / "tokenizer.json", k)),
     ],
     "baselines file": lambda w, k: ["baselines", "--file", str(_replace(w / "rows.yaml", k))],
+    "baselines site file": lambda w, k: [
+        "baselines",
+        "--site",
+        str(_replace(w / "site.yaml", k)),
+        "--add",
+        str(_steady(w / "rd")),
+    ],
+    "report plot": lambda w, k: ["report", str(_steady(w / "rd")), "--plot", str(_replace(w / "p.png", k))],
+    "budget plot": lambda w, k: [
+        "budget",
+        "recipe=tiny_gpt",
+        "gpus=8",
+        "days=1",
+        "--plot",
+        str(_replace(w / "p.svg", k)),
+    ],
+    "plan plot": lambda w, k: ["plan", "recipe=tiny_gpt", "--top", "1", "--plot", str(_replace(w / "p.pdf", k))],
     "logs log": lambda w, k: ["logs", str(_bad_in_run(w, "logs/slurm-1.out", k))],
     "logs --rank config": lambda w, k: ["logs", str(_bad_in_run(w, "config.yaml", k)), "--rank", "0"],
     "goodput events": lambda w, k: ["goodput", str(_bad_in_run(w, "events.jsonl", k))],
@@ -159,6 +177,16 @@ PRINTS_THE_FILE = {"logs log"}
 def _jsonl(w: Path) -> Path:
     (w / "in.jsonl").write_text('{"text": "hello"}\n')
     return w / "in.jsonl"
+
+
+def _steady(rd: Path) -> Path:
+    """A run directory with ten steps of metrics: ``report`` and ``baselines --add`` get past reading it."""
+    _frozen(rd)
+    records = [
+        {"step": s, "time": 10.0 + s, "step_time_s": 0.5, "tflops_per_gpu": 1.0, "loss": 5.0} for s in range(1, 11)
+    ]
+    (rd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return rd
 
 
 def _bad_in_run(w: Path, name: str, kind: str | bytes) -> Path:
@@ -235,6 +263,46 @@ def test_every_slot_with_files_that_are_not_config(slot, kind):
 )
 def test_hostile_files_anywhere_a_verb_reads(slot, kind):
     check(slot, kind)
+
+
+PATH_TEXT = st.builds(
+    "".join,
+    st.lists(
+        st.sampled_from(
+            ["a", "b", ".", "/", "-", " ", ",", ":", "~", "\\", "\n", "*", "$", ".png", ".svg", ".pdf", ".txt"]
+        ),
+        max_size=8,
+    ),
+)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=PATH_TEXT, verb=st.sampled_from(["budget", "report"]))
+def test_a_plot_path_is_written_exactly_as_named_or_refused(name, verb):
+    """Any ``--plot`` text: the verb writes that one file (and nothing else), or refuses it in one line (exit 2)."""
+    import contextlib
+    import io
+
+    with tempfile.TemporaryDirectory(prefix="kc-fuzz-") as tmp:
+        world = Path(tmp)
+        argv = (
+            ["budget", "recipe=tiny_gpt", "gpus=8", "days=1"]
+            if verb == "budget"
+            else ["report", str(_steady(world / "rd"))]
+        )
+        before = {p for p in world.rglob("*")}
+        target = (world / "w" / name) if name else None
+        (world / "w").mkdir()
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main([*argv, "--plot", str(target) if target else ""])
+        e = err.getvalue()
+        assert rc in DOCUMENTED_EXITS and "internal error" not in e and "Traceback" not in e, (name, e)
+        made = {p for p in world.rglob("*")} - before - {world / "w"}
+        if rc == exits.USAGE:
+            assert len(e.strip().splitlines()) == 1 and made == set(), (name, e, made)
+        else:
+            assert target is not None and {p.resolve() for p in made} <= {target.resolve()}, (name, made)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)

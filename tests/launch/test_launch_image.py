@@ -65,8 +65,8 @@ def test_image_verb_writes_the_build_context_and_the_import_line(tmp_path, capsy
     assert f"docker build -t kilocard:{version} {out}" in printed
     assert f"enroot import -o {out}/kilocard-{version}.sqsh dockerd://kilocard:{version}" in printed
     assert "launcher.packaging=image" in printed and mcore_range()[0] in (out / "Dockerfile").read_text()
-    assert main(["image", "--output", str(out)]) == 1  # never overwrites a build context
-    assert "Dockerfile exists" in capsys.readouterr().err
+    assert main(["image", "--output", str(out)]) == 2  # never overwrites a build context (input that cannot be used)
+    assert "already exists and is not empty" in capsys.readouterr().err
 
 
 @pytest.mark.integration  # builds the code snapshot's wheel

@@ -41,6 +41,7 @@ from kilocard.commands import (
 )
 from kilocard.commands.output import fail
 from kilocard.config.compose import ComposeError
+from kilocard.rundir.targets import WriteTargetError
 
 #: Set to 1 to see the traceback of an unexpected error instead of its one line.
 DEBUG_ENV = "KILOCARD_DEBUG"
@@ -146,7 +147,7 @@ def stdout_gone() -> int:
 
 def boundary(verb: str, e: Exception) -> int:
     """The one line and exit code for an error that reached ``main`` (see ``main``)."""
-    if isinstance(e, ComposeError | FileReadError | ShellValueError):
+    if isinstance(e, ComposeError | FileReadError | ShellValueError | WriteTargetError):
         return fail(verb, one_line(str(e)), exits.USAGE)
     if isinstance(e, OSError):
         where = f": {e.filename}" if e.filename is not None else ""

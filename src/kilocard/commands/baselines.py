@@ -29,6 +29,7 @@ from kilocard.rundir.events import BadRecord
 from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.rundir.reproduction import NotSteady
 from kilocard.rundir.reproduction import load as load_reproduction
+from kilocard.rundir.targets import SITE_TYPES, output_file
 from kilocard.topology import GiB
 
 HELP = "published MFU baselines vs the performance model"
@@ -50,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_run(site: Path, run_dir: Path) -> int:
     """``--site FILE --add RUN_DIR``: the run's steady-state TFLOP/s per GPU as a row of the site file."""
+    output_file("--site", str(site), SITE_TYPES)  # before any work: a file kilocard may write
     if not run_dir.is_dir():
         return fail(
             "baselines", f"--add: {run_dir} is not a directory (expected a kilocard run directory)", exits.USAGE

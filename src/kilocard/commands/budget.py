@@ -15,6 +15,7 @@ from kilocard.commands.common import add_config_args
 from kilocard.commands.output import fail
 from kilocard.config.compose import compose, to_run_config
 from kilocard.planner.budget import budget_plan, plot_frontier, render_text, split_budget_args, to_json
+from kilocard.rundir.targets import output_file, write_file
 from kilocard.validate.packages import importable, install_hint
 
 HELP = "from a compute budget (GPUs x days, or FLOPs) to model size, tokens, batch, layout and jobs"
@@ -39,6 +40,7 @@ def execute(args: argparse.Namespace) -> int:
         budget, overrides = split_budget_args(list(args.overrides))
     except ValueError as e:
         return fail("budget", str(e), exits.USAGE)
+    png = output_file("--plot", args.plot) if args.plot is not None else None  # before any work
     if args.plot and not importable("matplotlib"):
         return fail("budget", f"--plot {args.plot}: needs matplotlib ({install_hint('plots')})", exits.USAGE)
     cfg = to_run_config(compose(overrides))
@@ -47,7 +49,8 @@ def execute(args: argparse.Namespace) -> int:
     except ValueError as e:
         return fail("budget", str(e), exits.USAGE)
     print(json.dumps(to_json(result), indent=1) if args.format == "json" else render_text(result))
-    if args.plot:
-        plot_frontier(result, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
+    if png is not None:
+        with write_file(png, "--plot") as tmp:
+            plot_frontier(result, str(tmp))
+        print(f"wrote {png}", file=sys.stderr)
     return exits.OK if result.pick is not None else exits.INVALID

@@ -11,6 +11,7 @@ from kilocard.config.compose import to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.config.secrets import extract_secret_refs
 from kilocard.perf.efficiency import FITTED
+from kilocard.rundir import targets
 from kilocard.rundir.checkpoint import fresh_save_issues, load_model_issues
 from kilocard.validate import validate
 from kilocard.validate.inputpaths import input_path_issues
@@ -40,8 +41,9 @@ def check_config(cfg: DictConfig, skip_paths: bool = False) -> tuple[RunConfig, 
     before anything resolves ``cfg``; then the pure ``validate`` and the input checks that read
     files (data prefixes, the tokenizer, ``checkpoint.load``; off with ``skip_paths`` or
     ``cluster.check_paths=false``, said in a warning), that ``checkpoint.save`` holds no other
-    run's steps (one owner per checkpoint directory), and that ``checkpoint.load`` has the step to
-    start from and that it holds this model.
+    run's steps (one owner per checkpoint directory), that it and ``cluster.shared_fs`` lie outside
+    every checkpoint tree and the container's mount paths can be carried (``kilocard.rundir.targets``),
+    and that ``checkpoint.load`` has the step to start from and that it holds this model.
     """
     extract_secret_refs(cfg)
     run_cfg = to_run_config(cfg)
@@ -50,6 +52,7 @@ def check_config(cfg: DictConfig, skip_paths: bool = False) -> tuple[RunConfig, 
     report.issues.extend(input_path_issues(run_cfg, skip_paths))
     report.issues.extend([problem] if problem else [])
     report.issues.extend(fresh_save_issues(run_cfg.checkpoint.save))  # a new run owns no committed steps yet
+    report.issues.extend(targets.config_issues(run_cfg))  # and writes nowhere kilocard may not
     if not skip_paths and run_cfg.cluster.check_paths:
         report.issues.extend(load_model_issues(run_cfg))  # the base checkpoint holds this model
     return run_cfg, report

@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from kilocard.calibration.trust import model_error_json, model_error_lines
 from kilocard.commands import exits
@@ -17,6 +18,7 @@ from kilocard.commands.output import fail
 from kilocard.config.compose import compose, to_run_config
 from kilocard.config.schema import RunConfig
 from kilocard.planner.search import CONVENTION, OWN_MARK, Plan, Ranked, apply, plan, table_rows
+from kilocard.rundir.targets import output_file, write_file
 from kilocard.validate.packages import importable, install_hint
 
 HELP = "rank the layouts that fit by predicted throughput"
@@ -32,15 +34,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "json"), default="text", help="a table (text) or one JSON document")
 
 
+def schedule_path(plot_path: str) -> str:
+    """Where the schedule figure goes next to ``plot_path`` (``x.png`` -> ``x_schedule.png``)."""
+    p = Path(plot_path)
+    return str(p.with_name(p.stem + "_schedule" + p.suffix))
+
+
 def write_plots(result: Plan, cfg: RunConfig, png: str) -> None:
     """The ranking plot, and the schedule of the chosen layout (the overrides' own when valid, else the best)."""
     # matplotlib costs about a second to import: only ``--plot`` pays for it.
-    from kilocard.planner.plots import plot_plan, plot_schedule, schedule_path
+    from kilocard.planner.plots import plot_plan, plot_schedule
 
-    plot_plan(result, png)
+    with write_file(output_file("--plot", png), "--plot") as tmp:
+        plot_plan(result, str(tmp))
     shown = result.recipe or (result.top[0] if result.top else None)
     if shown is not None:
-        plot_schedule(shown.candidate, apply(cfg, shown.candidate), schedule_path(png))
+        with write_file(output_file("--plot", schedule_path(png)), "--plot") as tmp:
+            plot_schedule(shown.candidate, apply(cfg, shown.candidate), str(tmp))
     print(f"wrote {png}" + (f" and {schedule_path(png)}" if shown is not None else ""), file=sys.stderr)
 
 
@@ -48,6 +58,9 @@ def execute(args: argparse.Namespace) -> int:
     """Search, print the ranking, optionally plot."""
     if args.top < 1:
         return fail("plan", f"--top: {args.top} must be at least 1", exits.USAGE)
+    if args.plot is not None:  # before the search: both files are ones kilocard may write
+        output_file("--plot", args.plot)
+        output_file("--plot", schedule_path(args.plot))
     if args.plot and not importable("matplotlib"):  # before the search: nothing computed for nothing
         return fail("plan", f"--plot {args.plot}: needs matplotlib ({install_hint('plots')})", exits.USAGE)
     cfg = to_run_config(compose(list(args.overrides)))

@@ -6,6 +6,7 @@ import argparse
 
 from kilocard.commands import exits
 from kilocard.commands.output import fail
+from kilocard.rundir.targets import output_prefix
 
 HELP = "turn JSONL text into Megatron .bin/.idx"
 #: Shown under ``kilocard preprocess --help`` (each parsed by tests/commands/test_cli_help.py).
@@ -70,6 +71,7 @@ def execute(args: argparse.Namespace) -> int:
             f"--workers: {args.workers} with --chat; fix: drop --workers (--chat renders in one process)",
             exits.USAGE,
         )
+    output_prefix("--output-prefix", args.output_prefix)  # before any work: a prefix kilocard may write
     try:
         if args.chat:
             result = preprocess_chat(

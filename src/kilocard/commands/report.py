@@ -19,6 +19,7 @@ from kilocard.commands.output import fail
 from kilocard.rundir.events import BadRecord
 from kilocard.rundir.freeze import FrozenConfigError
 from kilocard.rundir.reproduction import NotSteady, Reproduction, load, text_lines
+from kilocard.rundir.targets import output_file, write_file
 
 HELP = "what a run reproduced: measured vs predicted vs published TFLOP/s per GPU and MFU, with a picture"
 #: Shown under ``kilocard report --help`` (each parsed by tests/commands/test_cli_help.py).
@@ -67,6 +68,7 @@ def plot(rep: Reproduction, out: Path) -> None:
 def execute(args: argparse.Namespace) -> int:
     """``kilocard report``."""
     run_dir = Path(args.run_dir)
+    out = output_file("--plot", args.plot) if args.plot is not None else None  # before any work
     if not run_dir.is_dir():
         return fail("report", f"RUN_DIR: {run_dir} is not a directory (expected a kilocard run directory)", exits.USAGE)
     try:
@@ -75,10 +77,8 @@ def execute(args: argparse.Namespace) -> int:
         return fail("report", f"RUN_DIR: {e}", exits.USAGE)
     except NotSteady as e:
         return fail("report", f"{run_dir}: {e}; train more steps", exits.INVALID)
-    if args.plot:
-        out = Path(args.plot)
-        if not out.parent.is_dir():
-            return fail("report", f"--plot: {out.parent} is not a directory", exits.USAGE)
-        plot(rep, out)
+    if out is not None:
+        with write_file(out, "--plot") as tmp:
+            plot(rep, tmp)
     print(json.dumps(rep.to_json(), indent=1) if args.format == "json" else "\n".join(text_lines(rep)))
     return exits.OK

@@ -35,6 +35,7 @@ from kilocard.convert import tokenizer as tk
 from kilocard.convert.maps import ConvertError, ConvertUsageError, Slot
 from kilocard.layout import compute_layout, of_sizes
 from kilocard.rundir import checkpoint as ck
+from kilocard.rundir import targets
 from kilocard.rundir.names import MANIFEST, MODEL_ONLY, STATE, TRACKER
 
 _WIDENING = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
@@ -45,14 +46,9 @@ _WIDENING = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
 
 
 def check_output(out: Path) -> None:
-    """Refuse an output inside a checkpoint step or any checkpoint directory (``ck.checkpoint_tree_of``): a file
-    added there fails the step's verification, and a run's checkpoint tree holds only its commits."""
-    tree = ck.checkpoint_tree_of(out)
-    if tree is not None:
-        raise ConvertUsageError(
-            f"{out}: lies inside the checkpoint directory {tree}; nothing but committed steps may be written "
-            f"there (a stray file fails verification); choose an output directory outside it"
-        )
+    """Refuse an output kilocard may not write (``kilocard.rundir.targets.output_dir``): inside a checkpoint step
+    or any checkpoint directory, a symlink, a file, a directory that is not empty."""
+    targets.output_dir("OUT_DIR", str(out))
 
 
 @contextlib.contextmanager
@@ -61,13 +57,9 @@ def staging(out: Path) -> Iterator[Path]:
 
     ``out`` must be a new path or an empty directory outside any checkpoint tree, not a symlink (dangling
     or not: the rename would fail after the whole conversion, or write where the link points); its parent
-    a directory.
+    a directory (``check_output``).
     """
     check_output(out)
-    if out.is_symlink():
-        raise ConvertUsageError(f"{out}: is a symlink; give the output as a new directory path")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConvertUsageError(f"{out}: already exists and is not an empty directory; choose a new output directory")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.parent / f".{out.name}.partial-{os.getpid()}"

@@ -19,6 +19,7 @@ from kilocard.base.shell import ShellValueError, image_reference
 from kilocard.launch.package import PREFLIGHT, mcore_range, pack_checkout, repack_installed
 from kilocard.launch.rundir import RunDirError
 from kilocard.paths import checkout_root, data_dir
+from kilocard.rundir.targets import output_dir
 
 DEFAULT_BASE = "nvcr.io/nvidia/nemo:26.04"
 #: Where the wheel and preflight go inside the image.
@@ -59,9 +60,8 @@ def write_build_context(output: str, base: str = DEFAULT_BASE) -> tuple[Path, st
         image_reference("--base", base)  # a newline here would add a RUN line to the Dockerfile
     except ShellValueError as e:
         raise ImageError(str(e)) from None
-    out = Path(output).expanduser().resolve()
-    if (out / "Dockerfile").exists():
-        raise ImageError(f"--output: {out}/Dockerfile exists; choose an empty directory")
+    out = output_dir("--output", output).resolve()  # a new or empty directory, outside every checkpoint tree
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="kilocard-image-") as tmp:
@@ -69,8 +69,24 @@ def write_build_context(output: str, base: str = DEFAULT_BASE) -> tuple[Path, st
             built = pack_checkout(root, Path(tmp)) if root is not None else repack_installed(Path(tmp))
             wheel = Path(shutil.copy2(built, out / built.name))
     except (RunDirError, OSError) as e:
-        raise ImageError(str(e)) from None
+        _clear(out, made)
+        raise ImageError(
+            f"--output: {out}: cannot write the build context ({getattr(e, 'strerror', None) or e})"
+        ) from None
     version = wheel.name.split("-")[1]
-    shutil.copy2(data_dir("slurm") / PREFLIGHT, out / PREFLIGHT)
-    (out / "Dockerfile").write_text(dockerfile(base, wheel.name, version, mcore_range()))
+    try:
+        shutil.copy2(data_dir("slurm") / PREFLIGHT, out / PREFLIGHT)
+        (out / "Dockerfile").write_text(dockerfile(base, wheel.name, version, mcore_range()))
+    except OSError as e:
+        _clear(out, made)
+        raise ImageError(f"--output: {out}: cannot write the build context ({e.strerror})") from None
     return out, version
+
+
+def _clear(out: Path, made: bool) -> None:
+    """Leave ``out`` as it was: removed when this call made it, emptied when it was an empty directory."""
+    if made:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for p in out.iterdir():
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)

@@ -22,6 +22,7 @@ from kilocard.launch.rundir import job_name
 from kilocard.paths import data_dir
 from kilocard.plan import LaunchPlan
 from kilocard.rundir.names import BLOCKLIST, EXIT_DIR_ENV
+from kilocard.rundir.targets import mount_problem
 
 TEMPLATE = "train.sbatch.tmpl"
 SLOT = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -133,6 +134,9 @@ def container_mounts(cfg: RunConfig, run_dir: Path) -> list[str]:
     covered = [m.split(":")[0] for m in mounts]
     for path in sorted(set(wanted), key=len):
         if not any(path == c or path.startswith(c.rstrip("/") + "/") for c in covered):
+            problem = mount_problem(path)  # validate refused it already (MOUNT_PATH): never render it
+            if problem:
+                raise shell.ShellValueError("container mount", path, f"a path pyxis can mount (it {problem})")
             mounts.append(f"{path}:{path}")
             covered.append(path)
     return mounts

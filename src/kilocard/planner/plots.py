@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import matplotlib
 
@@ -94,12 +93,6 @@ def memory_panel(ax: Axes, plan: Plan, entries: list[tuple[str, Ranked]]) -> Non
     ax.set_ylim(0, top * 1.12)
     ax.set_ylabel("memory per GPU (GiB)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-
-
-def schedule_path(plot_path: str) -> str:
-    """Where the schedule figure goes next to ``plot_path`` (``x.png`` -> ``x_schedule.png``)."""
-    p = Path(plot_path)
-    return str(p.with_name(p.stem + "_schedule" + (p.suffix or ".png")))
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ from kilocard.base.digest import sha256_file
 from kilocard.base.safe_read import FileReadError, expect_shape, is_regular, read_json, read_text, require_field
 from kilocard.config.schema import ModelConfig, PeftConfig, RunConfig
 from kilocard.perf.params import padded_vocab_size
-from kilocard.rundir.freeze import HASH_FILE
 from kilocard.rundir.names import CHECKPOINTS_DIR, MANIFEST, OWNER, PEFT, STATE, TRACKER
 from kilocard.validate.issues import Issue, error
 
@@ -260,20 +259,6 @@ def foreign_message(root: Path, owner: str, field: str = "checkpoint.save") -> s
         f"Continue that run ({resume}), or start from its weights with checkpoint.load={root} and a "
         f"checkpoint.save of this run's own (or none)"
     )
-
-
-def checkpoint_tree_of(path: Path) -> Path | None:
-    """The checkpoint directory (or step) that ``path`` lies in or is, else ``None``: a directory holding a
-    tracker, an owner file or a manifest, or a run directory's ``checkpoints`` (nothing may be written there
-    but the trainer's commits: a stray file fails its step's verification)."""
-    p = Path(path).expanduser().absolute()
-    for d in (p, *p.parents):
-        d = d.resolve() if d.exists() else d
-        if any((d / name).exists() for name in (TRACKER, OWNER, MANIFEST)):
-            return d
-        if d.name == CHECKPOINTS_DIR and (d.parent / HASH_FILE).exists():
-            return d
-    return None
 
 
 def fresh_save_issues(save: str | None) -> list[Issue]:
