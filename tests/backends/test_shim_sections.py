@@ -92,7 +92,7 @@ def test_section_6_tensor_type_is_needed():
     r = _probe("6")
     assert r.returncode != 0 and "stage rng ok" in r.stdout and "stage step ok" not in r.stdout
     assert "torch.cuda.FloatTensor" in r.stderr or "TypeError" in r.stderr, r.stderr[-2000:]
-    assert "applied [1, 2, 3, 4, 5, 7, 8, 9, 10, 11]" in r.stdout
+    assert "applied [1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12]" in r.stdout
 
 
 JIT_PROBE = textwrap.dedent("""

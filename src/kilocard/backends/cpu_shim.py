@@ -43,6 +43,12 @@ Sections (``KILOCARD_CPU_SHIM_SKIP=2,5`` switches sections off, for experiments 
     ``jit_fuser`` Megatron-Core's own ``noop_decorator``; installed first, so it must run before
     Megatron-Core is imported (``apply()`` comes before any Megatron-Core import in a rank). Where
     Megatron-Core is already loaded it changes nothing.
+12. Multi-latent attention (DeepSeek-V3's): its YaRN rotary embedding (``rope_type: yarn``) is built without
+    ``use_cpu_initialization`` and computes its frequencies inside ``torch.device(current_device())``, a
+    CUDA device context that no factory redirection reaches: build it with ``use_cpu_initialization``. And
+    0.16.1's ``multi_latent_attention`` takes Transformer Engine for present when
+    ``megatron.core.extensions.transformer_engine`` imports (which it does without TE, on a ``MagicMock``),
+    so ``isinstance(linear_proj, TELinear)`` raises: its ``HAVE_TE`` is set to whether TE imports.
 """
 
 from __future__ import annotations
@@ -310,6 +316,24 @@ def _patch_sync_save_results_queue() -> None:
     _replace(fa, name, lambda *args, **kwargs: results)
 
 
+def _patch_mla() -> None:
+    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import YarnRotaryEmbedding
+
+    init = YarnRotaryEmbedding.__init__
+
+    @functools.wraps(init)
+    def cpu_init(self: Any, *a: Any, **k: Any) -> None:
+        init(self, *a, **{**k, "use_cpu_initialization": True})
+
+    _replace(YarnRotaryEmbedding, "__init__", cpu_init)
+    import megatron.core.transformer.multi_latent_attention as mla
+
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        _replace(mla, "HAVE_TE", False)
+
+
 def _no_compile(model: Any = None, **_: Any) -> Any:
     """``torch.compile`` that compiles nothing: ``@_no_compile`` and ``_no_compile(f)`` give ``f`` back."""
     return model if model is not None else (lambda f: f)
@@ -366,6 +390,7 @@ SECTIONS: dict[int, Callable[[], None]] = {
     8: _patch_uneven_collectives,
     9: _patch_distopt_adam_step,
     10: _patch_sync_save_results_queue,
+    12: _patch_mla,
 }
 """Section number -> the function that installs it (numbers as in the module docstring)."""
 

@@ -125,6 +125,28 @@ class ModelConfig:
     """Weight of the load-balancing auxiliary loss."""
     moe_router_score_function: str = "softmax"
     """Router scoring: ``softmax`` or ``sigmoid`` (DeepSeek-V3)."""
+    moe_router_pre_softmax: bool = False
+    """Softmax over all experts before the top-k selection (``softmax`` scores only: sigmoid scores are
+    always taken before it); the default takes the softmax over the k selected logits."""
+    moe_router_topk_scaling_factor: float | None = None
+    """Multiply the selected experts' routing weights by this (DeepSeek-V3: 2.5, Kimi-K2: 2.827);
+    ``None``: no scaling."""
+    moe_router_num_groups: int | None = None
+    """Group-limited routing: the experts are split into this many equal groups (DeepSeek-V3: 8, one
+    per node of its EP group); needs ``moe_router_group_topk``. ``None``: no groups."""
+    moe_router_group_topk: int | None = None
+    """Group-limited routing: groups each token may use, ranked by the sum of their best
+    ``moe_router_topk / moe_router_group_topk`` scores (DeepSeek-V3: 4). ``None``: no groups."""
+    moe_router_enable_expert_bias: bool = False
+    """Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias, added to the sigmoid scores for
+    the choice only, is raised for under-loaded experts and lowered for over-loaded ones after every
+    step (a buffer of the router, saved with the model). Sigmoid scores only."""
+    moe_router_bias_update_rate: float = 1.0e-3
+    """With ``moe_router_enable_expert_bias``: the step by which each expert's bias moves per global batch
+    (DeepSeek-V3: 1e-3, then 0 for its last 500B tokens)."""
+    moe_router_dtype: str | None = None
+    """Dtype of the router's scores and of the weighted sum of the experts' outputs: ``fp32`` or ``fp64``;
+    ``None``: the model's dtype (Megatron-Core recommends fp32 for many fine-grained experts)."""
     moe_grouped_gemm: bool = False
     """Grouped GEMM for the experts (GPU only; needs Transformer Engine or grouped_gemm)."""
     multi_latent_attention: bool = False
@@ -139,8 +161,30 @@ class ModelConfig:
     """MLA: per-head dimension of the rotary part of queries and keys."""
     v_head_dim: int = 128
     """MLA: per-head dimension of the values."""
+    qk_layernorm: bool = False
+    """Normalise queries and keys before attention (Qwen3, OLMo 2); with multi-latent attention the
+    norms of the compressed query and key/value latents (DeepSeek-V3's ``q_a_layernorm``/``kv_a_layernorm``)."""
+    rope_type: str = "yarn"
+    """MLA: ``rope`` (plain rotary embedding) or ``yarn`` (YaRN-scaled, DeepSeek-V3's); Megatron-Core's
+    ``MLATransformerConfig`` default. Other attention takes ``position_embedding_type`` and ``rope_scaling``."""
+    rotary_scaling_factor: float = 40.0
+    """MLA with ``rope_type: yarn``: YaRN's context-extension factor (DeepSeek-V3: 40)."""
+    original_max_position_embeddings: int = 4096
+    """MLA with ``rope_type: yarn``: the context the rotary frequencies were trained for (DeepSeek-V3: 4096)."""
+    beta_fast: float = 32.0
+    """MLA with ``rope_type: yarn``: YaRN's high-frequency boundary (rotations per original context)."""
+    beta_slow: float = 1.0
+    """MLA with ``rope_type: yarn``: YaRN's low-frequency boundary."""
+    mscale: float = 1.0
+    """MLA with ``rope_type: yarn``: attention temperature factor applied to the rotary cos/sin."""
+    mscale_all_dim: float = 0.0
+    """MLA: YaRN's temperature over all dimensions; it also scales the softmax (``0.1 * mscale_all_dim *
+    ln(rotary_scaling_factor) + 1``, squared) whenever ``rotary_scaling_factor`` > 1 (DeepSeek-V3: 1.0)."""
     mtp_num_layers: int | None = None
     """Multi-token-prediction layers (DeepSeek-V3); ``None`` means none."""
+    mtp_loss_scaling_factor: float = 0.1
+    """Weight of the multi-token-prediction loss (the mean over its layers) added to the main loss
+    (DeepSeek-V3: 0.3 for its first 10T tokens, then 0.1)."""
 
 
 @dataclass(kw_only=True)

@@ -52,9 +52,21 @@ Part = Callable[[dict[str, Any]], dict[str, Any]]
 def model_sharded_state_dict(model: list[Any], part: Part | None = None) -> dict[str, Any]:
     """Model chunks only: ``model``, or ``model0``, ``model1``.. with virtual stages; ``part`` of each when given."""
     keep = part or (lambda sd: sd)
+    meta = chunk_metadata(model)
     if len(model) == 1:
-        return {"model": keep(model[0].module.sharded_state_dict())}
-    return {f"model{i}": keep(m.module.sharded_state_dict()) for i, m in enumerate(model)}
+        return {"model": keep(model[0].module.sharded_state_dict(metadata=meta))}
+    return {f"model{i}": keep(m.module.sharded_state_dict(metadata=meta)) for i, m in enumerate(model)}
+
+
+def chunk_metadata(model: list[Any]) -> dict[str, Any] | None:
+    """The ``metadata`` a chunk's sharded state dict needs: a multi-token-prediction block on a stage without
+    the embedding keeps a copy of the embedding, tied over the data-parallel group that Megatron-LM names
+    in it (``dp_cp_group``); ``None`` (Megatron-Core's default) otherwise."""
+    if not any(getattr(m.module, "mtp_process", False) for m in model):
+        return None
+    from megatron.core import parallel_state as ps
+
+    return {"dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
 
 
 def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool, part: Part | None = None) -> dict[str, Any]:

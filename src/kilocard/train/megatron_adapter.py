@@ -124,7 +124,7 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
         overlap_p2p_comm=interleaved_overlap,
         batch_p2p_comm=not interleaved_overlap,
         tp_comm_overlap=p.tp_comm_overlap and backend.is_cuda,
-        moe_grouped_gemm=m.moe_grouped_gemm and backend.is_cuda,
+        moe_grouped_gemm=m.moe_grouped_gemm and backend.is_cuda and not backend.local_spec,
         cuda_graph_impl=m.cuda_graph_impl if backend.is_cuda else "none",
         params_dtype=dtype,
         pipeline_dtype=dtype,
@@ -201,26 +201,52 @@ def packed_seq_params(position_ids: torch.Tensor) -> Any:
     )
 
 
-def layer_spec(run_cfg: RunConfig, backend: Backend, vp_stage: int | None = None) -> Any:
-    """Transformer Engine spec on GPUs that have it, Megatron-Core's local spec otherwise."""
+def layer_spec(run_cfg: RunConfig, config: Any, backend: Backend, vp_stage: int | None = None) -> Any:
+    """The decoder's spec on Transformer Engine modules on GPUs that have it, Megatron-Core's local ones
+    otherwise: one layer spec for a dense model; for an MoE model Megatron-Core's block spec, whose dense
+    and MoE layers follow ``moe_layer_freq`` (this pipeline stage's slice of them)."""
     m = run_cfg.model
-    if backend.local_spec:
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt import gpt_layer_specs as specs
 
-        return get_gpt_layer_local_spec(
-            num_experts=m.num_moe_experts,
-            moe_grouped_gemm=False,
-            multi_latent_attention=m.multi_latent_attention,
-            normalization=m.normalization,
+    from kilocard.train.mla_attention import use_local_mla_attention
+
+    if m.num_moe_experts:
+        block = specs.get_gpt_decoder_block_spec(
+            config, use_transformer_engine=not backend.local_spec, normalization=m.normalization, vp_stage=vp_stage
         )
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-
-    return get_gpt_layer_with_transformer_engine_spec(
-        num_experts=m.num_moe_experts,
-        moe_grouped_gemm=m.moe_grouped_gemm,
+        return use_local_mla_attention(block) if backend.local_spec else block
+    if backend.local_spec:
+        return use_local_mla_attention(
+            specs.get_gpt_layer_local_spec(
+                num_experts=None,
+                moe_grouped_gemm=False,
+                qk_layernorm=m.qk_layernorm,
+                multi_latent_attention=m.multi_latent_attention,
+                normalization=m.normalization,
+            )
+        )
+    return specs.get_gpt_layer_with_transformer_engine_spec(
+        num_experts=None,
+        moe_grouped_gemm=False,
+        qk_layernorm=m.qk_layernorm,
         multi_latent_attention=m.multi_latent_attention,
         fp8=run_cfg.precision.fp8,
     )
+
+
+def mtp_spec(run_cfg: RunConfig, config: Any, backend: Backend, vp_stage: int | None = None) -> Any:
+    """The multi-token-prediction block of this stage (``None`` without MTP, or on a stage that holds none):
+    Megatron-Core's MTP layers around the model's last decoder layer, as Megatron-LM builds them."""
+    if not run_cfg.model.mtp_num_layers:
+        return None
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    from kilocard.train.mla_attention import use_local_mla_attention
+
+    use_te = not backend.local_spec
+    last = specs.get_gpt_decoder_layer_specs(config, use_te, normalization=run_cfg.model.normalization)[-1]
+    last = last if use_te else use_local_mla_attention(last)
+    return specs.get_gpt_mtp_block_spec(config, last, use_transformer_engine=use_te, vp_stage=vp_stage)
 
 
 def build_model_chunks(run_cfg: RunConfig, config: Any, backend: Backend) -> list[Any]:
@@ -236,7 +262,7 @@ def build_model_chunks(run_cfg: RunConfig, config: Any, backend: Backend) -> lis
         vp_stage = stage if vp else None
         model = GPTModel(
             config=config,
-            transformer_layer_spec=layer_spec(run_cfg, backend, vp_stage),
+            transformer_layer_spec=layer_spec(run_cfg, config, backend, vp_stage),
             vocab_size=vocab,
             max_sequence_length=m.max_position_embeddings,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -247,6 +273,7 @@ def build_model_chunks(run_cfg: RunConfig, config: Any, backend: Backend) -> lis
             rotary_percent=m.rotary_percent,
             rope_scaling=m.rope_scaling,
             rope_scaling_factor=m.rope_scaling_factor,
+            mtp_block_spec=mtp_spec(run_cfg, config, backend, vp_stage),
             vp_stage=vp_stage,
         )
         if backend.is_cuda:
@@ -358,11 +385,6 @@ def build(run_cfg: RunConfig, backend: Backend) -> Built:
     try:
         chunks = build_model_chunks(run_cfg, config, backend)
     except (AssertionError, NotImplementedError, ImportError) as e:
-        if run_cfg.model.multi_latent_attention and backend.local_spec:
-            raise UnsupportedConfig(
-                f"model.multi_latent_attention: true cannot be built with Megatron-Core's local layer spec "
-                f"({type(e).__name__}: {e}); run it on GPUs with Transformer Engine"
-            ) from None
         if run_cfg.parallel.context_parallel_size > 1 and backend.local_spec:
             raise UnsupportedConfig(
                 f"parallel.context_parallel_size: {run_cfg.parallel.context_parallel_size} needs Transformer "
@@ -428,7 +450,7 @@ def forward_step(data_iterator: Any, model: Any, thd: bool = False) -> tuple[tor
     tokens, labels, loss_mask, position_ids = (batch[k] for k in keys[:4])
     mask = batch["attention_mask"]
     packed = packed_seq_params(position_ids) if thd else None
-    output = model(tokens, position_ids, mask, labels=labels, packed_seq_params=packed)
+    output = model(tokens, position_ids, mask, labels=labels, loss_mask=loss_mask, packed_seq_params=packed)
 
     def loss_func(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss = masked_lm_loss(output_tensor, loss_mask)

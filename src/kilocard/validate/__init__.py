@@ -1,7 +1,7 @@
 """Pre-launch validation: ``validate(cfg) -> Report`` (pure: no environment, no I/O).
 
 Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
-``model``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
+``model``, ``moe``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
 ``launcher``, ``inputs``, ``dataset``, ``evaluation``, ``peft``, ``environment``, ``slurm``, ``checkpointing``,
 ``resilience`` and ``memory`` (the list of the start-up and silently-wrong rules: docs/validation.md). The
 report holds
@@ -30,6 +30,7 @@ from kilocard.validate import (
     inputs,
     launcher,
     model,
+    moe,
     optimizer,
     parallel,
     peft,
@@ -47,7 +48,7 @@ from kilocard.validate.memory import hbm_bytes, rule_memory_fits, usable_bytes
 Rule = Callable[[RunConfig, Layout], Iterable[Issue]]
 
 #: Rules whose errors make a layout structurally invalid (used to filter memory suggestions).
-STRUCTURAL_RULES: tuple[Rule, ...] = model.RULES + parallel.RULES + batch.RULES + recompute.RULES
+STRUCTURAL_RULES: tuple[Rule, ...] = model.RULES + moe.RULES + parallel.RULES + batch.RULES + recompute.RULES
 
 
 #: Every rule except the memory fit, in report order.

@@ -55,6 +55,14 @@ def rule_model_shape(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
                 f"moe_layer_freq lists {len(list(freq))} layers but num_layers({m.num_layers})",
                 "give one 0/1 per layer",
             )
+        elif not isinstance(freq, int) and any(v not in (0, 1) or isinstance(v, bool) for v in freq):
+            yield error(
+                "MOE_LAYER_FREQ",
+                "model.moe_layer_freq",
+                list(freq),
+                "moe_layer_freq lists a value other than 0 (dense) and 1 (MoE); Megatron-Core refuses the pattern",
+                "give one 0/1 per layer",
+            )
         if m.moe_router_topk > m.num_moe_experts:
             yield error(
                 "MOE_TOPK",
@@ -66,14 +74,15 @@ def rule_model_shape(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 
 def rule_moe_topk1_softmax(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """``MOE_TOPK1_SOFTMAX``: top-1 routing with a softmax score needs the softmax before the top-k, which
-    kilocard does not expose; Megatron-Core refuses it at start-up (a softmax over one expert has a zero
+    """``MOE_TOPK1_SOFTMAX``: top-1 routing with a softmax score needs the softmax before the top-k
+    (``moe_router_pre_softmax``); Megatron-Core refuses it at start-up (a softmax over one expert has a zero
     gradient: the router would never learn)."""
     m = cfg.model
     if (
         m.num_moe_experts
         and m.moe_router_topk == 1
         and m.moe_router_score_function == "softmax"
+        and not m.moe_router_pre_softmax
         and m.moe_router_load_balancing_type != "sinkhorn"
     ):
         yield error(
@@ -82,8 +91,8 @@ def rule_moe_topk1_softmax(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             1,
             "model.moe_router_topk=1 with moe_router_score_function=softmax: the softmax of one selected expert is "
             "constant, so the router gets no gradient (Megatron-Core refuses it at start-up)",
-            "set model.moe_router_topk=2, model.moe_router_score_function=sigmoid, or "
-            "model.moe_router_load_balancing_type=sinkhorn",
+            "set model.moe_router_pre_softmax=true, model.moe_router_topk=2, "
+            "model.moe_router_score_function=sigmoid, or model.moe_router_load_balancing_type=sinkhorn",
         )
 
 
