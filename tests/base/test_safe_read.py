@@ -15,12 +15,15 @@ import pytest
 from bad_files import SECRET, finishes
 from kilocard.base.safe_read import (
     FileReadError,
+    is_regular,
     open_regular,
+    read_bytes,
     read_json,
     read_tail,
     read_text,
     read_yaml,
     require_field,
+    require_regular,
 )
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "kilocard"
@@ -55,6 +58,44 @@ def test_a_symlink_to_a_regular_file_is_read(tmp_path):
     (tmp_path / "blob").write_text("a: 1\n")
     (tmp_path / "link.yaml").symlink_to(tmp_path / "blob")
     assert read_yaml(tmp_path / "link.yaml") == {"a": 1}
+
+
+@pytest.mark.parametrize("reader", [read_text, read_bytes, require_regular, is_regular])
+def test_a_symlink_that_leaves_its_folder_is_refused(reader, tmp_path):
+    """A model folder's ``tokenizer_config.json`` linked to ``~/.netrc`` was read (and copied into a checkpoint)."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / ".netrc").write_text(f"machine x password {SECRET}\n")
+    (tmp_path / "model").mkdir()
+    link = tmp_path / "model" / "tokenizer_config.json"
+    link.symlink_to(tmp_path / "home" / ".netrc")
+    if reader is is_regular:
+        assert not is_regular(link)
+        return
+    with pytest.raises(FileReadError, match="is a symlink to a file outside its folder") as e:
+        reader(link)
+    assert SECRET not in str(e.value) and ".netrc" not in str(e.value)
+    (tmp_path / "model" / "up.json").symlink_to("../home/.netrc")  # relative, the same
+    with pytest.raises(FileReadError, match="outside its folder"):
+        reader(tmp_path / "model" / "up.json")
+
+
+def test_a_link_inside_its_folder_and_the_hugging_face_cache_layout_are_read(tmp_path):
+    """``models--o--n/snapshots/REV/config.json -> ../../blobs/HASH``: how the Hub's cache keeps every file."""
+    repo = tmp_path / "models--o--n"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "abc123").write_text('{"a": 1}')
+    snap = repo / "snapshots" / "rev1"
+    (snap / "sub").mkdir(parents=True)
+    (snap / "config.json").symlink_to("../../blobs/abc123")
+    (snap / "sub" / "t.json").symlink_to("../../../blobs/abc123")
+    (snap / "same.json").symlink_to("config.json")
+    for p in (snap / "config.json", snap / "sub" / "t.json", snap / "same.json"):
+        assert read_text(p) == '{"a": 1}'
+    (repo / "other").mkdir()
+    (repo / "other" / "x").write_text("{}")
+    (snap / "elsewhere.json").symlink_to("../../other/x")  # in the repository, but not a blob
+    with pytest.raises(FileReadError, match="outside its folder"):
+        read_text(snap / "elsewhere.json")
 
 
 def test_size_is_bounded_before_reading(tmp_path):

@@ -119,3 +119,28 @@ def test_named_chat_templates_go_through_the_import_and_the_export(tmp_path, cap
     want = AutoTokenizer.from_pretrained(str(hf), local_files_only=True).chat_template
     assert isinstance(want, dict) and set(want) == {"default", "tool_use"}
     assert AutoTokenizer.from_pretrained(str(tmp_path / "out"), local_files_only=True).chat_template == want
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "special_tokens_map.json"])
+def test_a_tokenizer_file_linked_out_of_its_folder_is_never_copied(name, imported, tmp_path, capsys):
+    """A model folder's tokenizer file linked to a ``.netrc`` was copied into the checkpoint on import, and again
+    beside the weights on export: both directions refuse it in one line (exit 2) and write nothing."""
+    from bad_files import SECRET
+
+    netrc = tmp_path / "home" / ".netrc"
+    netrc.parent.mkdir()
+    netrc.write_text(f"machine example.com login me password {SECRET}\n")
+    hf = tmp_path / "hf"
+    shutil.copytree(imported[0], hf)
+    (hf / name).unlink(missing_ok=True)
+    (hf / name).symlink_to(netrc)
+    code, out = convert(capsys, "hf-to-mcore", str(hf), str(tmp_path / "ck"), "recipe=tiny_llama")
+    assert code == 2 and "is a symlink to a file outside its folder" in out and SECRET not in out, out
+    assert not (tmp_path / "ck").exists() and not list(tmp_path.glob(".ck.partial-*"))
+    ck = tmp_path / "ck2"
+    shutil.copytree(imported[1], ck)
+    (ck / "tokenizer" / name).unlink(missing_ok=True)
+    (ck / "tokenizer" / name).symlink_to(netrc)
+    code, out = convert(capsys, "mcore-to-hf", str(ck), str(tmp_path / "out"))
+    assert code == 2 and "is a symlink to a file outside its folder" in out and SECRET not in out, out
+    assert not (tmp_path / "out").exists()

@@ -71,6 +71,21 @@ def test_ordinary_names_are_accepted(name):
     assert validate(cfg_of({"launcher.env": {name: "1"}, "launcher.secret_env": [name]})).errors == []
 
 
+#: glibc's UNSECURE_ENVVARS (sysdeps/generic/unsecvars.h): every one reserved.
+GLIBC_UNSECURE_ENVVARS = """GCONV_PATH GETCONF_DIR GLIBC_TUNABLES HOSTALIASES LD_AUDIT LD_DEBUG LD_DEBUG_OUTPUT
+LD_DYNAMIC_WEAK LD_HWCAP_MASK LD_LIBRARY_PATH LD_ORIGIN_PATH LD_PRELOAD LD_PROFILE LD_SHOW_AUXV LD_USE_LOAD_BIAS
+LOCALDOMAIN LOCPATH MALLOC_TRACE NIS_PATH NLSPATH RESOLV_HOST_CONF RES_OPTIONS TMPDIR TZDIR""".split()
+
+
+@pytest.mark.parametrize("name", GLIBC_UNSECURE_ENVVARS)
+def test_glibcs_whole_unsecure_environment_list_is_reserved(name):
+    """``+launcher.env.HOSTALIASES=...`` was exported by the batch script: it can redirect what MASTER_ADDR
+    resolves to; ``RES_OPTIONS``, ``NLSPATH`` and ``TZDIR`` passed too."""
+    assert reserved_reason(name) is not None
+    report = validate(cfg_of({"launcher.env": {name: "/tmp/x"}}))
+    assert [(i.code, i.field) for i in report.errors] == [("RESERVED_ENV", f"launcher.env.{name}")], report.errors
+
+
 def script_names(script: str) -> set[str]:
     """Every variable a batch script assigns (``NAME=``, ``export NAME``) or reads (``$NAME``, ``${NAME``)."""
     code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))

@@ -5,8 +5,10 @@ writer that never comes), a directory, a broken symlink, a device, ``/proc``, a 
 junk, or a secret (``~/.netrc``, an SSH key, a ``.env``) given by mistake. So every read here:
 
 * opens without blocking (``O_NONBLOCK``: a FIFO opens at once) and accepts only a regular file
-  (``fstat`` of the open descriptor, so the check and the read see the same file; a symlink to a
-  regular file is fine, as Hugging Face caches use them);
+  (``fstat`` of the open descriptor, so the check and the read see the same file); a symlink to a
+  regular file in its own folder is fine, and so is a Hugging Face cache's link from a snapshot to its
+  repository's blobs, but a symlink that leaves its folder is refused (a model folder's
+  ``tokenizer_config.json`` linked to ``~/.netrc`` would be read, and copied into a checkpoint);
 * refuses a file larger than the caller's bound before reading it, and reads at most that bound;
 * decodes UTF-8 strictly, reporting the first bad byte's offset;
 * parses JSON/YAML safely and checks the top-level shape (``expect``), with ``require_field`` for the rest;
@@ -92,11 +94,41 @@ def _open_fd(path: Path) -> int:
         raise FileReadError(path, f"cannot be opened ({e.strerror or type(e).__name__})") from None
 
 
+def _hf_blob(real: str, folder: str) -> bool:
+    """Whether ``real`` is a blob of the Hugging Face cache repository whose snapshot holds ``folder``
+    (``<repo>/snapshots/<revision>/...`` links its files to ``<repo>/blobs/<hash>``)."""
+    parts = Path(folder).parts
+    if "snapshots" not in parts:
+        return False
+    repo = Path(*parts[: len(parts) - parts[::-1].index("snapshots") - 1])
+    return Path(real).parent == repo / "blobs"
+
+
+def _refuse_leaving_symlink(p: Path) -> None:
+    """A symlink whose target lies outside the folder it sits in (a ``tokenizer_config.json`` linked to
+    ``~/.netrc``) is refused: a folder given to kilocard means its files. The Hugging Face cache's links
+    from a snapshot to its repository's blobs are the one exception."""
+    if not p.is_symlink():
+        return
+    real, folder = os.path.realpath(p), os.path.realpath(p.parent)
+    if Path(real).is_relative_to(folder) or _hf_blob(real, folder):
+        return
+    raise FileReadError(
+        p, f"is a symlink to a file outside its folder {folder}", "copy the file into the folder, or name it directly"
+    )
+
+
 def open_regular(path: str | os.PathLike[str], limit: int | None = TEXT_LIMIT) -> IO[bytes]:
     """Open ``path`` for binary reading when it is a regular file of at most ``limit`` bytes
-    (``None``: any size, for streamed binaries); ``FileReadError`` otherwise. Never blocks on a FIFO."""
+    (``None``: any size, for streamed binaries) and not a symlink that leaves its folder; ``FileReadError``
+    otherwise. Never blocks on a FIFO."""
     p = Path(path)
     fd = _open_fd(p)
+    try:
+        _refuse_leaving_symlink(p)
+    except BaseException:
+        os.close(fd)
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

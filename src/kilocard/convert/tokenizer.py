@@ -17,6 +17,7 @@ tiktoken files are not Hugging Face tokenizers. Every file is read through the s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kilocard.base.safe_read import FileReadError, is_regular, read_bytes
@@ -56,8 +57,8 @@ def copy_files(src: Path, dst: Path, names: tuple[str, ...] | None = None) -> li
     (created); the names copied."""
     copied = []
     for name in tokenizer_names(src) if names is None else names:
-        if not is_regular(src / name):
-            continue
+        if not os.path.lexists(src / name):
+            continue  # absent; anything else present is read through the safe reader, or refused in one line
         try:
             data = read_bytes(src / name)
         except FileReadError as e:

@@ -3,8 +3,9 @@
 The batch script (``slurm/train.sbatch.tmpl``) exports the config's environment before its own
 logic runs, and the ranks inherit it: a ``+launcher.env.RUN_DIR=/other`` or ``MAX_REQUEUES`` would
 change where the job runs or how often it requeues, ``IFS`` or ``PATH`` how the script itself
-parses and finds ``srun``, ``SLURM_RESTART_COUNT`` or ``RANK`` where a rank thinks it sits. Every
-name the script assigns or reads, the trainer reads, or the shell treats specially is refused.
+parses and finds ``srun``, ``SLURM_RESTART_COUNT`` or ``RANK`` where a rank thinks it sits,
+``HOSTALIASES`` what ``MASTER_ADDR`` resolves to. Every name the script assigns or reads, the trainer
+reads, the shell treats specially, or glibc counts as unsecure (``GLIBC_UNSECURE``) is refused.
 ``tests/validate/test_validate_environment.py`` checks that every variable the template assigns is here.
 """
 
@@ -70,6 +71,37 @@ SHELL_NAMES = frozenset(
 #: Prefixes of names the dynamic loader reads (``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LD_AUDIT``...),
 #: plus glibc's own start-up switches.
 LOADER_PREFIXES = ("LD_", "GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "MALLOC_")
+#: glibc's unsecure-environment list (``UNSECURE_ENVVARS``, sysdeps/generic/unsecvars.h): what the C library
+#: strips from a set-user-ID program because it redirects loaded code, name resolution (``HOSTALIASES``,
+#: ``RES_OPTIONS``, ``LOCALDOMAIN``: what ``MASTER_ADDR`` resolves to), message catalogs or time zones.
+GLIBC_UNSECURE = frozenset(
+    {
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "GLIBC_TUNABLES",
+        "HOSTALIASES",
+        "LD_AUDIT",
+        "LD_DEBUG",
+        "LD_DEBUG_OUTPUT",
+        "LD_DYNAMIC_WEAK",
+        "LD_HWCAP_MASK",
+        "LD_LIBRARY_PATH",
+        "LD_ORIGIN_PATH",
+        "LD_PRELOAD",
+        "LD_PROFILE",
+        "LD_SHOW_AUXV",
+        "LD_USE_LOAD_BIAS",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "MALLOC_TRACE",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TMPDIR",
+        "TZDIR",
+    }
+)
 #: ``PYTHON*`` names that only change Python's output or diagnostics; every other ``PYTHON*``
 #: (``PYTHONHOME``, ``PYTHONSTARTUP``, ``PYTHONSAFEPATH``, ``PYTHONINSPECT``...) changes which code
 #: runs or how the interpreter starts, and is reserved.
@@ -100,6 +132,11 @@ def reserved_reason(name: str) -> str | None:
         return "torchrun / the batch script set it to place each rank"
     if name in SHELL_NAMES:
         return "the shell uses it to parse the script and find commands"
+    if name in GLIBC_UNSECURE:
+        return (
+            "the C library reads it in every process of the job (it is on glibc's unsecure-environment list: it "
+            "redirects loaded code, name resolution, message catalogs or time zones)"
+        )
     prefix = next((p for p in RESERVED_PREFIXES if name.startswith(p)), None)
     if prefix:
         return f"names starting with {prefix} belong to kilocard, Slurm, the rendezvous or the shell"
