@@ -26,6 +26,7 @@ from kilocard.launch.local import (
     rank_env,
     socket_tmpdir,
     stop_wait_s,
+    torchrun_command,
 )
 from kilocard.launch.rundir import create_run_dir
 from kilocard.rundir import events
@@ -51,7 +52,7 @@ def test_in_job_restarts_start_ft_launcher_with_the_shared_arguments(tmp_path):
     assert cmd[1:3] == ["-m", ftlaunch.TIED_MODULE]  # ft_launcher with its forks tied to it
     assert cmd[3 : 3 + len(shared)] == shared
     assert f"--term-timeout={math.ceil(stop_wait_s(cfg))}" in cmd
-    assert cmd[-3:] == ["-m", "kilocard.train", str(run_dir)]
+    assert cmd[-4:] == [ftlaunch.TEE, "-m", "kilocard.train", str(run_dir)]  # each rank's line labelled
     assert rank_env(run_dir, cfg, "tok")[exitcodes.INJOB_ENV] == "2"
 
 
@@ -59,6 +60,9 @@ def test_no_in_job_restarts_leave_the_ranks_environment_as_before(tmp_path):
     run_dir = _run_dir(tmp_path)
     cfg, _ = load_verified(run_dir)
     assert exitcodes.INJOB_ENV not in rank_env(run_dir, cfg, "tok")
+    # torchrun labels each rank's line as ft_launcher does: [rankN]:
+    assert rank_env(run_dir, cfg, "tok")[ftlaunch.LINE_PREFIX_ENV] == ftlaunch.LINE_PREFIX
+    assert torchrun_command(run_dir, 2, 4321)[-4:] == [ftlaunch.TEE, "-m", "kilocard.train", str(run_dir)]
 
 
 def _kilocard(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:

@@ -31,8 +31,10 @@ INJOB = """\
 
 
 def run_dir(tmp_path, *overrides: str, logs: dict[str, str] | None = None):
-    """A run directory with a real frozen config (tiny_gpt on Slurm, ``overrides``) and job logs."""
-    write_frozen(compose(["recipe=tiny_gpt", "launcher=slurm", *overrides]), tmp_path)
+    """A run directory with a real frozen config (tiny_gpt on Slurm, 4 nodes x 4 ranks, ``overrides``) and job
+    logs."""
+    cluster = ["cluster.nodes=4", "cluster.gpus_per_node=4"]
+    write_frozen(compose(["recipe=tiny_gpt", "launcher=slurm", *cluster, *overrides]), tmp_path)
     (tmp_path / "logs").mkdir()
     for name, text in (logs or {"slurm-9.out": JOB_2, "slurm-7.out": JOB_1}).items():
         (tmp_path / "logs" / name).write_text(text)
@@ -75,7 +77,9 @@ def test_not_a_run_directory_is_one_line(tmp_path, capsys):
 
 
 def test_in_job_rank_is_the_launchers_rank_prefix_not_the_node_label(tmp_path, capsys):
-    d = run_dir(tmp_path, "launcher.max_restarts=2", logs={"slurm-204.out": INJOB})
+    d = run_dir(
+        tmp_path, "launcher.max_restarts=2", "cluster.nodes=2", "cluster.gpus_per_node=2", logs={"slurm-204.out": INJOB}
+    )
     assert main(["logs", str(d), "--rank", "3"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "[kilocard 2026-12-01T11:38:35Z job 204] start: restart 0, chain link 1/1, master n3:21428",
@@ -97,18 +101,28 @@ def test_rank_without_a_readable_frozen_config_is_one_line(tmp_path, capsys):
 
 
 LOCAL = """\
-[rank 0] kilocard.train: node health: vm ok (2 ranks in the job, 2 here)
-[    9.9s] kilocard.train: built model (2 micro-batches per step, world 2, backend cpu)
-[rank 1] kilocard.train: node health: vm ok (2 ranks in the job, 2 here)
+W1207 18:21:50.123000 4242 torch/distributed/run.py:792] Setting OMP_NUM_THREADS environment variable
+[rank0]: [rank 0] kilocard.train: rank 0 of 2 up on vm (local rank 0, pid 4243)
+[rank0]: [rank 0] kilocard.train: node health: vm ok (2 ranks in the job, 2 here)
+[rank0]: [    9.9s] kilocard.train: built model (2 micro-batches per step, world 2, backend cpu)
+[rank1]: [rank 1] kilocard.train: rank 1 of 2 up on vm (local rank 1, pid 4244)
+[rank0]: step 1/3 | loss 5.9619 | grad norm 0.852 | lr 1.500e-03 | samples 8 | tokens 512 | 0.147 s/step | \
+1.74e+03 tok/s/gpu | 0.00299 TFLOP/s/gpu | MFU 5.98% | ETA 0:00:01
 [rank1]: Traceback (most recent call last):
-kilocard.train: done at step 3
+[rank0]: kilocard.train: done at step 3
 """
+"""A local run's train.log as torchrun's ``--tee`` labels it (``ftlaunch.LINE_PREFIX``), with one line of
+torchrun's own."""
+
+
+NPROC_2 = ("cluster.gpus_per_node=2", "cluster.nodes=1", "launcher.nproc=2")
+"""``kilocard run --nproc 2``'s overrides."""
 
 
 def local_run_dir(tmp_path, holder: str = ""):
     """A run directory as ``kilocard run`` leaves it: logs/train.log, the lock file with ``holder``."""
     tmp_path.mkdir(exist_ok=True)
-    write_frozen(compose(["recipe=tiny_gpt"]), tmp_path)
+    write_frozen(compose(["recipe=tiny_gpt", *NPROC_2]), tmp_path)
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "train.log").write_text(LOCAL)
     (tmp_path / ".lock").write_text(holder)
@@ -122,9 +136,41 @@ def test_a_local_run_is_read_too(tmp_path, capsys):
     assert capsys.readouterr().out == LOCAL
     assert main(["logs", str(d), "--rank", "1"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "[rank 1] kilocard.train: node health: vm ok (2 ranks in the job, 2 here)",
+        "[rank1]: [rank 1] kilocard.train: rank 1 of 2 up on vm (local rank 1, pid 4244)",
         "[rank1]: Traceback (most recent call last):",
     ]
+
+
+def test_a_rank_the_run_does_not_have_is_exit_2_naming_its_ranks(tmp_path, capsys):
+    """``--rank 5`` of a 2-rank run printed nothing with exit 0."""
+    d = local_run_dir(tmp_path / "local")
+    assert main(["logs", str(d), "--rank", "5"]) == 2
+    captured = capsys.readouterr()
+    assert (
+        captured.out == "" and captured.err == "kilocard logs: error: --rank 5: no such rank (the run has ranks 0-1)\n"
+    )
+    slurm = tmp_path / "slurm"
+    slurm.mkdir()
+    run_dir(slurm)  # 16 ranks
+    assert main(["logs", str(slurm), "--rank", "15"]) == 0
+    assert main(["logs", str(slurm), "--rank", "16"]) == 2
+    assert "(the run has ranks 0-15)" in capsys.readouterr().err
+
+
+def test_a_run_without_output_yet_says_so(tmp_path, capsys):
+    """A run directory whose job has not started (no log yet), or a rank without a line yet: a note on stderr."""
+    d = local_run_dir(tmp_path)
+    (d / "logs" / "train.log").unlink()
+    assert main(["logs", str(d)]) == 0
+    captured = capsys.readouterr()
+    assert (
+        captured.out == ""
+        and captured.err == f"kilocard logs: {d}: no output yet (a job or kilocard run writes logs/)\n"
+    )
+    (d / "logs" / "train.log").write_text(LOCAL.replace("[rank1]", "[rank0]"))
+    assert main(["logs", str(d), "--rank", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"kilocard logs: {d}: no line from rank 1 yet\n"
 
 
 def test_follow_of_a_finished_local_run_returns(tmp_path, capsys):

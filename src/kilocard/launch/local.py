@@ -8,8 +8,9 @@ committed step; the hang guard below restarts its clock at every new attempt.
 CPU ranks use gloo when there is no GPU. Every launch gets ``OMP_NUM_THREADS=1`` (unless set), a
 per-run ``TMPDIR`` inside the run directory, a free rendezvous port and a hang guard: when the
 metrics stop advancing for ``trainer.hang_timeout_s`` plus a grace period, the ranks are killed
-and the run ends with FAULT. Rank output goes to ``<run_dir>/logs/train.log``; the terminal shows a
-live progress line and, at the end, a summary table. The verb itself (arguments, validation, the
+and the run ends with FAULT. Rank output goes to ``<run_dir>/logs/train.log``, each line labelled
+``[rankN]: `` (the launcher's ``--tee``, as on Slurm); the terminal shows rank 0's step and evaluation
+lines from there and, at the end, a summary table. The verb itself (arguments, validation, the
 run directory, printing, exit codes before launch) is ``kilocard.commands.run``.
 
 The ranks get the run's environment (``kilocard.plan``: layout defaults, ``cluster.env``,
@@ -40,6 +41,7 @@ from kilocard.base.quiet import with_launcher_filter
 from kilocard.base.safe_read import MiB, read_tail
 from kilocard.config.schema import RunConfig
 from kilocard.launch import ftlaunch
+from kilocard.launch.logs import Reader, rank0_progress
 from kilocard.launch.render import LOG_DIR
 from kilocard.plan import build_plan
 from kilocard.rundir import checkpoint as ck
@@ -48,7 +50,7 @@ from kilocard.rundir import lock as runlock
 from kilocard.rundir.checkpoint import checkpoint_root
 from kilocard.rundir.metrics import read_evals, read_metrics
 from kilocard.rundir.names import EXIT_DIR_ENV
-from kilocard.rundir.progress import eval_line, progress_line, summary_table
+from kilocard.rundir.progress import STEP_LINE, summary_table
 from kilocard.rundir.reproduction import summary_lines
 from kilocard.validate.slurm import expected_save_time_s
 
@@ -79,7 +81,8 @@ def torchrun_command(
 
     With ``max_restarts`` > 0 torchrun restarts every rank after a failure; each restart resumes
     from the last committed step (``python -m kilocard.train`` always does). On TERM torchrun
-    passes it to the ranks and waits ``shutdown_timeout_s`` for them before it SIGKILLs them.
+    passes it to the ranks and waits ``shutdown_timeout_s`` for them before it SIGKILLs them. Each line a
+    rank writes reaches the log with its rank in front (``ftlaunch.TEE``, ``ftlaunch.LINE_PREFIX``).
     """
     return [
         sys.executable,
@@ -92,6 +95,7 @@ def torchrun_command(
         f"--master-port={port}",
         f"--max-restarts={max_restarts}",
         f"--shutdown-timeout={math.ceil(shutdown_timeout_s)}",
+        ftlaunch.TEE,  # every line of a rank labelled with its rank (LINE_PREFIX, set by rank_env)
         "-m",
         "kilocard.train",
         str(run_dir),
@@ -105,7 +109,7 @@ def ft_command(run_dir: Path, run_cfg: RunConfig, nproc: int, port: int, stop_wa
     args = ftlaunch.ft_launcher_args(
         run_cfg, nnodes="1", nproc=nproc, rdzv_endpoint=f"127.0.0.1:{port}", term_timeout_s=stop_wait_s
     )
-    return [sys.executable, "-m", ftlaunch.TIED_MODULE, *args, "-m", "kilocard.train", str(run_dir)]
+    return [sys.executable, "-m", ftlaunch.TIED_MODULE, *args, ftlaunch.TEE, "-m", "kilocard.train", str(run_dir)]
 
 
 def local_gpus() -> list[str]:
@@ -188,6 +192,7 @@ def rank_env(run_dir: Path, run_cfg: RunConfig, lock_token: str) -> dict:
     env[EXIT_DIR_ENV] = str(exit_dir)
     env[runlock.TOKEN_ENV] = lock_token
     env["PYTHONUNBUFFERED"] = "1"
+    env[ftlaunch.LINE_PREFIX_ENV] = ftlaunch.LINE_PREFIX  # the launcher's --tee labels each line: [rankN]:
     env["PYTHONWARNINGS"] = with_launcher_filter(env.get("PYTHONWARNINGS"))  # torchrun imports torch.cuda too
     if ftlaunch.in_job(run_cfg):
         env.update(ftlaunch.rank_env(run_cfg))
@@ -367,28 +372,29 @@ class StopForwarder:
 
 
 def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopForwarder) -> int | None:
-    """Show a live line until the ranks exit; kill them and return FAULT if they go silent or overstay a stop.
+    """Show rank 0's step lines until the ranks exit; kill them and return FAULT if they go silent or overstay
+    a stop.
 
-    Silence is counted from the newest metrics record or the newest launch attempt (a ``start`` in
-    events.jsonl): ranks restarted in-job get the whole allowance again for their start-up.
+    The terminal shows the step and evaluation lines rank 0 writes to ``train.log`` (one stream: the same
+    lines a Slurm job log and ``kilocard logs`` carry). Silence is counted from the newest metrics record,
+    evaluation or launch attempt (a ``start`` in events.jsonl): ranks restarted in-job get the whole
+    allowance again for their start-up.
     """
     tty = sys.stdout.isatty()
-    seen, attempts, last_change = 0, _attempts(run_dir), time.monotonic()
+    reader = Reader(run_dir).skip_existing()
+    shown, seen, attempts, last_change = False, 0, _attempts(run_dir), time.monotonic()
     evals_seen = len(read_evals(run_dir))
-    while proc.poll() is None:
+    while True:
+        done = proc.poll() is not None  # read once more after the ranks end: their last lines
+        for line in rank0_progress(reader.new_lines()):
+            shown = _show(line, tty, shown)
+        if done:
+            break
         time.sleep(0.5)
         records, evals = read_metrics(run_dir), read_evals(run_dir)
         now_attempts = _attempts(run_dir)
-        if now_attempts != attempts:
-            attempts, last_change = now_attempts, time.monotonic()
-        if len(records) != seen:
-            seen, last_change = len(records), time.monotonic()
-            if records:
-                print(("\r" if tty else "") + progress_line(records[-1]), end="" if tty else "\n", flush=True)
-        if len(evals) > evals_seen:  # an evaluation is progress too; its line stays on screen
-            for r in evals[evals_seen:]:
-                print(("\n" if tty else "") + eval_line(r), flush=True)
-            evals_seen, last_change = len(evals), time.monotonic()
+        if now_attempts != attempts or len(records) != seen or len(evals) != evals_seen:
+            attempts, seen, evals_seen, last_change = now_attempts, len(records), len(evals), time.monotonic()
         elif time.monotonic() - last_change > silence_s:
             print(f"\nkilocard run: no progress for {silence_s:.0f}s; stopping the ranks (FAULT)", file=sys.stderr)
             _kill(proc)
@@ -397,9 +403,22 @@ def _watch(proc: subprocess.Popen, run_dir: Path, silence_s: float, stop: StopFo
             print(f"\nkilocard run: the ranks did not stop within {stop.stop_wait:.0f}s; killing them (FAULT)")
             _kill(proc)
             return exitcodes.FAULT
-    if tty and seen:
+    if shown:
         print()
     return None
+
+
+def _show(line: str, tty: bool, open_line: bool) -> bool:
+    """Print rank 0's ``line``; on a terminal a step line is rewritten in place and an evaluation line stays
+    (``open_line``: a step line is showing without its newline). Returns whether one now is."""
+    if not tty:
+        print(line, flush=True)
+        return False
+    if STEP_LINE.match(line):
+        print("\r" + line, end="", flush=True)
+        return True
+    print(("\n" if open_line else "") + line, flush=True)
+    return False
 
 
 def _attempts(run_dir: Path) -> int:

@@ -8,8 +8,9 @@ the global rank (``ftlaunch.LINE_PREFIX``): ``<node>: [rank<rank>]: ``, and its 
 label only. ``--rank N`` keeps rank N's lines and the batch script's own ``[kilocard ...]`` lines
 (start, exit codes, requeues); ``--follow`` keeps reading until the run has a ``DONE`` or ``FAILED``
 marker. A local run (``kilocard run``) writes ``<run_dir>/logs/train.log``: it is read the same way,
-``--rank N`` keeps the lines the trainer tags ``[rank N]`` (and torch's ``[rankN]:``), and ``--follow``
-ends when no live ``kilocard run`` holds the run directory's lock.
+``--rank N`` keeps the lines its launcher labels ``[rankN]: `` (torchrun's or ft_launcher's ``--tee``,
+``ftlaunch.LINE_PREFIX``; a rank started by hand tags its own ``[rank N]``), and ``--follow`` ends when no
+live ``kilocard run`` holds the run directory's lock.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from kilocard.base.safe_read import open_regular
 from kilocard.config import load_run_config
 from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
+from kilocard.layout import world_size
 from kilocard.rundir.freeze import CONFIG_FILE
 from kilocard.rundir.lock import read_holder
+from kilocard.rundir.progress import is_progress
 
 #: ``srun --label`` prefix: the task rank, right-aligned to the width of the largest one.
 LABEL = re.compile(r"^\s*(\d+): ")
@@ -35,8 +38,8 @@ SCRIPT_LINE = "[kilocard "
 FINISHED = ("DONE", "FAILED")
 
 
-#: A local run's log (``kilocard run``): torchrun's and every rank's output, the ranks' own lines tagged
-#: ``[rank N]`` by the trainer (``[rankN]:`` by torch for a rank's traceback).
+#: A local run's log (``kilocard run``): torchrun's own lines and every rank's, each labelled ``[rankN]: `` by
+#: the launcher (a rank started by hand tags its own ``[rank N]``).
 LOCAL_LOG = "train.log"
 LOCAL_RANK_TAG = re.compile(r"^\[rank ?(\d+)\]")
 
@@ -76,10 +79,11 @@ def ended(run_dir: Path) -> bool:
     return not holder or holder.get("host") != platform.node() or not _alive(holder.get("pid"))
 
 
-def in_job(run_dir: Path) -> bool:
-    """Whether the run's frozen config restarts ranks in the job (its lines name ranks by ``RANK_TAG``);
-    ``kilocard.config.ComposeError`` naming the file when it is missing or unreadable."""
-    return ftlaunch.in_job(load_run_config(run_dir / CONFIG_FILE))
+def rank_labels(run_dir: Path) -> tuple[bool, int]:
+    """(whether the run's frozen config restarts ranks in the job, so that its lines name ranks by ``RANK_TAG``;
+    its world size); ``kilocard.config.ComposeError`` naming the file when it is missing or unreadable."""
+    cfg = load_run_config(run_dir / CONFIG_FILE)
+    return ftlaunch.in_job(cfg), world_size(cfg.cluster)
 
 
 def select(lines: Iterable[str], rank: int | None, injob: bool = False) -> Iterator[str]:
@@ -106,6 +110,16 @@ class Reader:
         self.run_dir = run_dir
         self.offsets: dict[Path, int] = {}
 
+    def skip_existing(self) -> Reader:
+        """Start after what the log files hold now (a launcher showing only this launch's lines)."""
+        for path in log_files(self.run_dir):
+            self.offsets[path] = path.stat().st_size
+        return self
+
+    def read_any(self) -> bool:
+        """Whether any line has been read so far."""
+        return any(self.offsets.values())
+
     def new_lines(self) -> list[str]:
         """Complete lines written since the last call, file by file."""
         out: list[str] = []
@@ -117,3 +131,14 @@ class Reader:
             self.offsets[path] = self.offsets.get(path, 0) + end
             out += data[:end].decode(errors="replace").splitlines(keepends=True)
         return out
+
+
+def rank0_progress(lines: Iterable[str]) -> Iterator[str]:
+    """Rank 0's step and evaluation lines (``kilocard.rundir.progress.is_progress``) among a local run's ``lines``,
+    without their rank label and newline: what ``kilocard run`` shows on its terminal."""
+    for line in lines:
+        m = LOCAL_RANK_TAG.match(line)
+        if m and int(m.group(1)) == 0:
+            text = line[m.end() :].lstrip(":").strip()
+            if is_progress(text):
+                yield text

@@ -98,6 +98,11 @@ def _train_verified(
         _deterministic(run_cfg.trainer.deterministic)
         timeout = datetime.timedelta(seconds=max(run_cfg.trainer.hang_timeout_s, 1.0) + 60)
         init_process_group(backend.dist_backend, os.environ, timeout)  # per-attempt store under a restarting launcher
+        node = health.node_name(os.environ)  # and the pid: what finds this rank's process for a stack dump
+        _say(
+            env.rank,
+            f"rank {env.rank} of {env.world_size} up on {node} (local rank {env.local_rank}, pid {os.getpid()})",
+        )
         # one writer per run directory; a lock taken here lasts until this rank exits
         save_root = ck.checkpoint_root(run_dir, run_cfg)
         outside = save_root if ck.outside(save_root, run_dir) else None  # locked like the run directory

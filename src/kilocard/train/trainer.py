@@ -9,6 +9,7 @@ import enum
 import functools
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from kilocard.config.schema import RunConfig
 from kilocard.data.split import SPLITS, TEST, VALID
 from kilocard.layout import Layout
 from kilocard.rundir.metrics import MetricsWriter, Throughput, peak_memory_bytes
+from kilocard.rundir.progress import eval_line, log_due, progress_line
 from kilocard.train import megatron_adapter as ma
 from kilocard.train.ckpt_manager import CheckpointManager
 from kilocard.train.dist_env import step_delay
@@ -30,6 +32,13 @@ from kilocard.train.signals import StopFlag, Watchdog
 from kilocard.train.straggler import StragglerWatch, spread
 
 _T0 = time.monotonic()
+
+
+def say(line: str) -> None:
+    """``line`` on this rank's stdout in one write: a launcher that tees the output line by line (torchrun's and
+    ft_launcher's ``--tee``, which label each line with its rank) never reads half of it."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 class NonFiniteLoss(Exception):
@@ -63,6 +72,21 @@ class _InFlight:
     """``time.perf_counter()`` when the step began."""
     started_wall: float
     """``time.time()`` when the step began (the record's ``time`` is this plus the step time)."""
+
+
+def lora_count_line(run_cfg: RunConfig) -> str:
+    """``peft=lora``: how many parameters train, of how many (the whole model's, adapters included; counted
+    like the memory model, ``kilocard.perf``)."""
+    from kilocard.perf.memory import lora_params
+    from kilocard.perf.params import count_parameters
+
+    trainable = int(lora_params(run_cfg))
+    total = count_parameters(run_cfg.model).total + trainable
+    p = run_cfg.peft
+    return (
+        f"peft=lora: {trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.2f}%; "
+        f"adapters of dim {p.dim} on {', '.join(p.target_modules)})"
+    )
 
 
 class Trainer:
@@ -111,10 +135,14 @@ class Trainer:
         self._stragglers = StragglerWatch()
         self._eval_data: dict[int, Any] = {}
         """Validation and test splits by ``kilocard.data.split`` index (``None``: a test split without documents)."""
-        self.profiler = StepProfiler(run_dir, list(run_cfg.trainer.profile_steps), self.rank, backend.is_cuda)
+        self.profiler = StepProfiler(
+            run_dir, list(run_cfg.trainer.profile_steps), self.rank, backend.is_cuda, log=self.log
+        )
         """Traces ``trainer.profile_steps``."""
         self._time_grad_reduction()
         self.log(f"built model ({self.num_micro} micro-batches per step, world {self.world}, backend {backend.name})")
+        if run_cfg.peft.type == "lora":
+            self.log(lora_count_line(run_cfg))
 
     def _time_grad_reduction(self) -> None:
         """Stamp the moment this rank is ready to reduce gradients (``finalize_model_grads``, called by the
@@ -154,7 +182,7 @@ class Trainer:
     def log(self, msg: str) -> None:
         """A rank-0 line in the training log, stamped with seconds since the process started."""
         if self.rank == 0:
-            print(f"[{time.monotonic() - _T0:7.1f}s] kilocard.train: {msg}", flush=True)
+            say(f"[{time.monotonic() - _T0:7.1f}s] kilocard.train: {msg}")
 
     def resume(self) -> None:
         """Continue from the newest committed step, if any (``CheckpointManager.load``)."""
@@ -240,7 +268,10 @@ class Trainer:
             raise NonFiniteLoss(f"step {f.step}: loss is {loss}; lower optim.lr or check the data")
         if writer is not None:
             dt = (next_start if next_start is not None else time.perf_counter()) - f.started
-            writer.write(self._record(f.step, f.consumed, loss, f.result, dt, f.started_wall + dt))
+            record = self._record(f.step, f.consumed, loss, f.result, dt, f.started_wall + dt)
+            writer.write(record)
+            if log_due(f.step, self.cfg.trainer.train_iters, self.cfg.trainer.log_interval):
+                say(progress_line(record))
         return stops > 0
 
     def run(self, writer: MetricsWriter | None) -> Outcome:
@@ -389,20 +420,17 @@ class Trainer:
         loss, seconds = self.evaluate(split)
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"step {self.step}: {SPLITS[split]} loss is {loss}; lower optim.lr or check the data")
-        self.log(
-            f"step {self.step}: {SPLITS[split]} loss {loss:.6f} ({self.cfg.trainer.eval_iters} rounds, {seconds:.2f} s)"
-        )
         if writer is not None:
-            writer.write(
-                {
-                    "step": self.step,
-                    "split": SPLITS[split],
-                    "loss": loss,
-                    "time": time.time(),
-                    "eval_time_s": seconds,
-                    "eval_iters": self.cfg.trainer.eval_iters,
-                }
-            )
+            record = {
+                "step": self.step,
+                "split": SPLITS[split],
+                "loss": loss,
+                "time": time.time(),
+                "eval_time_s": seconds,
+                "eval_iters": self.cfg.trainer.eval_iters,
+            }
+            writer.write(record)
+            say(eval_line(record))
 
     def _record(
         self, step: int, consumed: int, loss: float, r: dict[str, Any], dt: float, ended: float
@@ -417,6 +445,7 @@ class Trainer:
             "grad_norm": float(gn) if gn is not None else None,
             "step_time_s": dt,
             "consumed_samples": consumed,
+            "consumed_tokens": consumed * self.cfg.model.seq_length,
         }
         rec.update(self.throughput.figures(dt))
         rec.update(r.get("rank_times", {}))
