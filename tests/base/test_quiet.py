@@ -48,3 +48,27 @@ def test_the_launcher_filter_silences_pynvml_in_a_process_kilocard_does_not_run(
     proc = python("import torch.cuda; import warnings; warnings.warn('kept', FutureWarning)",
                   PYTHONWARNINGS=with_launcher_filter(None))  # fmt: skip
     assert "pynvml" not in proc.stderr and "kept" in proc.stderr
+
+
+PROFILE = (
+    "from kilocard.base.quiet import quiet_library_warnings; quiet_library_warnings()\n"
+    "import torch, warnings\n"
+    "from torch.profiler import profile\n"
+    "with profile(): torch.ones(3) + 1\n"
+    "import torch.distributed.checkpoint.planner_helpers as m\n"
+    "warnings.warn_explicit('Please use DTensor instead and we are deprecating ShardedTensor.', FutureWarning,\n"
+    "                       m.__file__, 1, module=m.__name__)\n"  # as torch warns it on every checkpoint load
+)
+
+
+def test_profiler_lines_and_torch_notes_are_kept_at_debug_level():
+    """The torch profiler's ``USDT:`` lines and torch's ShardedTensor note are filtered; ``KILOCARD_DEBUG=1``
+    shows both (the filter is what hides them)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KINETO_LOG_LEVEL", "KILOCARD_DEBUG")}
+    runs = [
+        subprocess.run([sys.executable, "-c", PROFILE], capture_output=True, text=True, timeout=300, env=e)
+        for e in (env, {**env, "KILOCARD_DEBUG": "1"})
+    ]
+    quiet, loud = runs
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert loud.returncode == 0 and "USDT:" in loud.stderr and "deprecating ShardedTensor" in loud.stderr, loud.stderr

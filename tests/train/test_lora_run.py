@@ -10,6 +10,7 @@ tokens, and (where the ``peft`` library is installed) PEFT's model on the adapte
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -126,6 +127,12 @@ def test_lora_fine_tune_resume_and_export(tmp_path) -> None:
     for step in ("step_0000003", "step_0000006"):  # the adapters (and their optimizer state) only
         keys = list(dist_checkpointing.load_tensors_metadata(str(ckpts / step)))
         assert keys and all(".adapter.linear_" in k for k in keys), keys[:5]
+    # the log's count of trainable parameters is the adapters' whole size as the checkpoint holds them
+    meta = dist_checkpointing.load_tensors_metadata(str(ckpts / "step_0000006"))
+    saved = sum(math.prod(t.global_shape) for k, t in meta.items() if not k.startswith("optimizer"))
+    log = (run_dir / "logs" / "train.log").read_text()
+    assert f"kilocard.train: peft=lora: {saved:,} trainable of " in log, log[-3000:]
+    assert "deprecating ShardedTensor" not in log  # torch's note on every load, filtered (kilocard.base.quiet)
     state = json.loads((ckpts / "step_0000006" / "trainer_state.json").read_text())
     assert state["extra"]["peft"]["base"] == str((base / "step_0000000").resolve())
 

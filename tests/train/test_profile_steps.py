@@ -19,3 +19,7 @@ def test_profile_steps_write_a_trace_of_the_window(finished_tiny_run):
     trace = json.loads((run_dir / "profile" / "rank_0_steps_2-3.json").read_text())
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert any("aten::" in n for n in names)  # the model's operators were recorded
+    log = (run_dir / "logs" / "train.log").read_text()
+    trace = run_dir.relative_to(finished_tiny_run.launcher.workdir) / "profile" / "rank_0_steps_2-3.json"
+    assert f"kilocard.train: profiler: trace of steps 2-3 written to {trace} " in log, log[-3000:]
+    assert "USDT:" not in log  # the profiler's own lines are filtered (kilocard.base.quiet)

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kilocard import __version__
-from kilocard.base.quiet import quiet_library_warnings
+from kilocard.base.quiet import DEBUG_ENV, debug, quiet_library_warnings
 from kilocard.base.safe_read import FileReadError
 from kilocard.base.shell import ShellValueError
 from kilocard.commands import (
@@ -43,8 +43,6 @@ from kilocard.commands.output import fail
 from kilocard.config.compose import ComposeError
 from kilocard.rundir.targets import WriteTargetError
 
-#: Set to 1 to see the traceback of an unexpected error instead of its one line.
-DEBUG_ENV = "KILOCARD_DEBUG"
 #: The exit codes a verb may return before any rank starts (``kilocard.commands.exits``); ``run``
 #: returns the trainer's codes once ranks start.
 DOCUMENTED_EXITS = frozenset({exits.OK, exits.INVALID, exits.USAGE, exits.INTERRUPTED, exits.PIPE})
@@ -129,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kilocard {args.verb}: interrupted", file=sys.stderr)
         return exits.INTERRUPTED
     except Exception as e:
-        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        if debug():  # KILOCARD_DEBUG=1: the traceback of an unexpected error instead of its one line
             raise
         return boundary(args.verb, e)
 

@@ -9,6 +9,7 @@ ranks start it returns the trainer's code (``kilocard.exitcodes``).
 from __future__ import annotations
 
 import argparse
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -16,10 +17,12 @@ from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
 from kilocard.commands.output import count_line, fail, print_issues
 from kilocard.config.compose import compose
+from kilocard.config.schema import RunConfig
 from kilocard.launch.local import launch, unavailable
 from kilocard.launch.rundir import RunDirError, create_run_dir
 from kilocard.launch.slurm import missing_secrets
 from kilocard.layout import world_size
+from kilocard.rundir.checkpoint import checkpoint_root, completed_step
 from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.validate.packages import local_package_issues
 
@@ -98,6 +101,16 @@ def resumable(resume: str, overrides: list[str]) -> Path | int:
     return fail("run", problem, exits.USAGE) if problem else run_dir
 
 
+def complete_line(run_dir: Path, run_cfg: RunConfig, step: int) -> str:
+    """What ``--resume`` of a complete run prints instead of starting its ranks."""
+    root, iters = checkpoint_root(run_dir, run_cfg), run_cfg.trainer.train_iters
+    return (
+        f"kilocard run: {run_dir} is complete: step {step} is committed (trainer.train_iters={iters});"
+        f" nothing to train. Its figures: kilocard report {shlex.quote(str(run_dir))}; to train on, start a new run "
+        f"with checkpoint.load={shlex.quote(str(root))} and a larger trainer.train_iters"
+    )
+
+
 def execute(args: argparse.Namespace) -> int:
     """Prepare the run directory, then hand it to the local launcher."""
     if args.nproc is not None and args.nproc < 1:
@@ -116,6 +129,9 @@ def execute(args: argparse.Namespace) -> int:
         frozen, _ = load_verified(run_dir)
     except FrozenConfigError as e:
         return fail("run", str(e), exits.USAGE)
+    if args.resume and (step := completed_step(run_dir, frozen)) is not None:
+        print(complete_line(run_dir, frozen, step), flush=True)
+        return exits.OK  # no rank started: nothing to train
     missing = missing_secrets(frozen.launcher.secret_env) if args.resume else []  # a new run: new_run checked
     if missing:
         names = ", ".join(missing)

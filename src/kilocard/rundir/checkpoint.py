@@ -63,6 +63,16 @@ def checkpoint_root(run_dir: Path, run_cfg: RunConfig) -> Path:
     return Path(save) if save else Path(run_dir) / CHECKPOINTS_DIR
 
 
+def completed_step(run_dir: Path, run_cfg: RunConfig) -> int | None:
+    """The run's committed step when it reached ``trainer.train_iters`` (the run is complete: a resume trains
+    nothing), else ``None`` (also when its tracker cannot be read: the ranks say why)."""
+    try:
+        step = latest_committed(checkpoint_root(run_dir, run_cfg))
+    except CheckpointError:
+        return None
+    return step if step is not None and step >= run_cfg.trainer.train_iters else None
+
+
 class CheckpointError(Exception):
     """A checkpoint fails its integrity check or cannot be read (exit BAD_CKPT)."""
 

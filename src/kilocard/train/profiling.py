@@ -10,6 +10,7 @@ profiler range, which is what Nsight Systems captures when the batch script wrap
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,16 @@ PROFILE_DIR = "profile"
 class StepProfiler:
     """Starts and stops torch's profiler around a window of steps on one rank."""
 
-    def __init__(self, run_dir: Path, steps: list[int], rank: int, cuda: bool) -> None:
+    def __init__(
+        self, run_dir: Path, steps: list[int], rank: int, cuda: bool, log: Callable[[str], None] = print
+    ) -> None:
         self.window = (steps[0], steps[1]) if steps else None
         """(first, last) step traced; ``None`` when profiling is off."""
         self.path = run_dir / PROFILE_DIR / f"rank_{rank}_steps_{steps[0]}-{steps[1]}.json" if steps else None
         """Where the trace goes."""
         self._cuda = cuda
+        self._log = log
+        """Says where the trace went (the trainer's rank-0 log line)."""
         self._prof: Any = None
 
     def before_step(self, step: int) -> None:
@@ -62,3 +67,5 @@ class StepProfiler:
         prof.__exit__(None, None, None)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(self.path))
+        first, last = self.window if self.window else (0, 0)
+        self._log(f"profiler: trace of steps {first}-{last} written to {self.path} (each rank writes its own there)")
