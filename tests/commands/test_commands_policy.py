@@ -65,3 +65,18 @@ def test_secret_fields_are_never_printed():
 
     line = issue_line(error("SECRET_VALUE", "launcher.secret_env[0]", "sk-live-abc", "names only", "use a name"))
     assert "sk-live-abc" not in line and "<hidden>" in line
+
+
+def test_more_cpu_ranks_than_the_cores_carry_are_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """``--nproc 32`` on a 2-core machine started 32 torch processes: refused (CPU_RANKS, exit 1), nothing written,
+    whatever the profile says of its cores (the local launch counts this machine's)."""
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    argv = ["run", "recipe=tiny_gpt", "cluster.cpus_per_node=64", f"cluster.shared_fs={tmp_path}", "--nproc", "32"]
+    rc, text = run_main(argv, capsys)
+    assert rc == exits.INVALID, text
+    assert "CPU_RANKS: launcher.nproc = 32: 32 CPU ranks on this machine's 2 cores: at most 2 ranks per core" in text
+    assert "Traceback" not in text and list(tmp_path.iterdir()) == []
+    rc, text = run_main(["validate", "recipe=tiny_gpt", "cluster.gpus_per_node=1000"], capsys)
+    assert rc == exits.INVALID and "ERROR CPU_RANKS: cluster.gpus_per_node = 1000" in text, text

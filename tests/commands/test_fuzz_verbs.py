@@ -320,3 +320,72 @@ def test_image_never_accepts_what_is_not_an_image_reference(flag, value):
             rc = main(["image", "--output", f"{tmp}/ctx", flag, value])
         assert rc == exits.USAGE and len(err.getvalue().strip().splitlines()) == 1
         assert not Path(tmp, "ctx").exists()
+
+
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 258,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+"""A tiny Llama's ``config.json`` (no weights: the derived config is checked before any is read)."""
+
+HF_VALUES = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, -1, 10**9, 1e-300, "", "x", None, True, [], {}]),
+    st.text(max_size=12),
+)
+
+
+def convert_derived(config: dict) -> tuple[int, str]:
+    """``convert hf-to-mcore`` of a folder holding only ``config``, without a recipe (the model derived from it)."""
+    import contextlib
+    import io
+
+    with tempfile.TemporaryDirectory(prefix="kc-fuzz-") as tmp:
+        world = Path(tmp)
+        (world / "hf").mkdir()
+        (world / "hf" / "config.json").write_text(json.dumps(config, allow_nan=True))
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            result = finishes(lambda: main(["convert", "hf-to-mcore", str(world / "hf"), f"{world}/out"]), seconds=60)
+        assert "error" not in result, result.get("error")
+        e = err.getvalue()
+        assert "Traceback" not in e and "internal error" not in e, (config, e)
+        assert result["value"] in DOCUMENTED_EXITS and result["value"] != exits.OK, (config, e)
+        assert leftovers(world) == [], leftovers(world)
+        return result["value"], e
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.sampled_from(sorted(set(LLAMA_CONFIG) - {"architectures", "model_type"})), value=HF_VALUES)
+def test_a_hugging_face_config_with_any_value_is_refused_in_one_line(key, value):
+    """A derived config is built from ``config.json``'s numbers: any value (huge, negative, NaN, a string) is refused
+    in one line before anything is written or built (``num_hidden_layers: 1e9`` grew to 6 GB and hung)."""
+    convert_derived({**LLAMA_CONFIG, key: value})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("num_hidden_layers", 10**9, "model.num_layers=1000000000 (from config.json) is out of range"),
+        ("rms_norm_eps", -1, "model.layernorm_epsilon=-1.0 (from config.json) is out of range"),
+        ("num_hidden_layers", "2", 'config.json: num_hidden_layers is "2", expected a whole number'),
+        ("rms_norm_eps", float("nan"), "config.json: rms_norm_eps is NaN, expected a finite number"),
+    ],
+)
+def test_a_derived_model_outside_its_fields_domains_is_refused_before_writing(key, value, says):
+    """``num_hidden_layers: 1000000000`` grew convert to 6 GB and hung; ``rms_norm_eps: -1`` was written into the
+    recipe, which validate then refused: the derived config is checked against the domain table first."""
+    rc, err = convert_derived({**LLAMA_CONFIG, key: value})
+    assert rc == exits.INVALID and says in err and len(err.strip().splitlines()) == 1, err

@@ -190,3 +190,18 @@ def test_eval_time_is_forward_only_micro_batches_every_eval_interval():
     assert p.eval_s_per_step == pytest.approx(p.eval_time_s / 100)
     assert p.step_time_s == base.step_time_s  # a training step is unchanged
     assert predicted_step_s(cfg) == pytest.approx(p.step_time_s + p.eval_s_per_step)
+
+
+def test_skip_train_without_a_checkpoint_and_evaluations_too_big_to_index_are_refused():
+    """``trainer.skip_train`` without ``checkpoint.load`` evaluated the random initialisation and exited 0;
+    ``trainer.eval_iters`` large enough that the evaluations' samples overflow the dataset index died with a
+    MemoryError in the ranks."""
+    skip = {"trainer.skip_train": True, "trainer.eval_interval": 1}
+    assert _codes(evaluation.rule_skip_train_loads, skip) == ["SKIP_TRAIN_NO_LOAD"]
+    assert _codes(evaluation.rule_skip_train_loads, {**skip, "checkpoint.load": "runs/a/checkpoints"}) == []
+    (issue,) = [i for i in validate(cfg_of(skip)).errors if i.code == "SKIP_TRAIN_NO_LOAD"]
+    assert issue.field == "checkpoint.load" and "randomly initialised" in issue.message
+    big = {"trainer.eval_interval": 1, "trainer.eval_iters": 10**6, "trainer.global_batch_size": 2**20}
+    assert _codes(evaluation.rule_eval_samples, big) == ["EVAL_SAMPLES"]
+    assert _codes(evaluation.rule_eval_samples, {**big, "trainer.eval_interval": None}) == []
+    assert [i.code for i in validate(cfg_of({"trainer.eval_iters": 10**9})).errors] == ["OUT_OF_RANGE"]

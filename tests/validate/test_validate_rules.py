@@ -522,6 +522,13 @@ CASES = [
         {**H100, "model.cuda_graph_impl": "local"},
     ),
     (launcher.rule_launcher_kind, {"launcher.kind": "k8s"}, "LAUNCHER_KIND", {"launcher.kind": "slurm"}),
+    (launcher.rule_cpu_ranks, {"cluster.gpus_per_node": 1000}, "CPU_RANKS", {"cluster.gpus_per_node": 4}),
+    (
+        launcher.rule_cpu_ranks,
+        {"cluster.gpus_per_node": 1000},
+        "CPU_RANKS",
+        {"cluster.gpus_per_node": 1000, "cluster.cpus_per_node": 500},
+    ),
     (launcher.rule_launcher_kind, {"launcher.nproc": 4}, "LOCAL_NPROC", {**W4}),
     (
         launcher.rule_launcher_kind,

@@ -202,3 +202,29 @@ def test_the_shipped_chat_set_passes_and_a_short_sequence_is_counted(tmp_path: P
     assert "986 of 1040 conversations are longer than model.seq_length + 1 = 65 tokens (the longest 240)" in (
         data_record_issues(short)[0].message
     )
+
+
+def test_conversations_without_a_trained_assistant_token_are_refused() -> None:
+    """``SFT_NO_LOSS``: one conversation per sequence cut at 16 tokens leaves every answer past the cut (the
+    prompts are longer): the run would train with loss 0.0 and grad norm 0.0. At 48 tokens some still keep one
+    (a warning counting the rest); packed, every conversation has its answer."""
+    cut = _sft(CHAT, CHAT / PREFIX)
+
+    def at(seq: int, packing: bool) -> list:
+        model = dataclasses.replace(cut.model, seq_length=seq)
+        return [
+            i
+            for i in data_record_issues(
+                dataclasses.replace(cut, model=model, data=dataclasses.replace(cut.data, packing=packing))
+            )
+            if i.code == "SFT_NO_LOSS"
+        ]
+
+    (none,) = at(16, packing=False)
+    assert none.severity == "error" and none.field == "data.data_path[0]"
+    assert "none of its 1040 conversations has an assistant token in their first model.seq_length tokens" in (
+        none.message
+    )
+    (some,) = at(48, packing=False)
+    assert some.severity == "warning" and "552 of 1040 conversations have no assistant token" in some.message
+    assert at(16, packing=True) == []

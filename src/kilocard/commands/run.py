@@ -9,6 +9,7 @@ ranks start it returns the trainer's code (``kilocard.exitcodes``).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import tempfile
 from pathlib import Path
@@ -24,6 +25,7 @@ from kilocard.launch.slurm import missing_secrets
 from kilocard.layout import world_size
 from kilocard.rundir.checkpoint import checkpoint_root, completed_step
 from kilocard.rundir.freeze import FrozenConfigError, load_verified
+from kilocard.validate.launcher import local_core_issues
 from kilocard.validate.packages import local_package_issues
 
 HELP = "validate, write a run dir and train on local ranks (torchrun)"
@@ -53,7 +55,7 @@ def new_run(overrides: list[str], skip_paths: bool = False) -> Path | int:
     """Compose, validate and write a new run directory; its path, or the exit code after printing why not."""
     cfg = compose(overrides)
     run_cfg, report = check_config(cfg, skip_paths)
-    report.issues.extend(local_package_issues(run_cfg))  # the ranks start here
+    report.issues.extend(local_package_issues(run_cfg) + local_core_issues(run_cfg, os.cpu_count()))  # ranks start here
     if report.issues:  # warnings too (e.g. the paths left unchecked), on stderr
         print_issues(report.issues)
     if not report.valid:

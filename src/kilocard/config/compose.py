@@ -15,6 +15,7 @@ import itertools
 import re
 from collections.abc import Sequence
 from functools import lru_cache
+from math import prod
 from pathlib import Path
 
 import yaml
@@ -127,8 +128,14 @@ def _yaml_error(e: yaml.YAMLError) -> ComposeError:
     return ComposeError(f"{where}not valid YAML ({getattr(e, 'problem', None) or type(e).__name__}); fix the file")
 
 
+MAX_SWEEP = 100
+"""Configs one ``--multirun`` may expand to (each composed and validated; ``sbatch`` writes a run directory for
+each), as ``sbatch --chain`` is capped at 100 jobs."""
+
+
 def expand_sweeps(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
-    """Expand Hydra sweep overrides (``a=1,2``) into the cartesian product of override lists."""
+    """Expand Hydra sweep overrides (``a=1,2``) into the cartesian product of override lists, at most
+    ``MAX_SWEEP`` of them (counted before any is built: ``range(0,100000)`` is refused at once)."""
     parser = OverridesParser.create()
     try:
         parsed = parser.parse_overrides(list(overrides))
@@ -145,9 +152,16 @@ def expand_sweeps(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
                     (o.input_line or "").partition("=")[2],
                     "one value, or --multirun for one config per value",
                 )
-            axes.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+            axes.append([f"{key}={v}" for v in itertools.islice(o.sweep_string_iterator(), MAX_SWEEP + 1)])
         else:
             axes.append([o.input_line or ""])
+        if prod(len(a) for a in axes) > MAX_SWEEP:
+            raise problem(
+                key.lstrip("+~"),
+                f"the sweep has more than {MAX_SWEEP} points",
+                (o.input_line or "").partition("=")[2],
+                f"at most {MAX_SWEEP} configs per --multirun (split the sweep into several commands)",
+            )
     return [list(combo) for combo in itertools.product(*axes)] if axes else [[]]
 
 

@@ -365,7 +365,7 @@ DOMAINS: dict[str, Domain] = {
 #: scaling laws are fitted between about 1e18 and 4e25 FLOPs; Llama 3.1 405B used 3.8e25).
 BUDGET_DOMAINS: dict[str, Range] = {
     "gpus": count(1, RANKS, "GPUs"),
-    "days": Range(1 / 24, 3650, "days of training (an hour to ten years)"),
+    "days": Range(0.04, 3650, "days of training (about an hour to ten years)"),
     "flops": Range(1e17, 1e30, "training FLOPs the scaling laws can speak for"),
 }
 
@@ -407,3 +407,14 @@ def problem(domain: Domain, value: Any) -> str | None:
     if not math.isfinite(value) or domain.contains(value):
         return None
     return f"is out of range: {domain.what} must be in {domain.text()}"
+
+
+def outside(cfg: RunConfig) -> list[tuple[str, Any, str]]:
+    """``(field, value, why)`` of every exposed field of ``cfg`` outside its domain, in schema order."""
+    found = []
+    for name, value in exposed_fields(cfg):
+        domain = DOMAINS.get(name)
+        why = problem(domain, value) if domain is not None else None
+        if why is not None:
+            found.append((name, value, why))
+    return found

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from kilocard.config.domains import outside
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.convert import families, maps, st_io
 from kilocard.convert import tokenizer as tk
@@ -109,7 +110,13 @@ def _run_config(overrides: Sequence[str], hf_cfg: dict[str, Any], family: str, n
 
     derived = not any(o.startswith("recipe=") for o in overrides)
     base = derived_overrides(hf_cfg, family, name) if derived else []
-    return to_run_config(compose([*base, *overrides])), derived
+    run_cfg = to_run_config(compose([*base, *overrides]))
+    bad = outside(run_cfg)  # before anything is built from it (num_layers=1e9 grew without bound)
+    if bad:
+        field, value, why = bad[0]
+        source = "config.json" if derived and field.startswith("model.") else "the recipe or overrides"
+        raise ConvertError(f"{field}={value!r} (from {source}) {why}; fix {source}")
+    return run_cfg, derived
 
 
 def write_recipe(tmp: Path, out: Path, run_cfg: RunConfig, family: str, hf_dir: Path) -> None:

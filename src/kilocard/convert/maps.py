@@ -17,6 +17,8 @@ checked bit-exact against Megatron-Bridge 0.3.1's Llama bridge (shared/reference
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import torch
@@ -58,11 +60,55 @@ def expected_config(family: str, m: ModelConfig) -> list[Expect]:
     return families.get(family).expected_config(m)
 
 
+HF_WHOLE = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "num_local_experts",
+    "num_experts_per_tok",
+)
+"""``config.json`` keys a model is derived from that hold whole numbers (their ranges: the schema's domains)."""
+HF_REAL = ("rms_norm_eps", "router_aux_loss_coef", "rope_theta", "rope_parameters.rope_theta", "rope_parameters.factor")
+"""``config.json`` keys that hold finite real numbers."""
+
+
+def _type_problem(key: str, v: Any) -> str | None:
+    """Why ``v`` cannot be ``config.json``'s ``key`` (``None``: null, or the right kind of value)."""
+    if v is None:
+        return None
+    if key in HF_WHOLE and (isinstance(v, bool) or not isinstance(v, int)):
+        return "a whole number"
+    real = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    if key in HF_REAL and not real:
+        return "a finite number"
+    if key == "tie_word_embeddings" and not isinstance(v, bool):
+        return "true or false"
+    if key in ("rope_parameters", "rope_scaling") and not isinstance(v, dict):
+        return "a mapping"
+    return None
+
+
+def check_types(hf_config: dict[str, Any]) -> None:
+    """``ConvertError`` naming the first key of ``config.json`` a model is derived from that holds the wrong kind
+    of value (a string layer count, a NaN epsilon): refused in one line before anything is built from it."""
+    for key in (*HF_WHOLE, *HF_REAL, "tie_word_embeddings", "rope_parameters", "rope_scaling"):
+        v = _lookup(hf_config, key)
+        want = _type_problem(key, v)
+        if want is not None:
+            raise ConvertError(f"config.json: {key} is {json.dumps(v)[:40]}, expected {want}; fix the file")
+
+
 def normalized(hf_config: dict[str, Any]) -> dict[str, Any]:
     """``config.json`` with the defaults Hugging Face fills in made explicit, RoPE under ``rope_parameters``.
 
     transformers 5 writes ``rope_parameters``; older files have ``rope_theta`` and ``rope_scaling``.
     """
+    check_types(hf_config)
     c = dict(hf_config)
     heads = c.get("num_attention_heads")
     c["num_key_value_heads"] = c.get("num_key_value_heads") or heads
@@ -118,7 +164,10 @@ def check_config(hf_config: dict[str, Any], family: str, m: ModelConfig, recipe:
 def model_from_config(hf_config: dict[str, Any], family: str) -> dict[str, Any]:
     """The ``model.*`` fields a ``config.json`` of ``family`` decides (what ``expected_config`` compares),
     as Megatron-Bridge's AutoBridge derives a model from it; ``seq_length`` is the context, at most 8192."""
-    return families.get(family).model_from_config(normalized(hf_config))
+    try:
+        return families.get(family).model_from_config(normalized(hf_config))
+    except KeyError as e:
+        raise ConvertError(f"config.json has no {e.args[0]}, which a {family} model is derived from") from None
 
 
 def hf_config(family: str, m: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:

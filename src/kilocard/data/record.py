@@ -199,3 +199,38 @@ def document_lengths(prefix: str) -> numpy.ndarray | None:
         return numpy.memmap(path, dtype=numpy.int32, mode="r", offset=HEADER_BYTES, shape=(counts[0],))
     except (FileReadError, OSError, ValueError):
         return None
+
+
+MASK_CHUNK = 1 << 16
+"""Conversations whose loss tokens ``loss_tokens`` counts at a time (their mask bytes read at once)."""
+
+
+def loss_tokens(prefix: str, window: int | None) -> numpy.ndarray | None:
+    """Loss tokens of every conversation of ``prefix`` that a run trains on: the ones of its loss mask
+    (``PREFIX_loss_mask``, uint8) over its labels, the tokens after the first, cut at ``window`` labels
+    (``model.seq_length`` when one conversation is one sequence; ``None``: all of them). ``None`` when the
+    mask is not a uint8 Megatron-Core dataset with one sequence per document."""
+    masked = mask_prefix(prefix)
+    lengths = document_lengths(masked)
+    try:
+        with open_regular(f"{masked}.idx", limit=None) as f:
+            header = f.read(HEADER_BYTES)
+        if lengths is None or header[len(INDEX_HEADER) + 8] != 1:  # Megatron-Core's DType code 1: uint8
+            return None
+        data = numpy.memmap(f"{masked}.bin", dtype=numpy.uint8, mode="r")
+    except (FileReadError, OSError, ValueError, IndexError):
+        return None
+    ends = numpy.cumsum(lengths, dtype=numpy.int64)
+    if len(ends) and ends[-1] > len(data):
+        return None
+    out = numpy.zeros(len(lengths), dtype=numpy.int64)
+    for first in range(0, len(lengths), MASK_CHUNK):
+        last = min(first + MASK_CHUNK, len(lengths))
+        base = int(ends[first - 1]) if first else 0
+        sums = numpy.concatenate(([0], numpy.cumsum(data[base : int(ends[last - 1])], dtype=numpy.int64)))
+        starts = (ends[first:last] - lengths[first:last]) - base
+        stops = ends[first:last] - base
+        if window is not None:
+            stops = numpy.minimum(stops, starts + 1 + window)
+        out[first:last] = sums[stops] - sums[numpy.minimum(starts + 1, stops)]
+    return out

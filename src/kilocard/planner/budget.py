@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kilocard.config.domains import BUDGET_DOMAINS
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.layout import world_size
 from kilocard.perf.flops import flops_per_iteration
@@ -226,6 +227,9 @@ def split_budget_args(overrides: Sequence[str]) -> tuple[Budget, list[str]]:
             raise ValueError(f"{key}={value}: must be a positive number (e.g. gpus=16384 days=50, or flops=5.76e23)")
         if key == "gpus" and v != int(v):
             raise ValueError(f"gpus={value}: must be a whole number of GPUs (e.g. gpus=16384)")
+        domain = BUDGET_DOMAINS[key]
+        if not domain.contains(v):
+            raise ValueError(f"{key}={value}: {domain.what} must be in {domain.text()}")
         found[key] = v
     has_days = "days" in found
     if "flops" in found and has_days:
@@ -600,6 +604,12 @@ def budget_plan(cfg: RunConfig, budget: Budget, count: int = MAX_CANDIDATES) -> 
     elif budget.flops is not None:
         cfg = on_gpus(cfg, default_gpus(cfg, budget.flops))
     compute = nominal_compute(cfg, budget)
+    flops = BUDGET_DOMAINS["flops"]
+    if budget.flops is None and not flops.contains(compute):
+        raise ValueError(
+            f"gpus={budget.gpus} days={budget.days:g} give {compute:.3g} FLOPs at MFU {NOMINAL_MFU}: {flops.what} "
+            f"must be in {flops.text()}"
+        )
     cands: list[BudgetCandidate] = []
     for m in candidate_models(cfg, compute, count):
         cands.append(evaluate(cfg, m, budget, compute))

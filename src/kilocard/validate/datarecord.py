@@ -17,6 +17,8 @@ the other input checks. For every prefix of ``data.data_path``:
   ``.idx``'s lengths, counted): their tokens past one sequence carry no loss (cut by ``data.packing=false``, or the
   piece in the next packed sequence, which has lost its prompt, with ``data.reset_attention_mask``; without it
   that piece is trained on);
+- ``SFT_NO_LOSS``: with ``data.sft``, no conversation has an assistant token among the labels trained on (a
+  warning when only some have none);
 - ``SFT_TRUNCATED`` (a warning): the record says ``preprocess --chat --max-length --on-overflow truncate`` cut
   conversations, and how many;
 - ``SFT_CHAT_TEMPLATE``: with ``data.sft``, the ``data.tokenizer`` folder has no chat template, so the fine-tuned
@@ -43,6 +45,7 @@ from kilocard.data.record import (
     describe,
     document_lengths,
     index_documents,
+    loss_tokens,
     mask_prefix,
     read_record,
     tokenizer_file,
@@ -89,6 +92,7 @@ def data_record_issues(cfg: RunConfig) -> list[Issue]:
         if cfg.data.sft:
             out += too_long_issues(cfg, field, prefix, document_lengths(resolved))
             out += truncated_issues(field, prefix, record)
+            out += no_loss_issues(cfg, field, prefix, resolved)
         out += _valid_documents(cfg, field, prefix, documents)
     return out + template_issues(cfg, records)
 
@@ -145,6 +149,41 @@ def too_long_issues(
             f"model.seq_length + 1 = {fits} tokens (the longest {longest}); {_past_a_sequence(cfg)}",
             f"model.seq_length={longest - 1}, or decide at preprocessing: `kilocard preprocess --chat "
             f"--max-length {fits} --on-overflow refuse` (or truncate, counted in the record)",
+        )
+    ]
+
+
+def no_loss_issues(cfg: RunConfig, field: str, prefix: str, resolved: str) -> list[Issue]:
+    """``SFT_NO_LOSS``: no conversation of ``prefix`` has an assistant token among the labels the run trains on
+    (cut at ``model.seq_length`` with ``data.packing=false``): the loss and every gradient would be 0, a run that
+    "trains" without learning. A warning when only some have none (they cost steps and teach nothing)."""
+    counts = loss_tokens(resolved, None if cfg.data.packing else cfg.model.seq_length)
+    if counts is None or not len(counts):
+        return []
+    empty = int(numpy.count_nonzero(counts == 0))
+    if not empty:
+        return []
+    where = "in their first model.seq_length tokens" if not cfg.data.packing else "at all"
+    if empty == len(counts):
+        return [
+            error(
+                "SFT_NO_LOSS",
+                field,
+                prefix,
+                f"{field} {prefix}: none of its {len(counts)} conversations has an assistant token {where}: "
+                "every loss and gradient would be 0",
+                "a longer model.seq_length, shorter prompts, or preprocess --chat without --on-overflow truncate "
+                "cutting the answers off",
+            )
+        ]
+    return [
+        warning(
+            "SFT_NO_LOSS",
+            field,
+            prefix,
+            f"{field} {prefix}: {empty} of {len(counts)} conversations have no assistant token {where}: "
+            "their samples teach nothing",
+            f"model.seq_length (now {cfg.model.seq_length}) above the longest prompt, or drop those conversations",
         )
     ]
 

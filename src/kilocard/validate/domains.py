@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from kilocard.config.domains import DOMAINS, Choices, Range, exposed_fields, problem
+from kilocard.config.domains import DOMAINS, Choices, Range, exposed_fields, outside
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.validate.issues import Issue, error
@@ -30,9 +30,7 @@ def fix(field: str) -> str:
 
 def rule_field_domains(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     """Each field of ``DOMAINS`` holds a value of its range or choices (null allowed where the schema allows it)."""
-    for field, value in exposed_fields(cfg):
-        domain = DOMAINS.get(field)
-        why = problem(domain, value) if domain is not None else None
-        if why is None or domain is None or not isinstance(domain, (Range, Choices)):
-            continue
-        yield error(domain.code, field, value, f"{field}={value!r} {why}", fix(field))
+    for field, value, why in outside(cfg):
+        domain = DOMAINS[field]
+        code = domain.code if isinstance(domain, (Range, Choices)) else "OUT_OF_RANGE"
+        yield error(code, field, value, f"{field}={value!r} {why}", fix(field))

@@ -63,4 +63,43 @@ def rule_cuda_device_max_connections(cfg: RunConfig, lay: Layout) -> Iterable[Is
     yield make(CDMC, field, value, f"{CDMC}={value}; {why}", f"set {field}=1, or remove it")
 
 
-RULES = (rule_launcher_kind, rule_cuda_device_max_connections)
+RANKS_PER_CORE = 2
+"""CPU ranks (gloo processes, each with torch's own threads) one core may carry: the test suite runs 4 on 2."""
+
+
+def rule_cpu_ranks(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
+    """``CPU_RANKS``: CPU ranks per node at most ``RANKS_PER_CORE`` x the profile's ``cluster.cpus_per_node``
+    (``gpus_per_node=1000`` of ``cpu`` started a thousand torch processes on a 2-core node)."""
+    c = cfg.cluster
+    if c.gpu != "cpu" or c.gpus_per_node <= RANKS_PER_CORE * c.cpus_per_node:
+        return
+    yield error(
+        "CPU_RANKS",
+        "cluster.gpus_per_node",
+        c.gpus_per_node,
+        f"{c.gpus_per_node} CPU ranks per node on cluster.cpus_per_node={c.cpus_per_node} cores: at most "
+        f"{RANKS_PER_CORE} ranks per core ({RANKS_PER_CORE * c.cpus_per_node})",
+        f"set cluster.gpus_per_node (or --nproc) to at most {RANKS_PER_CORE * c.cpus_per_node}, or "
+        "cluster.cpus_per_node to the node's cores",
+    )
+
+
+def local_core_issues(cfg: RunConfig, cores: int | None) -> list[Issue]:
+    """``CPU_RANKS`` for a run whose CPU ranks start on this machine of ``cores`` cores (``os.cpu_count()``;
+    the profile's ``cpus_per_node`` describes the cluster, not necessarily this machine)."""
+    ranks = cfg.cluster.gpus_per_node
+    if cfg.cluster.gpu != "cpu" or cores is None or ranks <= RANKS_PER_CORE * cores:
+        return []
+    return [
+        error(
+            "CPU_RANKS",
+            "launcher.nproc",
+            ranks,
+            f"{ranks} CPU ranks on this machine's {cores} cores: at most {RANKS_PER_CORE} ranks per core "
+            f"({RANKS_PER_CORE * cores})",
+            f"--nproc {RANKS_PER_CORE * cores} or fewer, or `kilocard sbatch` to a cluster",
+        )
+    ]
+
+
+RULES = (rule_launcher_kind, rule_cuda_device_max_connections, rule_cpu_ranks)
