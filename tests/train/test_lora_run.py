@@ -20,8 +20,10 @@ import pytest
 import torch
 
 from conftest import KilocardRun
+from kilocard import exitcodes
 from kilocard.cli import main
 from kilocard.paths import data_dir
+from kilocard.rundir.checkpoint import content_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "convert"))
 from tiny_hf import hf_tensors, make  # noqa: E402  (tests/convert's twin builder)
@@ -135,6 +137,7 @@ def test_lora_fine_tune_resume_and_export(tmp_path) -> None:
     assert "deprecating ShardedTensor" not in log  # torch's note on every load, filtered (kilocard.base.quiet)
     state = json.loads((ckpts / "step_0000006" / "trainer_state.json").read_text())
     assert state["extra"]["peft"]["base"] == str((base / "step_0000000").resolve())
+    assert state["extra"]["peft"]["base_digest"] == content_digest(base / "step_0000000")
 
     assert main(["convert", "mcore-to-hf", str(ckpts / "step_0000006"), str(tmp_path / "ad1"), "--adapter-only"]) == 0
     assert main(["convert", "mcore-to-hf", str(base), str(tmp_path / "none"), "--adapter-only"]) == 2  # no adapters
@@ -176,6 +179,17 @@ def test_lora_fine_tune_resume_and_export(tmp_path) -> None:
     ours = _kilocard_logits(step6, tokens)
     assert (ours - reference).abs().max().item() < 1e-5
     assert (ours - _reference_logits(tmp_path, tokens, hf)).abs().max().item() > 1e-3  # the adapters matter
+
+    # the base replaced by another import at the same path: the adapters are never merged into it or trained on it
+    shutil.rmtree(base)
+    make("llama", tmp_path / "hf2", vocab_size=320, seed=1)
+    assert main(["convert", "hf-to-mcore", str(tmp_path / "hf2"), str(base), "recipe=tiny_llama_sft"]) == 0
+    assert main(["convert", "mcore-to-hf", str(step6), str(tmp_path / "wrong_hf")]) == 2
+    assert not (tmp_path / "wrong_hf").exists()
+    (ckpts / "latest_committed.txt").write_text("3\n")
+    code, out, _ = run("--resume", str(run_dir), "--nproc", "2")
+    assert code == exitcodes.BAD_CKPT, out[-3000:]
+    assert "is not the base the LoRA adapters" in (run_dir / "logs" / "train.log").read_text()
 
     pytest.importorskip("peft")
     through_peft = _reference_logits(tmp_path, tokens, hf, tmp_path / "ad2")

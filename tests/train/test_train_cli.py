@@ -67,7 +67,7 @@ def test_report_of_a_finished_local_run(kilocard_run, capsys):
     assert prov["config_sha256"] == sha and prov["cpu_ranks"] is True and prov["run_dir"] == str(run_dir.resolve())
     assert predict(row_run_config(row)).step_time_s == pytest.approx(predict(cfg).step_time_s, rel=1e-12)
     assert main(["baselines", "--site", str(site), "--add", str(run_dir)]) == 2  # a run is added once
-    assert "already holds a row" in capsys.readouterr().err
+    assert "already holds this run as row" in capsys.readouterr().err
 
 
 def test_invalid_config_starts_nothing(kilocard_run):

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from kilocard.base.safe_read import FileReadError, read_bytes, read_json, read_yaml
+from kilocard.base.safe_read import FileReadError, decode, read_bytes, read_json, read_yaml
 from kilocard.calibration.baselines import _row, baselines_file, load_rows, row_cluster, row_run_config
 from kilocard.calibration.fit import FREE, Target, coordinate_search, fit, targets
 from kilocard.config.schema import RunConfig
@@ -156,24 +156,80 @@ def site_row(cfg: RunConfig, row_id: str, tflops_per_gpu: float, convention: str
     return raw
 
 
-def append_row(file: Path, row: dict) -> None:
-    """Append ``row`` to the site baselines ``file`` (created when absent), atomically: a refused id or a
-    damaged file leaves it as it was."""
-    doc: dict[str, Any] = {"rows": []}
-    if file.exists():
+def _identity(raw: Any) -> tuple[str, ...]:
+    """What makes a row the measurement of one run: its ``provenance.run_identity`` (rows written before it was
+    recorded: the resolved run directory and config sha256)."""
+    prov = raw.get("provenance") if isinstance(raw, dict) else None
+    if not isinstance(prov, dict):
+        return ()
+    if prov.get("run_identity"):
+        return ("identity", str(prov["run_identity"]))
+    return ("dir", str(prov.get("run_dir")), str(prov.get("config_sha256")))
+
+
+def _existing_rows(file: Path) -> tuple[str, list[Any]]:
+    """The text of the site ``file`` and its rows, after the loader ``perf.site_baselines`` uses accepted them: a
+    row is never appended to a file that the refit would then refuse."""
+    try:
+        text = decode(file, read_bytes(file))
+        load_rows(str(file))
+    except (FileReadError, ValueError) as e:
+        problem = str(e).removeprefix("--file: ")
+        raise ValueError(f"--site: {problem}; fix the file first (perf.site_baselines refuses it too)") from None
+    doc = read_yaml(file, dict)
+    return text, doc["rows"]
+
+
+def _appended(text: str, rows: list[Any], row: dict) -> str:
+    """``text`` with ``row`` added as the last item of its ``rows:`` list, every other byte (comments, order,
+    spelling) kept; the indentation is the list's own, checked by parsing the result."""
+    base = text if text.endswith("\n") or not text else text + "\n"
+    item = yaml.safe_dump([row], sort_keys=False, default_flow_style=None)
+    for indent in dict.fromkeys([*_item_indents(text), 0, 2]):
+        pad = " " * indent
+        candidate = base + "".join(pad + line if line.strip() else line for line in item.splitlines(keepends=True))
         try:
-            doc = read_yaml(file, (dict, list, str, type(None))) or {"rows": []}
-        except FileReadError as e:
-            raise ValueError(f"--site: {e}") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
-            raise ValueError(f"--site: {file} has no 'rows:' list (is it a baselines file?)")
-        if any(isinstance(r, dict) and r.get("id") == row["id"] for r in doc["rows"]):
-            raise ValueError(f"--site: {file} already holds a row {row['id']!r} (that run was added before)")
-    doc["rows"].append(row)
-    _row(row, len(doc["rows"]) - 1, file.name)  # the loader accepts it, or nothing is written
+            doc = yaml.load(candidate, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+        except yaml.YAMLError:
+            continue
+        if isinstance(doc, dict) and doc.get("rows") == [*rows, row]:
+            return candidate
+    raise ValueError(
+        "--site: the new row cannot be appended in place: 'rows:' is not the file's last entry written as a block "
+        "list; move it last (one '- id: ...' item per row)"
+    )
+
+
+def _item_indents(text: str) -> list[int]:
+    """Columns at which the file's list items (``- id:``) start."""
+    return [len(line) - len(line.lstrip(" ")) for line in text.splitlines() if line.lstrip(" ").startswith("- id:")]
+
+
+def append_row(file: Path, row: dict) -> str:
+    """Append ``row`` to the site baselines ``file`` (created when absent) in place: the existing text, comments
+    included, stays as it is and the row is added after it, atomically (a temporary file renamed). The file is
+    checked first: a malformed one, or one that holds this run already (by its identity, not its directory name),
+    is refused and left as it was. A row whose id another run's row holds gets the identity's first digits after
+    it. Returns the row's id."""
+    rows: list[Any] = []
+    text = SITE_HEADER + "rows:\n"
+    if file.exists():
+        text, rows = _existing_rows(file)
+        mine = _identity(row)
+        twin = next((r for r in rows if mine and _identity(r) == mine), None)
+        if twin is not None:
+            raise ValueError(f"--site: {file} already holds this run as row {twin.get('id')!r} (it was added before)")
+        if any(isinstance(r, dict) and r.get("id") == row["id"] for r in rows):
+            row = {**row, "id": f"{row['id']}-{hashlib.sha256(repr(mine).encode()).hexdigest()[:8]}"}
+    _row(row, len(rows), file.name)  # the loader accepts it, or nothing is written
+    out = _appended(text, rows, row)
     tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
-    tmp.write_text(SITE_HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
-    os.replace(tmp, file)
+    try:
+        tmp.write_text(out)
+        os.replace(tmp, file)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return str(row["id"])
 
 
 def _key(published: Path, site: Path) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -66,6 +67,7 @@ def add_run(site: Path, run_dir: Path) -> int:
     starts = [e for e in events.read(run_dir) if e.get("event") == "start"]
     provenance = {
         "run_dir": str(run_dir.resolve()),
+        "run_identity": run_identity(run_dir, sha, starts),
         "job_id": starts[-1].get("job_id") if starts else None,
         "code_version": _code_version(run_dir),
         "config_sha256": sha,
@@ -75,13 +77,26 @@ def add_run(site: Path, run_dir: Path) -> int:
     measured = rep.measured.tflops_per_gpu or 0.0
     row = site_row(cfg, f"site-{run_dir.name}", measured, rep.convention, provenance)
     try:
-        append_row(site, row)
+        row_id = append_row(site, row)
     except (ValueError, OSError) as e:
         return fail("baselines", str(e), exits.USAGE)
     kind = " (CPU ranks: marked cpu_ranks, a local run)" if provenance["cpu_ranks"] else ""
     steps = len(rep.steps_used)
-    print(f"added {row['id']} to {site}: {measured:.4g} TFLOP/s per GPU ({rep.convention}) over {steps} steps{kind}")
+    print(f"added {row_id} to {site}: {measured:.4g} TFLOP/s per GPU ({rep.convention}) over {steps} steps{kind}")
     return exits.OK
+
+
+def run_identity(run_dir: Path, config_sha256: str, starts: list[dict]) -> str:
+    """A run's identity whatever its directory is called or wherever a link to it points: its config sha256, when
+    its run directory was created (``provenance.json``, written once) and when it first started (its first start
+    event); two runs of one config differ in both, a symlink or a copy of a run agrees in all three."""
+    try:
+        created = read_json(run_dir / "provenance.json", dict).get("created")
+    except FileReadError:
+        created = None
+    first = starts[0].get("time") if starts else None
+    key = json.dumps([config_sha256, created, first, None if created or first else str(run_dir.resolve())])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _code_version(run_dir: Path) -> object:

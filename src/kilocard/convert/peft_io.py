@@ -40,13 +40,11 @@ def lora_of(state: ck.TrainerState, sdir: Path) -> tuple[PeftConfig | None, Path
         return None, None
     known = {f.name for f in dataclasses.fields(PeftConfig)}
     peft = PeftConfig(**{k: v for k, v in saved.items() if k in known})
-    base = Path(saved.get("base", ""))
     try:
-        ck.verify_step(base)
+        base = ck.lora_base(state, sdir)
     except ck.CheckpointError as e:
         raise ConvertUsageError(
-            f"{sdir} holds LoRA adapters trained on the base weights of {base}, which cannot be used ({e}); "
-            f"restore that step (the run's checkpoint.load)"
+            f"{sdir} holds LoRA adapters whose base weights cannot be used: {e} (the run's checkpoint.load)"
         ) from None
     return peft, base
 

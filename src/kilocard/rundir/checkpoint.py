@@ -25,6 +25,7 @@ back at the newest step whose manifest verifies, or refuses. Torch-free: the ran
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -419,6 +420,53 @@ def state_differences(state: TrainerState, model: ModelConfig, tp: int) -> list[
     return diffs
 
 
+BASE_DIGEST = "base_digest"
+"""Key of a LoRA step's ``names.PEFT`` record: the ``content_digest`` of the base step its adapters were trained on."""
+
+
+def content_digest(sdir: Path) -> str:
+    """A committed step's identity by content: the sha256 of its manifest's file list (every file's path, size
+    and sha256), so another step written at the same path has another digest. ``CheckpointError`` without one."""
+    files = read_manifest(sdir)["files"]
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def base_change(state: TrainerState, sdir: Path) -> str | None:
+    """Why the base step the LoRA step ``sdir`` (with ``state``) names is no longer the one its adapters were
+    trained on (its directory replaced by another run or import: another ``content_digest`` than the step
+    recorded), or ``None``. Reads the base's manifest only; a step that recorded no digest is not compared."""
+    saved = state.extra.get(PEFT) or {}
+    base, recorded = Path(str(saved.get("base", ""))), saved.get(BASE_DIGEST)
+    if recorded is None:
+        return None
+    try:
+        now = content_digest(base)
+    except CheckpointError as e:
+        return f"the base step {base} its LoRA adapters were trained on cannot be used ({e})"
+    if now == recorded:
+        return None
+    return (
+        f"{base} is not the base the LoRA adapters of {sdir} were trained on: its content digest is {now[:16]}..., "
+        f"the step recorded {str(recorded)[:16]}... (the directory was replaced)"
+    )
+
+
+BASE_FIX = "restore the base the adapters were trained on, or train new adapters on this one"
+"""How to go on when ``base_change`` says the base changed."""
+
+
+def lora_base(state: TrainerState, sdir: Path) -> Path:
+    """The base step of the LoRA step ``sdir``, verified against its manifest and ``base_change``:
+    ``CheckpointError`` when it is damaged or is no longer the base the adapters were trained on. The one check
+    of the ranks (``kilocard.train.ckpt_manager``) and the export (``kilocard.convert.peft_io``)."""
+    base = Path(str((state.extra.get(PEFT) or {}).get("base", "")))
+    verify_step(base)
+    changed = base_change(state, sdir)
+    if changed:
+        raise CheckpointError(f"{changed}; {BASE_FIX}")
+    return base
+
+
 LORA_ONLY = "holds LoRA adapters only (trained with peft=lora)"
 """Why a LoRA step cannot continue without ``peft=lora`` (``peft_differences``)."""
 
@@ -477,6 +525,9 @@ def load_model_issues(cfg: RunConfig) -> list[Issue]:
                 "OUT recipe=<this recipe>` imports for this recipe), or another checkpoint.load",
             )
         )
+    changed = base_change(state, step_dir(root, step)) if PEFT in state.extra and not adapters else None
+    if changed:
+        out.append(error("CHECKPOINT_BASE_CHANGED", "checkpoint.load", load, changed, BASE_FIX))
     if adapters:
         saved = state.extra[PEFT]
         out.append(

@@ -23,7 +23,8 @@ MODEL_ONLY = "model_only"
 a run starts from it at step 0 with a fresh optimizer and LR schedule."""
 PEFT = "peft"
 """``TrainerState.extra`` key of a LoRA step (``peft=lora``): the ``peft`` config it was trained with and
-``base``, the step directory of the frozen base weights; the step itself holds the adapters only."""
+``base``, the step directory of the frozen base weights, and ``base_digest``, that step's content digest (a base
+replaced at that path is refused); the step itself holds the adapters only."""
 EVENTS_FILE = "events.jsonl"
 """One JSON object per run event (launch attempt, resume, committed checkpoint, exit), each with ``time``
 (unix seconds), in the run directory; appended by rank 0 (``kilocard.rundir.events``)."""

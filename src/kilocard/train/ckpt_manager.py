@@ -10,7 +10,8 @@ on rank 0, the trainer state; once every rank has written, rank 0 commits it bet
 a model of another shape, and restores model, optimizer, scheduler and RNG on every rank.
 
 With ``peft=lora`` a step holds the adapters, their optimizer state and the trainer state only; its
-``extra`` names the base step (``names.PEFT``). The first start reads the base weights from
+``extra`` names the base step and its content digest (``names.PEFT``; a base replaced at that path is
+refused, ``ck.lora_base``). The first start reads the base weights from
 ``checkpoint.load`` (an import, or any step's weights) and starts the adapters at step 0; a resume reads
 the base from that recorded step (verified again), then the adapters and optimizer from its own step.
 
@@ -101,6 +102,8 @@ class CheckpointManager:
         """``peft=lora``: steps hold the adapters only, on the frozen base of ``self.base``."""
         self.base: Path | None = None
         """The step directory the frozen base weights were read from (``peft=lora``)."""
+        self.base_digest: str | None = None
+        """Its ``ck.content_digest``, recorded in every LoRA step: a base replaced at the same path is refused."""
 
     def _local_tier(self, run_dir: Path) -> lc.LocalTier | None:
         c = self.cfg.checkpoint
@@ -239,18 +242,19 @@ class CheckpointManager:
         if diffs:
             raise ck.ModelMismatch(f"checkpoint {sdir} holds adapters of another shape or scale: {'; '.join(diffs)}")
         base = Path(saved["base"])
-        self._verify_base(base)
+        self._verify_base(sdir, state)
         self._load_base(base)
         return lora.adapter_part
 
-    def _verify_base(self, base: Path) -> None:
-        """Rank 0 verifies the recorded base step against its manifest; every rank raises the same error."""
+    def _verify_base(self, sdir: Path, state: ck.TrainerState) -> None:
+        """Rank 0 verifies the base step the LoRA step ``sdir`` names (``ck.lora_base``: its manifest, and that it
+        is still the base the adapters were trained on); every rank raises the same error."""
         err: list[Any] = [None]
         if self.rank == 0:
             try:
-                ck.verify_step(base)
+                ck.lora_base(state, sdir)
             except ck.CheckpointError as e:
-                err = [f"the base weights of this LoRA run: {e}; restore {base} (checkpoint.load's step)"]
+                err = [f"the base weights of this LoRA run: {e}"]
         dist.broadcast_object_list(err, src=0)
         if err[0]:
             raise ck.CheckpointError(err[0])
@@ -263,6 +267,7 @@ class CheckpointManager:
         loaded = dist_checkpointing.load(cs.model_sharded_state_dict(self.built.model, lora.base_part), str(base))
         self._load_model_chunks(loaded, lora.base_part)
         self.base = base.resolve()
+        self.base_digest = ck.content_digest(base)
 
     def _apply(self, loaded: dict[str, Any], state: ck.TrainerState, part: cs.Part | None = None) -> None:
         """Model chunks (``part`` of them) and optimizer from ``loaded``, the LR scheduler from ``state``."""
@@ -281,6 +286,7 @@ class CheckpointManager:
         self._check_model(self.local.directory, state)
         if self.lora and PEFT in state.extra:  # the local tier holds the whole model: the base is recorded only
             self.base = Path(state.extra[PEFT]["base"])
+            self.base_digest = state.extra[PEFT].get(ck.BASE_DIGEST)
         self._apply(loaded, state)
         cs.set_rng_state(rank_state["rng"])
         self.local.discard_after(step)
@@ -427,7 +433,9 @@ class CheckpointManager:
             layout=self.layout.to_json(),
             padded_vocab_size=padded_vocab_size(self.cfg.model, self.layout.tp),
             config_sha256=self.sha,
-            extra={PEFT: {**asdict(self.cfg.peft), "base": str(self.base)}} if self.lora else {},
+            extra={PEFT: {**asdict(self.cfg.peft), "base": str(self.base), ck.BASE_DIGEST: self.base_digest}}
+            if self.lora
+            else {},
         )
 
     def save_local(self, step: int, consumed: int) -> None:
