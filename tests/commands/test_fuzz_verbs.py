@@ -138,7 +138,7 @@ SLOTS: dict[str, Callable[[Path, str | bytes], list[str]]] = {
         "budget",
         "recipe=tiny_gpt",
         "gpus=8",
-        "days=1",
+        "days=10",
         "--plot",
         str(_replace(w / "p.svg", k)),
     ],
@@ -286,7 +286,7 @@ def test_a_plot_path_is_written_exactly_as_named_or_refused(name, verb):
     with tempfile.TemporaryDirectory(prefix="kc-fuzz-") as tmp:
         world = Path(tmp)
         argv = (
-            ["budget", "recipe=tiny_gpt", "gpus=8", "days=1"]
+            ["budget", "recipe=tiny_gpt", "gpus=8", "days=10"]
             if verb == "budget"
             else ["report", str(_steady(world / "rd"))]
         )

@@ -189,7 +189,7 @@ def test_a_plot_path_is_used_as_given_or_refused_in_one_line(verb, tmp_path, cap
     pd`` said "wrote pd" and wrote pd.png; ``--plot out.txt`` was an internal ValueError."""
     argv = {
         "report": ["report", str(tmp_path / "runs" / "base1")],
-        "budget": ["budget", "recipe=tiny_gpt", "gpus=8", "days=1"],
+        "budget": ["budget", "recipe=tiny_gpt", "gpus=8", "days=10"],
         "plan": ["plan", "recipe=tiny_gpt", "--top", "1"],
     }[verb]
     for path, what in bad_plot_paths(tmp_path):
@@ -202,7 +202,7 @@ def test_a_plot_path_is_used_as_given_or_refused_in_one_line(verb, tmp_path, cap
 
 def test_a_plot_is_written_exactly_where_named(tmp_path, capsys):
     out = tmp_path / "frontier.svg"
-    assert main(["budget", "recipe=tiny_gpt", "gpus=8", "days=1", "--plot", str(out)]) in (0, 1)
+    assert main(["budget", "recipe=tiny_gpt", "gpus=8", "days=10", "--plot", str(out)]) in (0, 1)
     assert out.read_bytes().lstrip().startswith(b"<?xml") and sorted(p.name for p in tmp_path.iterdir()) == [
         "frontier.svg"
     ]
