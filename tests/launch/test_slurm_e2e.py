@@ -117,7 +117,7 @@ def runs(local_slurm, tmp_path_factory):
     short = [f"trainer.train_iters={CHAIN_ITERS}", "checkpoint.save_interval=5"]
     calib = submit(root, *short, "launcher.job_name=calibrate", nodes=2, ranks=1)
     chain = submit(root, *short, "launcher.job_name=chain", chain=3, nodes=2, ranks=1, env=SLOW)
-    cancel_after_first_commit(chain["ids"][0], chain["run_dir"])
+    while_running = cancel_after_first_commit(chain["ids"][0], chain["run_dir"])
     info = wait_state(basic["ids"][0], 300)
     wait_state(calib["ids"][0], 300)
     # one uninterrupted attempt takes over 90 s whatever the machine's speed: USR1 (45-75 s after the start)
@@ -137,17 +137,24 @@ def runs(local_slurm, tmp_path_factory):
         "limited": limited,
         "calib": calib,
         "chain": chain,
+        "chain_logs_while_running": while_running,
     }
 
 
-def cancel_after_first_commit(job_id: int, run_dir: Path) -> None:
-    """scancel the job once it has trained past its first committed step (5)."""
+def cancel_after_first_commit(job_id: int, run_dir: Path) -> str:
+    """scancel the job once it has trained past its first committed step (5); returns what ``kilocard logs
+    RUN_DIR --rank 0`` printed just before, while the job ran."""
     deadline = time.monotonic() + 300
     while len(metrics(run_dir)) < 7:
         state = scontrol_job(job_id).get("JobState")
         assert state in ("PENDING", "RUNNING") and time.monotonic() < deadline, (state, logs(run_dir))
         time.sleep(0.5)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["logs", str(run_dir), "--rank", "0"]) == 0
+    assert scontrol_job(job_id).get("JobState") == "RUNNING"
     subprocess.run(["timeout", "10", "scancel", str(job_id)], check=True)
+    return out.getvalue()
 
 
 def test_basic_run_completes_on_two_nodes(runs):
@@ -161,6 +168,14 @@ def test_basic_run_completes_on_two_nodes(runs):
     assert not runs["pwned"].exists(), "an env value was executed by the batch script"
     # the job's log ends with the reproduction report, and `kilocard report` reads the Slurm run directory
     assert "reproduction (kilocard report RUN_DIR" in logs(run_dir) and "measured (median)" in logs(run_dir)
+    # rank 0's step line every trainer.log_interval (1) steps, labelled by srun; every rank says where it runs
+    steps = [line for line in logs(run_dir).splitlines() if re.match(r"0: step \d+/10 \| loss \d", line)]
+    assert [line.split()[2] for line in steps] == [f"{n}/10" for n in range(1, 11)], logs(run_dir)
+    assert all("TFLOP/s/gpu" in line and "MFU" in line and "grad norm" in line for line in steps)
+    assert all(
+        re.search(rf"^{r}: \[rank {r}\] kilocard\.train: rank {r} of 4 up on n\d", logs(run_dir), re.M)
+        for r in range(4)
+    )
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["report", str(run_dir), "--format", "json"]) == 0
@@ -196,6 +211,8 @@ def test_chain_continues_after_scancel(runs):
     m = re.search(r"resumed from \S+ \(step (\d+)", text)
     assert m and int(m.group(1)) >= 5, text
     assert "run already complete (DONE marker)" in text
+    shown = runs["chain_logs_while_running"].splitlines()  # `kilocard logs --rank 0` while link 1 trained
+    assert any(re.match(rf"0: step [1-7]/{CHAIN_ITERS} \| loss \d.* TFLOP/s/gpu", line) for line in shown), shown
     twin_info = wait_state(runs["calib"]["ids"][0], 420)
     assert twin_info["JobState"] == "COMPLETED"
     assert sorted(losses(run_dir)) == list(range(1, CHAIN_ITERS + 1))
