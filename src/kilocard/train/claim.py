@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from kilocard.base.say import say
 from kilocard.rundir.lock import TOKEN_ENV, LockUnsupported, RunDirBusy, RunLock, claim
 
 
@@ -52,5 +53,5 @@ def _claim_one(directory: Path, wait_s: float, what: str) -> RunLock | None:
     try:
         return claim(directory, os.environ.get(TOKEN_ENV), wait_s, what)
     except LockUnsupported as e:
-        print(f"[rank 0] kilocard.train: warning: {e}", file=sys.stderr, flush=True)
+        say(f"[rank 0] kilocard.train: warning: {e}", sys.stderr)
         return None

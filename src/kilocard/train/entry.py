@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kilocard import exitcodes
+from kilocard.base.say import say
 from kilocard.rundir import events
 from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.train.signals import StopFlag, Watchdog, die_with_parent_in_forks, record_exit
@@ -38,7 +39,7 @@ def peer_lost(e: BaseException) -> bool:
 
 
 def _say(rank: int, msg: str) -> None:
-    print(f"[rank {rank}] kilocard.train: {msg}", file=sys.stderr, flush=True)
+    say(f"[rank {rank}] kilocard.train: {msg}", sys.stderr)
 
 
 def _deterministic(on: bool) -> None:
@@ -220,16 +221,13 @@ def _train_in_group(
             writer.close()
     if outcome is Outcome.STOPPED:
         if dist.get_rank() == 0:
-            print(
-                f"kilocard.train: stop requested; committed step {trainer.step}; exiting RETRY ({exitcodes.RETRY})",
-                flush=True,
-            )
+            say(f"kilocard.train: stop requested; committed step {trainer.step}; exiting RETRY ({exitcodes.RETRY})")
         return exitcodes.RETRY
     if dist.get_rank() == 0:
-        print(f"kilocard.train: done at step {trainer.step}", flush=True)
+        say(f"kilocard.train: done at step {trainer.step}")
         from kilocard.rundir.reproduction import summary_lines
 
-        print("\n".join(summary_lines(run_dir)), flush=True)  # the Slurm log's report; kilocard run prints its own
+        say("\n".join(summary_lines(run_dir)))  # the Slurm log's report; kilocard run prints its own
     return exitcodes.DONE
 
 

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from kilocard import exitcodes
 from kilocard.base.safe_read import RECORDS_LIMIT, FileReadError, read_text
+from kilocard.base.say import say
 from kilocard.config.schema import RunConfig
 from kilocard.perf.memory import checkpoint_bytes
 from kilocard.rundir.names import BLOCKLIST, EXIT_DIR_ENV, FAILED_RANKS, UNHEALTHY_NODES_ENV
@@ -60,7 +61,7 @@ def node_name(env: Mapping[str, str]) -> str:
 
 
 def _say(rank: int, msg: str) -> None:
-    print(f"[rank {rank}] kilocard.train: node health: {msg}", file=sys.stderr, flush=True)
+    say(f"[rank {rank}] kilocard.train: node health: {msg}", sys.stderr)
 
 
 def _size(n: int) -> str:

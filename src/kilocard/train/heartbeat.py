@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kilocard.base.safe_read import FileReadError, read_json
+from kilocard.base.say import say
 from kilocard.train.signals import Watchdog
 
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
@@ -114,7 +115,7 @@ def describe(state: Mapping[str, Any]) -> str:
 
 
 def _say(msg: str) -> None:
-    print(f"kilocard.train: {msg}", file=sys.stderr, flush=True)
+    say(f"kilocard.train: {msg}", sys.stderr)
 
 
 def load_state(state_file: Path) -> dict[str, Any] | None:

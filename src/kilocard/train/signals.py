@@ -21,6 +21,7 @@ import threading
 import time
 
 from kilocard.base.lifeline import die_with_parent_in_forks
+from kilocard.base.say import say
 from kilocard.exitcodes import FAULT
 from kilocard.rundir.names import EXIT_DIR_ENV
 
@@ -96,11 +97,10 @@ class Watchdog:
         while not self._stop.wait(period):
             idle = time.monotonic() - self._last
             if idle > (self.timeout_s if self.training else max(self.timeout_s, STARTUP_GRACE_S)):
-                print(
+                say(
                     f"[rank {self.rank}] kilocard.train: no progress for {idle:.0f}s in {self.where} "
                     f"(trainer.hang_timeout_s={self.timeout_s:g}); a rank hung or died; exiting FAULT ({FAULT})",
-                    file=sys.stderr,
-                    flush=True,
+                    sys.stderr,
                 )
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 kill_started_children()

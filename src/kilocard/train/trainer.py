@@ -9,7 +9,6 @@ import enum
 import functools
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from kilocard.backends import Backend
+from kilocard.base.say import say
 from kilocard.config.schema import RunConfig
 from kilocard.data.split import SPLITS, TEST, VALID
 from kilocard.layout import Layout
@@ -32,13 +32,6 @@ from kilocard.train.signals import StopFlag, Watchdog
 from kilocard.train.straggler import StragglerWatch, spread
 
 _T0 = time.monotonic()
-
-
-def say(line: str) -> None:
-    """``line`` on this rank's stdout in one write: a launcher that tees the output line by line (torchrun's and
-    ft_launcher's ``--tee``, which label each line with its rank) never reads half of it."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 class NonFiniteLoss(Exception):
