@@ -40,6 +40,7 @@ FROZEN_VERBS = (
     "budget",
     "image",
     "logs",
+    "runs",
     "convert",
     "goodput",
     "report",

@@ -150,6 +150,13 @@ SLOTS: dict[str, Callable[[Path, str | bytes], list[str]]] = {
     "goodput config": lambda w, k: ["goodput", str(_bad_in_run(w, "config.yaml", k))],
     "report metrics": lambda w, k: ["report", str(_bad_in_run(w, "metrics.jsonl", k)), "--format", "json"],
     "report config": lambda w, k: ["report", str(_bad_in_run(w, "config.yaml", k))],
+    "runs config": lambda w, k: ["runs", str(_bad_in_run(w, "config.yaml", k))],
+    "runs events": lambda w, k: ["runs", str(_bad_in_run(w, "events.jsonl", k)), "--format", "json"],
+    "runs metrics": lambda w, k: ["runs", str(_bad_in_run(w, "metrics.jsonl", k))],
+    "runs jobs": lambda w, k: ["runs", str(_bad_in_run(w, "jobs.json", k))],
+    "runs lock": lambda w, k: ["runs", str(_bad_in_run(w, ".lock", k))],
+    "runs tracker": lambda w, k: ["runs", str(_bad_in_run(w, "checkpoints/latest_committed.txt", k))],
+    "runs root": lambda w, k: (_bad_in_run(w, "events.jsonl", k), ["runs", str(w), "--format", "json"])[1],
     "convert hf config": lambda w, k: (
         ["convert", "hf-to-mcore", str(_hf(w, "config.json", k)), f"{w}/out"] + ["recipe=tiny_llama"]
     ),

@@ -304,6 +304,7 @@ def _train(
         finally:
             _end_group(proc.pid)
     code = exitcodes.from_exit_dir(str(run_dir / LOG_DIR / "exit"), proc.returncode if code is None else code)
+    events.append(run_dir, "end", code=code)  # the run's code, every rank's combined (kilocard runs reads it)
     print(end_summary(run_dir, run_cfg, code, start_step), flush=True)
     if code == exitcodes.DONE:
         print("\n".join(summary_lines(run_dir)), flush=True)

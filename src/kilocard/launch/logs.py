@@ -75,8 +75,15 @@ def ended(run_dir: Path) -> bool:
         return True
     if not is_local(run_dir):
         return False
+    return not live_local_holder(run_dir)
+
+
+def live_local_holder(run_dir: Path) -> dict:
+    """The holder of the run directory's lock when it is a live process on this host (a ``kilocard run``, or
+    rank 0 of a job on this node); empty otherwise (the launcher clears the holder when it ends, and a
+    killed one is dead)."""
     holder = read_holder(run_dir)
-    return not holder or holder.get("host") != platform.node() or not _alive(holder.get("pid"))
+    return holder if holder and holder.get("host") == platform.node() and _alive(holder.get("pid")) else {}
 
 
 def rank_labels(run_dir: Path) -> tuple[bool, int]:

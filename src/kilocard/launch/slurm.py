@@ -14,6 +14,7 @@ records the ids in ``jobs.json`` when it did not, so no queued job is ever unrec
 from __future__ import annotations
 
 import datetime as _dt
+import getpass
 import json
 import os
 import re
@@ -188,3 +189,58 @@ def record_jobs(run_dir: Path, ids: Sequence[int], chain: int, argv: Sequence[st
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
     return path
+
+
+#: Seconds ``kilocard runs`` waits for ``squeue``/``sacct`` (a listing must not hang on a dead controller).
+QUERY_TIMEOUT_S = 10
+
+
+def _query(argv: Sequence[str]) -> str | None:
+    """A Slurm client's stdout, or ``None`` when it is not installed, fails or does not answer in time."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, errors="replace", timeout=QUERY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def parse_queue(text: str) -> dict[int, tuple[str, str]]:
+    """``squeue --format=%i|%T|%r`` lines as ``{job id: (state, reason)}`` (array or odd lines skipped)."""
+    out: dict[int, tuple[str, str]] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0].isdigit():
+            out[int(parts[0])] = (parts[1], parts[2])
+    return out
+
+
+def queue_states(ids: Sequence[int]) -> dict[int, tuple[str, str]] | None:
+    """``{job id: (state, reason)}`` of those of ``ids`` in Slurm's queue (PENDING, RUNNING, ...); ``None``
+    when ``squeue`` cannot be asked here. One call for every job of the user: finished ids are simply absent."""
+    if not ids:
+        return {}
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no name for this uid (a container without a passwd entry)
+        user = str(os.getuid())
+    text = _query(["squeue", "--noheader", f"--user={user}", "--format=%i|%T|%r"])
+    if text is None:
+        return None
+    wanted = set(ids)
+    return {i: s for i, s in parse_queue(text).items() if i in wanted}
+
+
+def accounting_states(ids: Sequence[int]) -> dict[int, str]:
+    """``{job id: final state}`` from ``sacct`` (``COMPLETED``, ``TIMEOUT``, ``CANCELLED by 0``...); empty when
+    accounting is not kept or cannot be asked."""
+    if not ids:
+        return {}
+    text = _query(["sacct", "--noheader", "-X", "-P", "--format=JobID,State", f"--jobs={','.join(map(str, ids))}"])
+    out: dict[int, str] = {}
+    for line in (text or "").splitlines():
+        job, _, state = line.strip().partition("|")
+        if job.isdigit() and state:
+            out[int(job)] = state
+    return out

@@ -1,6 +1,7 @@
 """The run's event record, ``<run_dir>/events.jsonl``: what ``kilocard goodput`` needs besides metrics.jsonl.
 
-Rank 0 appends one JSON line per event, each with ``event`` and ``time`` (unix seconds):
+Rank 0 (and, at the end of a local launch, ``kilocard run``) appends one JSON line per event, each with
+``event`` and ``time`` (unix seconds):
 
 - ``start``: a launch attempt began (``time``: the rank process's start), with ``restart``
   (``SLURM_RESTART_COUNT``, else torchrun's ``TORCHELASTIC_RESTART_COUNT``, else 0), ``job_id``
@@ -11,7 +12,9 @@ Rank 0 appends one JSON line per event, each with ``event`` and ``time`` (unix s
   now), null when none;
 - ``commit``: checkpoint ``step`` committed, ``seconds`` from the start of its save to the commit, ``tier``
   (``persistent``: the checkpoint directory; ``local``: every rank's node-local copy);
-- ``exit``: rank 0 leaves with exit ``code`` (a killed rank 0 writes nothing).
+- ``exit``: rank 0 leaves with exit ``code`` (a killed rank 0 writes nothing);
+- ``end``: the local launcher (``kilocard run``) saw the launch end with the run's ``code``, every rank's
+  combined (``kilocard.exitcodes.from_exit_dir``): what ``kilocard runs`` reports, even when a rank was killed.
 
 Lines are short and appended with one ``write`` (``O_APPEND``), so a torn last line is the only damage
 a kill can do; readers skip it. Torch-free.
