@@ -25,8 +25,10 @@ def run_main(argv, capsys):
 
 @pytest.mark.parametrize("verb", [v for v in CONFIG_VERBS if v != ["plan"]], ids=lambda v: v[0])
 def test_invalid_config_exits_1_and_prints_the_same_issue_line(verb, tmp_path, capsys):
-    """The same issue reads the same in every verb (today: three formats; run exited 2)."""
-    (issue,) = [i for i in validate(to_run_config(compose(BAD_TP))).errors if i.code == "WORLD_NOT_DIVISIBLE"]
+    """The same issue reads the same in every verb (today: three formats; run exited 2). ``sbatch`` composes
+    with ``launcher=slurm``, whose fix is more nodes, not more local ranks."""
+    composed = compose((["launcher=slurm"] if verb == ["sbatch"] else []) + BAD_TP)
+    (issue,) = [i for i in validate(to_run_config(composed)).errors if i.code == "WORLD_NOT_DIVISIBLE"]
     rc, text = run_main([*verb, *BAD_TP, f"cluster.shared_fs={tmp_path}"], capsys)
     assert rc == exits.INVALID, text
     assert issue_line(issue) in text.splitlines(), text

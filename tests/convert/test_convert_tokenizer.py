@@ -66,7 +66,8 @@ def run_dir_of(tmp_path: Path, ck: Path, *overrides: str) -> Path:
 
 def test_an_import_keeps_its_tokenizer_and_its_export_writes_it(imported, tmp_path, capsys):
     hf, ck = imported
-    assert sorted(p.name for p in (ck / "tokenizer").iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    kept = ["generation_config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in (ck / "tokenizer").iterdir()) == kept
     code, out = convert(capsys, "mcore-to-hf", str(ck), str(tmp_path / "out"))
     assert code == 0 and f"(tokenizer from {ck / 'tokenizer'})" in out, out
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (CHAT / "tokenizer.json").read_bytes()
@@ -144,3 +145,40 @@ def test_a_tokenizer_file_linked_out_of_its_folder_is_never_copied(name, importe
     code, out = convert(capsys, "mcore-to-hf", str(ck), str(tmp_path / "out"))
     assert code == 2 and "is a symlink to a file outside its folder" in out and SECRET not in out, out
     assert not (tmp_path / "out").exists()
+
+
+def test_an_export_is_readable_by_everyone_the_umask_allows_and_carries_its_generation_config(
+    imported, tmp_path, capsys
+):
+    """safetensors writes through a private temporary file (0600): the export gets the mode of any other output.
+    ``generation_config.json``: the imported model's own, kept beside the import and written out again."""
+    import stat
+
+    from transformers import GenerationConfig
+
+    from kilocard.convert.st_io import file_mode
+
+    hf, ck = imported
+    out = tmp_path / "out"
+    code, text = convert(capsys, "mcore-to-hf", str(ck), str(out))
+    assert code == 0, text
+    files = [p for p in out.iterdir() if p.is_file()]
+    assert {p.name for p in files} >= {"model.safetensors", "config.json", "generation_config.json"}
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: file_mode() for p in files}
+    assert (hf / "generation_config.json").is_file()  # transformers' save_pretrained wrote one
+    assert GenerationConfig.from_pretrained(out).to_diff_dict() == GenerationConfig.from_pretrained(hf).to_diff_dict()
+
+
+def test_without_a_kept_generation_config_the_export_derives_one_from_the_tokenizer(tmp_path):
+    """What ``GenerationConfig.from_model_config`` makes for a config without one, with the tokenizer's EOS id."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from kilocard.convert.tokenizer import write_generation_config
+
+    write_generation_config(CHAT, tmp_path)
+    eos = AutoTokenizer.from_pretrained(str(CHAT), local_files_only=True).eos_token_id
+    assert eos is not None and GenerationConfig.from_pretrained(tmp_path).eos_token_id == eos
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    write_generation_config(None, bare)  # no tokenizer recorded: still a file transformers loads
+    assert GenerationConfig.from_pretrained(bare).eos_token_id is None

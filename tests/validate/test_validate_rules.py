@@ -569,9 +569,9 @@ CASES = [
     (domains.rule_field_domains, {"optim.lr_decay_iters": -3}, "LR_DECAY_ITERS", {"optim.lr_decay_iters": None}),
     (
         optimizer.rule_lr_schedule,
-        {"trainer.train_iters": 20, "optim.lr_warmup_iters": 20},
+        {"optim.lr_decay_iters": 20, "optim.lr_warmup_iters": 20},
         "LR_WARMUP_CLAMPED",
-        {"trainer.train_iters": 20, "optim.lr_warmup_iters": 19},
+        {"optim.lr_decay_iters": 20, "optim.lr_warmup_iters": 19},
     ),
     (domains.rule_field_domains, {"model.normalization": "Foo"}, "MODEL_CHOICE", {"model.normalization": "RMSNorm"}),
     (domains.rule_field_domains, {"model.activation": "relu"}, "MODEL_CHOICE", {"model.activation": "squared_relu"}),

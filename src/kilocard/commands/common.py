@@ -45,8 +45,7 @@ def check_config(cfg: DictConfig, skip_paths: bool = False) -> tuple[RunConfig, 
     every checkpoint tree and the container's mount paths can be carried (``kilocard.rundir.targets``),
     and that ``checkpoint.load`` has the step to start from and that it holds this model.
     """
-    extract_secret_refs(cfg)
-    run_cfg = to_run_config(cfg)
+    run_cfg = typed(cfg)
     site, problem = site_calibration(run_cfg)
     report = validate(run_cfg, site.params if site else FITTED)
     report.issues.extend(input_path_issues(run_cfg, skip_paths))
@@ -56,6 +55,12 @@ def check_config(cfg: DictConfig, skip_paths: bool = False) -> tuple[RunConfig, 
     if not skip_paths and run_cfg.cluster.check_paths:
         report.issues.extend(load_model_issues(run_cfg))  # the base checkpoint holds this model
     return run_cfg, report
+
+
+def typed(cfg: DictConfig) -> RunConfig:
+    """``cfg`` typed, after moving its secret references to ``launcher.secret_env`` (nothing resolves them)."""
+    extract_secret_refs(cfg)
+    return to_run_config(cfg)
 
 
 def site_calibration(cfg: RunConfig) -> tuple[SiteFit | None, Issue | None]:

@@ -9,24 +9,22 @@ ranks start it returns the trainer's code (``kilocard.exitcodes``).
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import tempfile
 from pathlib import Path
 
 from kilocard.commands import exits
-from kilocard.commands.common import add_config_args, add_path_check_arg, check_config
+from kilocard.commands.common import add_config_args, add_path_check_arg, check_config, typed
 from kilocard.commands.output import count_line, fail, print_issues
 from kilocard.config.compose import compose
 from kilocard.config.schema import RunConfig
-from kilocard.launch.local import launch, unavailable
+from kilocard.launch.local import launch
+from kilocard.launch.refusals import CONFIG, ENVIRONMENT, PLACEMENT, RUN, Target, launch_issues
 from kilocard.launch.rundir import RunDirError, create_run_dir
-from kilocard.launch.slurm import missing_secrets
 from kilocard.layout import world_size
 from kilocard.rundir.checkpoint import checkpoint_root, completed_step
 from kilocard.rundir.freeze import FrozenConfigError, load_verified
-from kilocard.validate.launcher import local_core_issues
-from kilocard.validate.packages import local_package_issues
+from kilocard.validate.issues import ERROR, Issue
 
 HELP = "validate, write a run dir and train on local ranks (torchrun)"
 #: Shown under ``kilocard run --help`` (each parsed by tests/commands/test_cli_help.py).
@@ -51,23 +49,38 @@ def nproc_overrides(nproc: int | None) -> list[str]:
     return [f"cluster.gpus_per_node={nproc}", "cluster.nodes=1", f"launcher.nproc={nproc}"]
 
 
+def refusal(target: Target, stage: str, skip: tuple[str, ...] = ()) -> int | None:
+    """The exit code after printing the first thing ``run``'s launch checks of ``stage`` refuse (one line, exit 2),
+    or ``None`` (``kilocard.launch.refusals``: the list ``validate`` reports too)."""
+    refused = launch_issues(target, RUN, stage, skip)
+    return fail("run", refused[0].message, exits.USAGE) if refused else None  # the first alone: fix it, then the next
+
+
+def config_refusal(issues: list[Issue]) -> int | None:
+    """Print every issue (warnings too, e.g. the paths left unchecked; on stderr); exit 1 when one is an error."""
+    print_issues(issues)
+    if any(i.severity == ERROR for i in issues):
+        return fail("run", f"the config is invalid ({count_line(issues)}); nothing was started", exits.INVALID)
+    return None
+
+
 def new_run(overrides: list[str], skip_paths: bool = False) -> Path | int:
-    """Compose, validate and write a new run directory; its path, or the exit code after printing why not."""
+    """Compose, check and write a new run directory; its path, or the exit code after printing why not.
+
+    Where the run goes (this machine, the run root) is checked first: a refusal there comes alone, before
+    any warning about the config; then the config (the validator, input paths, packages); then the
+    environment (secrets), before anything is written."""
     cfg = compose(overrides)
-    run_cfg, report = check_config(cfg, skip_paths)
-    report.issues.extend(local_package_issues(run_cfg) + local_core_issues(run_cfg, os.cpu_count()))  # ranks start here
-    if report.issues:  # warnings too (e.g. the paths left unchecked), on stderr
-        print_issues(report.issues)
-    if not report.valid:
-        return fail("run", f"the config is invalid ({count_line(report.issues)}); nothing was started", exits.INVALID)
-    missing = missing_secrets(run_cfg.launcher.secret_env)  # before anything is written
-    if missing:
-        return fail(
-            "run", f"launcher.secret_env: {', '.join(missing)} not in the environment (export it first)", exits.USAGE
-        )
-    problem = unavailable(run_cfg)  # e.g. in-job restarts without NVRx
-    if problem:
-        return fail("run", problem, exits.USAGE)
+    target = Target(cfg, typed(cfg))
+    code = refusal(target, PLACEMENT)
+    if code is not None:
+        return code
+    _, report = check_config(cfg, skip_paths)
+    code = config_refusal(report.issues + launch_issues(target, RUN, CONFIG))
+    if code is None:
+        code = refusal(target, ENVIRONMENT)
+    if code is not None:
+        return code
     try:
         return shown(create_run_dir(cfg, overrides))
     except RunDirError as e:
@@ -113,6 +126,15 @@ def complete_line(run_dir: Path, run_cfg: RunConfig, step: int) -> str:
     )
 
 
+def resume_refusal(frozen: RunConfig) -> int | None:
+    """``run``'s launch checks on a run being resumed (its run root is where it already is)."""
+    target = Target(None, frozen)
+    code = refusal(target, PLACEMENT, skip=("RUN_ROOT",))
+    if code is None:
+        code = config_refusal(launch_issues(target, RUN, CONFIG))
+    return code if code is not None else refusal(target, ENVIRONMENT)
+
+
 def execute(args: argparse.Namespace) -> int:
     """Prepare the run directory, then hand it to the local launcher."""
     if args.nproc is not None and args.nproc < 1:
@@ -134,13 +156,9 @@ def execute(args: argparse.Namespace) -> int:
     if args.resume and (step := completed_step(run_dir, frozen)) is not None:
         print(complete_line(run_dir, frozen, step), flush=True)
         return exits.OK  # no rank started: nothing to train
-    missing = missing_secrets(frozen.launcher.secret_env) if args.resume else []  # a new run: new_run checked
-    if missing:
-        names = ", ".join(missing)
-        return fail("run", f"launcher.secret_env: {names} not in the environment (export it first)", exits.USAGE)
-    problem = unavailable(frozen) if args.resume else None  # a new run: new_run checked
-    if problem:
-        return fail("run", problem, exits.USAGE)
+    code = resume_refusal(frozen) if args.resume else None  # a new run: new_run checked
+    if code is not None:
+        return code
     world = world_size(frozen.cluster)
     if args.resume and args.nproc is not None and args.nproc != world:
         return fail(

@@ -20,14 +20,14 @@ from kilocard.commands.common import add_config_args, add_path_check_arg, check_
 from kilocard.commands.output import fail, print_issues
 from kilocard.config.compose import compose_many
 from kilocard.launch import preview
-from kilocard.launch.rundir import RunDirError, shared_fs_problem
-from kilocard.launch.sbatch import Prepared, as_frozen, dry_render_issues, with_slurm_launcher, write_run
+from kilocard.launch.refusals import CONFIG, ENVIRONMENT, PLACEMENT, SBATCH, Target, launch_issues
+from kilocard.launch.rundir import RunDirError
+from kilocard.launch.sbatch import Prepared, as_frozen, with_slurm_launcher, write_run
 from kilocard.launch.slurm import (
     ChainError,
     SlurmError,
     check_chain,
     missing_client,
-    missing_secrets,
     record_jobs,
     sbatch_argv,
     submit_chain,
@@ -62,21 +62,19 @@ def prepare(
     issues = list(report.issues)
     if any(i.severity == ERROR for i in issues):
         return None, issues
-    plan = build_plan(run_cfg, report.layout)
-    issues += dry_render_issues(cfg, plan, chain)
+    issues += launch_issues(Target(cfg, run_cfg, chain), SBATCH, CONFIG)  # the dry render
     if any(i.severity == ERROR for i in issues):
         return None, issues
-    return Prepared(overrides, cfg, run_cfg, plan), issues
+    return Prepared(overrides, cfg, run_cfg, build_plan(run_cfg, report.layout)), issues
 
 
 def submit_problems(points: list[Prepared]) -> list[str]:
     """What stops a submission before anything is written: no ``sbatch`` client, secrets not exported."""
     problems = [p for p in (missing_client("sbatch"),) if p]
-    missing = sorted({n for p in points for n in missing_secrets(p.plan.secret_env)})
-    if missing:
-        problems.append(
-            f"launcher.secret_env: {', '.join(missing)} not set in this shell; export them before submitting"
-        )
+    missing = [i.value for p in points for i in launch_issues(Target(p.cfg, p.run_cfg), SBATCH, ENVIRONMENT)]
+    names = sorted({n for names in missing for n in names})
+    if names:
+        problems.append(f"launcher.secret_env: {', '.join(names)} not set in this shell; export them before submitting")
     return problems
 
 
@@ -154,7 +152,8 @@ def execute(args: argparse.Namespace) -> int:
         return fail("sbatch", f"{'; '.join(problems)}; {NOTHING_DONE}", exits.INVALID)
     if args.dry_run or args.test_only:
         return preview_runs(prepared, args.chain, args.dry_run)
-    roots = list(dict.fromkeys(problem for p in prepared if (problem := shared_fs_problem(p.run_cfg))))
+    refused = [i.message for p in prepared for i in launch_issues(Target(p.cfg, p.run_cfg), SBATCH, PLACEMENT)]
+    roots = list(dict.fromkeys(refused))
     if roots:  # before any run directory of the sweep is written
         return fail("sbatch", f"{'; '.join(roots)}; {NOTHING_DONE}", exits.USAGE)
     status = exits.OK

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from omegaconf import DictConfig
+
 from kilocard.calibration.trust import model_error, model_error_json, model_error_lines
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config, site_calibration
 from kilocard.commands.output import count_line, issue_line
 from kilocard.config.compose import compose_many
 from kilocard.config.schema import RunConfig
+from kilocard.launch.refusals import Target, validate_issues
 from kilocard.topology import GiB, GroupPlacement
 from kilocard.validate.issues import Report
 
@@ -142,10 +145,18 @@ def report_dict(cfg: RunConfig, report: Report) -> dict:
     return d
 
 
+def checked(cfg: DictConfig, skip_paths: bool) -> tuple[RunConfig, Report]:
+    """``check_config`` plus every check the verb that launches the config makes before launching it
+    (``kilocard.launch.refusals``): validate reports what ``run`` or ``sbatch`` would refuse."""
+    run_cfg, report = check_config(cfg, skip_paths)
+    report.issues[:] = validate_issues(Target(cfg, run_cfg), report.issues)
+    return run_cfg, report
+
+
 def execute(args: argparse.Namespace) -> int:
     """Compose each config, validate it, print; 0 when no errors, 1 when any config has one."""
     reports = [
-        (combo, *check_config(cfg, args.skip_path_checks)) for combo, cfg in compose_many(args.overrides, args.multirun)
+        (combo, *checked(cfg, args.skip_path_checks)) for combo, cfg in compose_many(args.overrides, args.multirun)
     ]
     if args.format == "json":
         if args.multirun:

@@ -11,6 +11,7 @@ with ``multirun=True``). Composition errors become one
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import re
 from collections.abc import Sequence
@@ -66,8 +67,12 @@ def _group_options(group: str) -> list[str]:
 
 
 def _grammar_error(parser: OverridesParser, overrides: Sequence[str]) -> ComposeError:
-    """Name the first override that Hydra's grammar rejects."""
+    """Name the first override that Hydra's grammar rejects; a bare recipe name (``llama3_70b``) gets
+    ``did you mean recipe=llama3_70b?`` instead of the parser's words."""
     for o in overrides:
+        bare = _bare_name(o)
+        if bare:
+            return bare
         try:
             parser.parse_override(o)
         except HydraException as e:
@@ -80,6 +85,18 @@ def _grammar_error(parser: OverridesParser, overrides: Sequence[str]) -> Compose
                 "key=value, +key=value, ~key, group=option or a=1,2 with --multirun",
             )
     return ComposeError(f"cannot parse overrides {' '.join(overrides)!r}")
+
+
+def _bare_name(token: str) -> ComposeError | None:
+    """The error for a bare word (no ``=``, ``+`` or ``~``), ``did you mean recipe=NAME?`` where it names
+    (or nearly names) a recipe; ``None`` for anything else."""
+    if not re.fullmatch(r"[\w.-]+", token):
+        return None
+    names = list(recipe_catalog())
+    close = [token] if token in names else difflib.get_close_matches(token, names, n=1, cutoff=0.75)
+    if close:
+        return problem(token, "not an override", token, f"key=value; did you mean recipe={close[0]}?")
+    return problem(token, "not an override", token, "key=value (recipe=NAME, a.b=v, group=option), +key=value or ~key")
 
 
 def _explain(exc: BaseException, overrides: Sequence[str], roots: ConfigRoots | None = None) -> ComposeError:

@@ -3,9 +3,10 @@
 ``hf-to-mcore HF_DIR OUT_DIR [recipe=NAME] [overrides]`` writes a committed kilocard checkpoint
 (``OUT_DIR/step_0000000`` in torch_dist + ``trainer_state.json`` marked model-only + manifest, and
 ``OUT_DIR/latest_committed.txt``) that a run starts from with ``checkpoint.load=OUT_DIR``.
-``mcore-to-hf CHECKPOINT OUT_DIR`` writes ``config.json``, safetensors shards and the tokenizer
-(``kilocard.convert.tokenizer``) from a committed step (a step directory, or a checkpoint directory meaning
-its newest committed step). The import keeps the model folder's tokenizer in ``OUT_DIR/tokenizer/``.
+``mcore-to-hf CHECKPOINT OUT_DIR`` writes ``config.json``, ``generation_config.json``, safetensors shards
+(world-readable as the umask allows, like any other output) and the tokenizer (``kilocard.convert.tokenizer``)
+from a committed step (a step directory, or a checkpoint directory meaning its newest committed step). The
+import keeps the model folder's tokenizer in ``OUT_DIR/tokenizer/``.
 
 On import the model comes from the recipe, every field a ``config.json`` disagrees with named in one line;
 without ``recipe=`` it is derived from ``config.json`` (``kilocard.convert.families``), as
@@ -304,6 +305,7 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool =
             max_shard_bytes,
         )
         (tmp / st_io.CONFIG).write_text(json.dumps(maps.hf_config(family, m, dtype), indent=2) + "\n")
+        tk.write_generation_config(tokenizer, tmp)
         if tokenizer is not None:
             tk.copy_files(tokenizer, tmp)
     return tokenizer

@@ -97,9 +97,9 @@ def write_adapter(
     out: Path, sd: dict[str, torch.Tensor], m: ModelConfig, peft: PeftConfig, family: str, base: Path
 ) -> None:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out``."""
-    from safetensors.torch import save_file
+    from kilocard.convert.st_io import save_tensors
 
     tensors = adapter_tensors(sd, m, peft, family)
-    save_file(tensors, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_tensors(tensors, out / ADAPTER_WEIGHTS)
     config = adapter_config(peft, list(tensors), base_source(base))
     (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")

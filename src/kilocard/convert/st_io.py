@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,20 @@ def parse_size(text: str) -> int:
     raise ConvertUsageError(f"--max-shard-size: {text!r} is not a size (expected e.g. 5GB, 500MB or a byte count)")
 
 
+def file_mode() -> int:
+    """The mode a new file gets from this process's umask (``0o644`` under the usual ``022``)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``safetensors.torch.save_file`` with the mode any other output gets: safetensors writes through a
+    private temporary file (mode 0600), so the weights would be readable by their owner only."""
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    os.chmod(path, file_mode())
+
+
 def write_sharded(
     out_dir: Path,
     names: list[str],
@@ -211,7 +226,7 @@ def write_sharded(
     total = len(groups)
     files = [SINGLE] if total == 1 else [f"model-{i + 1:05d}-of-{total:05d}.safetensors" for i in range(total)]
     for fname, group in zip(files, groups, strict=True):
-        save_file({n: produce(n) for n in group}, str(out_dir / fname), metadata={"format": "pt"})
+        save_tensors({n: produce(n) for n in group}, out_dir / fname)
     if total > 1:
         weight_map = {n: f for f, group in zip(files, groups, strict=True) for n in group}
         index = {

@@ -17,10 +17,12 @@ tiktoken files are not Hugging Face tokenizers. Every file is read through the s
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
-from kilocard.base.safe_read import FileReadError, is_regular, read_bytes
+from kilocard.base.safe_read import FileReadError, is_regular, read_bytes, read_json
 from kilocard.convert.maps import ConvertUsageError
 from kilocard.data.chat import NAMED_TEMPLATES, named_template_files
 from kilocard.data.errors import DataError
@@ -70,8 +72,59 @@ def copy_files(src: Path, dst: Path, names: tuple[str, ...] | None = None) -> li
 
 
 def keep_import_tokenizer(hf_dir: Path, out: Path) -> bool:
-    """``hf-to-mcore``: the model folder's tokenizer files into ``out/tokenizer/``; whether there were any."""
-    return bool(copy_files(hf_dir, out / TOKENIZER_DIR))
+    """``hf-to-mcore``: the model folder's tokenizer files (and its ``generation_config.json``, the sampling
+    defaults an export writes out again) into ``out/tokenizer/``; whether there were tokenizer files."""
+    kept = bool(copy_files(hf_dir, out / TOKENIZER_DIR))
+    if kept:
+        copy_files(hf_dir, out / TOKENIZER_DIR, (GENERATION_CONFIG,))
+    return kept
+
+
+GENERATION_CONFIG = "generation_config.json"
+"""What ``GenerationConfig.from_pretrained`` (and ``model.generate``) reads beside a Hugging Face model."""
+
+
+def write_generation_config(source: Path | None, out: Path) -> None:
+    """``generation_config.json`` beside exported weights: the source model's own when the tokenizer folder
+    ``source`` kept one (its sampling defaults), else what transformers derives for a config without one
+    (``GenerationConfig.from_model_config``: ``_from_model_config`` and the tokenizer's BOS/EOS token ids
+    where ``tokenizer_config.json`` names them)."""
+    if source is not None and copy_files(source, out, (GENERATION_CONFIG,)):
+        return
+    config: dict[str, Any] = {"_from_model_config": True, **(_special_ids(source) if source is not None else {})}
+    (out / GENERATION_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _special_ids(source: Path) -> dict[str, int]:
+    """``bos_token_id`` and ``eos_token_id`` of the tokenizer in ``source``: the tokens ``tokenizer_config.json``
+    names, by their id in its ``added_tokens_decoder`` or in ``tokenizer.json``'s ``added_tokens``."""
+    cfg = _json_or_empty(source / "tokenizer_config.json")
+    ids: dict[str, int] = {}
+    decoder = cfg.get("added_tokens_decoder")
+    for k, v in (decoder if isinstance(decoder, dict) else {}).items():
+        if isinstance(v, dict) and str(k).isdigit():
+            ids[str(v.get("content"))] = int(k)
+    added = _json_or_empty(source / HF_FILE).get("added_tokens")
+    for t in added if isinstance(added, list) else []:
+        if isinstance(t, dict) and isinstance(t.get("id"), int):
+            ids.setdefault(str(t.get("content")), t["id"])
+    out = {}
+    for role in ("bos", "eos"):
+        token = cfg.get(f"{role}_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str) and token in ids:
+            out[f"{role}_token_id"] = ids[token]
+    return out
+
+
+def _json_or_empty(path: Path) -> dict[str, Any]:
+    """A JSON object file through the safe reader; empty when absent or not one (the ids are then left out)."""
+    if not is_regular(path):
+        return {}
+    try:
+        return read_json(path, dict)
+    except FileReadError:
+        return {}
 
 
 def _hf_folder_of(name: str | None) -> Path | None:

@@ -23,6 +23,7 @@ them (bounded by the save time plus a margin) and no rank outlives it.
 from __future__ import annotations
 
 import contextlib
+import glob
 import math
 import os
 import re
@@ -112,8 +113,15 @@ def ft_command(run_dir: Path, run_cfg: RunConfig, nproc: int, port: int, stop_wa
     return [sys.executable, "-m", ftlaunch.TIED_MODULE, *args, ftlaunch.TEE, "-m", "kilocard.train", str(run_dir)]
 
 
+#: The device files of NVIDIA's driver: a machine without any has no CUDA device, and torch need not be imported
+#: to say so (``kilocard validate`` imports no torch).
+NVIDIA_DEVICES = "/dev/nvidia[0-9]*"
+
+
 def local_gpus() -> list[str]:
     """The names of this machine's CUDA devices (empty without a GPU or a CUDA build of torch)."""
+    if not glob.glob(NVIDIA_DEVICES):
+        return []
     import torch
 
     if not torch.cuda.is_available():
@@ -149,8 +157,12 @@ def machine_mismatch(run_cfg: RunConfig, gpus: list[str]) -> str | None:
 def unavailable(run_cfg: RunConfig) -> str | None:
     """Why this machine cannot run ``run_cfg`` locally as configured (one line naming the field), or ``None``."""
     mismatch = machine_mismatch(run_cfg, local_gpus() if run_cfg.cluster.gpu != "cpu" else [])
-    if mismatch:
-        return mismatch
+    return mismatch or restart_problem(run_cfg)
+
+
+def restart_problem(run_cfg: RunConfig) -> str | None:
+    """Why the in-job restarts ``run_cfg`` asks for cannot run here (NVRx missing or not matching
+    megatron-core), or ``None`` (also when it asks for none)."""
     if not ftlaunch.in_job(run_cfg):
         return None
     versions = ftlaunch.installed_restart_support()  # which megatron-core works with which NVRx

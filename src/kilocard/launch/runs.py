@@ -42,7 +42,7 @@ from kilocard.launch.logs import live_local_holder
 from kilocard.launch.sbatch import SCRIPT_FILE
 from kilocard.launch.slurm import JOBS_FILE, accounting_states, queue_states, sbatch_argv
 from kilocard.rundir import checkpoint as ck
-from kilocard.rundir import events
+from kilocard.rundir import events, progress
 from kilocard.rundir.freeze import CONFIG_FILE, FrozenConfigError, load_verified
 from kilocard.rundir.lock import read_holder
 from kilocard.rundir.metrics import read_metrics
@@ -285,9 +285,8 @@ def resume_command(run_dir: Path, cfg: RunConfig, state: str) -> str | None:
     later job)."""
     if state in CONTINUES_ITSELF:
         return None
-    where = shlex.quote(str(run_dir))
     if not is_slurm(run_dir):
-        return f"kilocard run --resume {where}"
+        return progress.resume_command(run_dir)  # what the run's own summary says
     argv = sbatch_argv(run_dir / SCRIPT_FILE, cfg.launcher.secret_env, parsable=False)
     submit = " ".join(shlex.quote(a) for a in argv)
     if (run_dir / FAILED_MARKER).exists():

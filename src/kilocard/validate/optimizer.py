@@ -119,10 +119,18 @@ def rule_precision_aware_optimizer(cfg: RunConfig, lay: Layout) -> Iterable[Issu
 
 
 def rule_lr_schedule(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """``LR_WARMUP_CLAMPED``: a warm-up shorter than the decay, else the trainer shortens the warm-up (a
-    warning; the style and the step counts' ranges are their domains, ``kilocard.config.domains``)."""
+    """``LR_WARMUP_CLAMPED``: a warm-up shorter than the decay, else the trainer shortens the warm-up to the decay
+    steps - 1 (Megatron-Core's ``OptimizerParamScheduler`` asserts it; the style and the step counts' ranges
+    are their domains, ``kilocard.config.domains``).
+
+    The shortening is a warning only where ``optim.lr_decay_iters`` is set: a decay chosen to end before the
+    warm-up does. With the decay over the whole run (``lr_decay_iters=null``), a run shorter than its
+    warm-up is a short run of a recipe whose warm-up was sized for the full run (``trainer.train_iters=4``
+    to try it): the warm-up is shortened without a word, as Megatron-LM users expect a smoke test to run."""
     o = cfg.optim
-    decay = o.lr_decay_iters or cfg.trainer.train_iters
+    if o.lr_decay_iters is None:
+        return  # decay over the run: a run shorter than its warm-up (a short run of a recipe) gets it shortened
+    decay = o.lr_decay_iters
     if decay >= 1 and o.lr_warmup_iters >= decay:
         yield warning(
             "LR_WARMUP_CLAMPED",

@@ -43,8 +43,3 @@ def tracker_issues(cfg: RunConfig) -> list[Issue]:
         for name, module in TRACKERS.items()
         if getattr(cfg.trainer, name) and not importable(module)
     ]
-
-
-def local_package_issues(cfg: RunConfig) -> list[Issue]:
-    """Every package problem of a run whose ranks start on this machine."""
-    return tracker_issues(cfg)

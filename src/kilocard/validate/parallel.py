@@ -33,7 +33,8 @@ def rule_sizes_positive(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 
 def rule_world_divisible(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """tp * pp * cp divides the world size (Megatron-Core ``initialize_model_parallel``)."""
+    """tp * pp * cp divides the world size (Megatron-Core ``initialize_model_parallel``); the fix of a local
+    run (``launcher.kind=local``, one node) is more local ranks, ``kilocard run --nproc N``, not more nodes."""
     if lay.dp is None:
         mp = lay.model_parallel_size
         yield error(
@@ -41,14 +42,26 @@ def rule_world_divisible(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             P + "tensor_model_parallel_size",
             lay.tp,
             f"tp({lay.tp}) * pp({lay.pp}) * cp({lay.cp}) = {mp} does not divide {_world(lay)}",
-            f"pick tp*pp*cp dividing {lay.world_size}, or set cluster.nodes to a multiple of "
-            f"{mp // _gcd(mp, lay.gpus_per_node)}",
+            _world_fix(cfg, lay, mp),
         )
 
 
+def _world_fix(cfg: RunConfig, lay: Layout, mp: int) -> str:
+    if cfg.launcher.kind == "local" and lay.nodes == 1:
+        n = mp * -(-lay.gpus_per_node // mp)  # the next multiple of tp*pp*cp
+        return (
+            f"kilocard run --nproc {n} (in other verbs: cluster.gpus_per_node={n} launcher.nproc={n}), "
+            f"or pick tp*pp*cp dividing {lay.world_size}"
+        )
+    nodes = mp // _gcd(mp, lay.gpus_per_node)
+    return f"pick tp*pp*cp dividing {lay.world_size}, or set cluster.nodes to a multiple of {nodes}"
+
+
 def rule_expert_world_divisible(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """etp * ep * pp divides the world size (Megatron-Core's expert rank generator)."""
-    if lay.expert_dp is None:
+    """etp * ep * pp divides the world size (Megatron-Core's expert rank generator). A dense model whose
+    tp * pp * cp already does not divide it gets no expert hint: ``WORLD_NOT_DIVISIBLE`` says it, and with
+    no experts there is no expert size to pick."""
+    if lay.expert_dp is None and not (not cfg.model.num_moe_experts and lay.dp is None):
         n = lay.etp * lay.ep * lay.pp
         yield error(
             "EXPERT_WORLD_NOT_DIVISIBLE",
