@@ -11,6 +11,7 @@ is made absent by pointing its module name at one that does not exist.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -25,12 +26,14 @@ SECRET = "KC_REFUSALS_TEST_UNSET_SECRET"
 def cases(tmp: Path) -> dict[tuple[str, str], tuple[list[str], int]]:
     """``(code, verb)`` -> (overrides that trip the check, the verb's exit code)."""
     tiny = ["recipe=tiny_gpt", f"cluster.shared_fs={tmp}/runs"]
+    ranks = 2 * (os.cpu_count() or 1) + 2  # more CPU ranks than this machine carries
     return {
         ("RUN_HERE", "run"): ([*tiny, "cluster.nodes=2"], 2),
         ("RESTARTS_UNAVAILABLE", "run"): ([*tiny, "launcher.max_restarts=1"], 2),
         ("RUN_ROOT", "run"): (["recipe=tiny_gpt", f"cluster.shared_fs={tmp}/no/such/runs"], 2),
         ("RUN_ROOT", "sbatch"): (["recipe=tiny_gpt", f"cluster.shared_fs={tmp}/no/such/runs"], 2),
         ("PACKAGE_MISSING", "run"): ([*tiny, "trainer.wandb=true"], 1),
+        ("CPU_RANKS", "run"): ([*tiny, f"cluster.gpus_per_node={ranks}", f"launcher.nproc={ranks}"], 1),
         ("SBATCH_VALUE", "sbatch"): (["recipe=tiny_gpt", f"cluster.shared_fs={tmp}/my runs"], 1),
         ("SECRET_NOT_SET", "run"): ([*tiny, f"launcher.secret_env=[{SECRET}]"], 2),
         ("SECRET_NOT_SET", "sbatch"): ([*tiny, f"launcher.secret_env=[{SECRET}]"], 1),
