@@ -100,3 +100,26 @@ def test_the_message_names_field_value_and_fix():
     (issue,) = moe.rule_fields_without_effect(cfg_of({M + "moe_router_num_groups": 2}), compute_layout(cfg_of({})))
     assert (issue.field, issue.value) == ("model.moe_router_num_groups", 2)
     assert "model.moe_router_num_groups=null" in issue.hint
+
+
+GPT_OSS_CASES = [
+    # bad config, code, the same config fixed
+    ({M + "window_size": [8, 4]}, "WINDOW", {M + "window_size": [8, 0]}),
+    ({M + "window_size": [0, 0]}, "WINDOW", {M + "window_size": [1, 0]}),
+    ({M + "window_attn_skip_freq": 2}, "WINDOW", {M + "window_attn_skip_freq": 2, M + "window_size": [8, 0]}),
+    ({M + "window_size": [8, 0], M + "window_attn_skip_freq": [1, 0, 1]}, "WINDOW",
+     {M + "window_size": [8, 0], M + "window_attn_skip_freq": [1, 0]}),
+    ({M + "window_size": [8, 0], "data.reset_attention_mask": True, "data.reset_position_ids": True}, "WINDOW",
+     {M + "window_size": [8, 0], "data.reset_position_ids": True}),
+    ({M + "glu_linear_offset": 1.0}, "GLU", {M + "glu_linear_offset": 1.0, M + "gated_linear_unit": True}),
+    ({M + "activation_func_clamp_value": 7.0}, "GLU",
+     {M + "activation_func_clamp_value": 7.0, M + "activation": "swiglu"}),
+    ({M + "softmax_type": "sink"}, "MODEL_CHOICE", {M + "softmax_type": "learnable"}),
+    ({M + "activation": "relu"}, "MODEL_CHOICE", {M + "activation": "quick_gelu"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("bad,code,good", GPT_OSS_CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(GPT_OSS_CASES)])
+def test_gpt_oss_fields_are_refused_where_megatron_core_would_ignore_or_misbuild_them(bad, code, good):
+    assert code in validate(cfg_of(bad)).codes()
+    assert code not in validate(cfg_of(good)).codes()

@@ -62,7 +62,14 @@ class ModelConfig:
     gated_linear_unit: bool = False
     """Use a gated MLP (SwiGLU when paired with ``activation: swiglu``)."""
     activation: str = "gelu"
-    """MLP activation: ``gelu``, ``swiglu`` (silu + gated_linear_unit) or ``squared_relu``."""
+    """MLP activation: ``gelu``, ``swiglu`` (silu + gated_linear_unit), ``squared_relu`` or ``quick_gelu``
+    (``x * sigmoid(1.702 x)``; with ``gated_linear_unit``, ``glu_linear_offset`` and
+    ``activation_func_clamp_value``: GPT-OSS's clamped SwiGLU)."""
+    glu_linear_offset: float = 0.0
+    """Gated MLPs: added to the linear half before the product, ``act(gate) * (up + offset)`` (GPT-OSS: 1.0)."""
+    activation_func_clamp_value: float | None = None
+    """Gated MLPs: clamp the gate half to at most this and the linear half to +-this before the product
+    (GPT-OSS: 7.0); ``None``: no clamp."""
     add_bias_linear: bool = True
     """Bias terms in the linear layers (GPT-3: true; Llama: false)."""
     add_qkv_bias: bool = False
@@ -88,6 +95,15 @@ class ModelConfig:
     """Attention kernels (``TransformerConfig.attention_backend``): ``auto``, ``flash``, ``fused``,
     ``unfused`` or ``local``; ``local``/``unfused`` materialise the s x s scores (the step-time model
     charges their memory traffic)."""
+    window_size: list[int] | None = None
+    """Sliding-window attention: ``[left, right]`` tokens each query sees besides itself (GPT-OSS: ``[128, 0]``,
+    causal); ``None``: full attention."""
+    window_attn_skip_freq: Any = None
+    """Which layers keep full attention under ``window_size``: an int ``k`` (every k-th layer full, GPT-OSS: 2)
+    or one 0/1 per layer (1 = windowed); ``None``: every layer windowed."""
+    softmax_type: str = "vanilla"
+    """Attention softmax: ``vanilla``, ``off-by-one`` (a zero logit added to every row) or ``learnable`` (a
+    learned per-head sink logit, GPT-OSS's attention sinks)."""
     cuda_graph_impl: str = "none"
     """CUDA graph capture (``TransformerConfig.cuda_graph_impl``): ``none``, ``local`` (Megatron-Core's
     own: each layer, or the whole iteration) or ``transformer_engine`` (the modules in

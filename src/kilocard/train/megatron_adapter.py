@@ -77,11 +77,15 @@ def _activation(name: str) -> tuple[Callable, bool]:
         return F.silu, True
     if name == "gelu":
         return F.gelu, False
+    if name == "quick_gelu":
+        from megatron.core.activations import quick_gelu
+
+        return quick_gelu, False
     if name == "squared_relu":
         from megatron.core.activations import squared_relu
 
         return squared_relu, False
-    raise UnsupportedConfig(f"model.activation: {name!r} is not one of gelu, swiglu, squared_relu")
+    raise UnsupportedConfig(f"model.activation: {name!r} is not one of gelu, swiglu, squared_relu, quick_gelu")
 
 
 def _attention_backend(name: str) -> Any:
@@ -143,6 +147,10 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
             cross_entropy_loss_fusion=False,
             batch_p2p_sync=False,
         )
+    if m.window_size is not None:
+        kw["window_size"] = tuple(m.window_size)  # Megatron-Core (and TE) take a (left, right) tuple
+        # The fused masked-softmax kernel of the local attention applies a full causal mask, not the window.
+        kw["masked_softmax_fusion"] = False
     if m.multi_latent_attention:
         kw["rotary_base"] = m.rotary_base  # a GPTModel argument that MLA's config also takes
     return cls(**kw)

@@ -1,7 +1,7 @@
 """Pre-launch validation: ``validate(cfg) -> Report`` (pure: no environment, no I/O).
 
 Each concern is a module of small named rules ``rule_x(cfg, layout) -> Iterable[Issue]``:
-``model``, ``moe``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
+``model``, ``moe``, ``attention``, ``parallel``, ``batch``, ``precision``, ``optimizer``, ``recompute``, ``topology``,
 ``launcher``, ``inputs``, ``dataset``, ``evaluation``, ``peft``, ``environment``, ``slurm``, ``checkpointing``,
 ``resilience`` and ``memory`` (the list of the start-up and silently-wrong rules: docs/validation.md). The
 report holds
@@ -21,6 +21,7 @@ from kilocard.perf.flops import flops_per_iteration
 from kilocard.perf.memory import estimate_memory
 from kilocard.perf.predict import Prediction, predict
 from kilocard.validate import (
+    attention,
     batch,
     checkpointing,
     dataset,
@@ -48,7 +49,9 @@ from kilocard.validate.memory import hbm_bytes, rule_memory_fits, usable_bytes
 Rule = Callable[[RunConfig, Layout], Iterable[Issue]]
 
 #: Rules whose errors make a layout structurally invalid (used to filter memory suggestions).
-STRUCTURAL_RULES: tuple[Rule, ...] = model.RULES + moe.RULES + parallel.RULES + batch.RULES + recompute.RULES
+STRUCTURAL_RULES: tuple[Rule, ...] = (
+    model.RULES + moe.RULES + attention.RULES + parallel.RULES + batch.RULES + recompute.RULES
+)
 
 
 #: Every rule except the memory fit, in report order.
