@@ -228,3 +228,40 @@ def test_conversations_without_a_trained_assistant_token_are_refused() -> None:
     (some,) = at(48, packing=False)
     assert some.severity == "warning" and "552 of 1040 conversations have no assistant token" in some.message
     assert at(16, packing=True) == []
+
+
+CORPUS = data_dir("conf").parent / "data" / "tiny_corpus" / "tiny_corpus_text_document"
+"""Another dataset: the shipped corpus, as many documents as the chat set, of other lengths."""
+
+
+def _copy_chat(dst: Path) -> Path:
+    """The shipped chat prefix (data, loss mask, record) under ``dst``."""
+    dst.mkdir()
+    for f in CHAT.glob(f"{PREFIX}*"):
+        shutil.copy(f, dst / f.name)
+    return dst / PREFIX
+
+
+def test_a_record_is_checked_against_the_index_beside_it(tmp_path: Path) -> None:
+    """Another dataset's ``.bin/.idx`` copied over a prefix (the record's token count is not the index's) used to
+    validate and then crash IndexError in the ranks."""
+    prefix = _copy_chat(tmp_path / "copy")
+    assert data_record_issues(_sft(CHAT, prefix)) == []
+    for suffix in (".bin", ".idx"):
+        shutil.copy(f"{CORPUS}{suffix}", f"{prefix}{suffix}")
+    issues = [i for i in data_record_issues(_sft(CHAT, prefix)) if i.code == "DATA_RECORD_STALE"]
+    assert [(i.severity, i.field) for i in issues] == [("error", "data.data_path[0]")], issues
+    record = read_record(str(prefix))
+    assert f"describes {record.documents} documents and {record.tokens} tokens" in issues[0].message
+    assert "the .bin/.idx are not the ones it was written with" in issues[0].message
+
+
+def test_a_loss_mask_of_another_dataset_is_refused(tmp_path: Path) -> None:
+    """A loss mask of another dataset (here of the same document count, other lengths) validated and crashed
+    after the queue."""
+    prefix = _copy_chat(tmp_path / "copy")
+    for suffix in (".bin", ".idx"):
+        shutil.copy(f"{CORPUS}{suffix}", f"{prefix}_loss_mask{suffix}")
+    issues = [i for i in data_record_issues(_sft(CHAT, prefix)) if i.severity == "error"]
+    assert [i.code for i in issues] == ["SFT_LOSS_MASK_MISMATCH"], issues
+    assert "the loss mask belongs to another dataset" in issues[0].message

@@ -9,8 +9,11 @@ the other input checks. For every prefix of ``data.data_path``:
   would die with an ``IndexError`` in the embedding);
 - ``DATA_RECORD_MISSING`` (a warning): a prefix without a record (data from before records, or from
   another tool) is used as before, unchecked;
+- ``DATA_RECORD_STALE``: the record's document and token counts are not the ``.idx``'s (another dataset's
+  ``.bin/.idx`` copied over the prefix);
 - ``SFT_LOSS_MASK``: with ``data.sft`` the prefix has no loss-mask dataset (``PREFIX_loss_mask``) beside
-  it (``data.sft`` on mock data is ``kilocard.validate.dataset``'s);
+  it (``data.sft`` on mock data is ``kilocard.validate.dataset``'s); ``SFT_LOSS_MASK_MISMATCH``: its documents
+  are not the prefix's (a mask of another dataset);
 - ``SFT_OFF`` (a warning): the prefix was made by ``preprocess --chat`` but ``data.sft`` is false, so
   system and user tokens carry loss too;
 - ``SFT_TOO_LONG`` (a warning): with ``data.sft``, conversations longer than ``model.seq_length + 1`` tokens (the
@@ -86,15 +89,62 @@ def data_record_issues(cfg: RunConfig) -> list[Issue]:
             documents = index_documents(resolved)
         else:
             out += _against_run(cfg, field, prefix, record, run_sha)
+            out += stale_record_issues(field, prefix, resolved, record)
             documents = record.documents
             records.append((prefix, record))
         out += _sft_issues(cfg, field, prefix, resolved, record)
         if cfg.data.sft:
+            out += mask_match_issues(field, prefix, resolved)
             out += too_long_issues(cfg, field, prefix, document_lengths(resolved))
             out += truncated_issues(field, prefix, record)
             out += no_loss_issues(cfg, field, prefix, resolved)
         out += _valid_documents(cfg, field, prefix, documents)
     return out + template_issues(cfg, records)
+
+
+def _index_counts(prefix: str) -> tuple[int, int] | None:
+    """``(documents, tokens)`` of ``PREFIX.idx`` (one sequence per document, as ``kilocard preprocess`` writes), or
+    ``None`` when it is not a Megatron-Core index."""
+    lengths = document_lengths(prefix)
+    return None if lengths is None else (len(lengths), int(lengths.sum(dtype=numpy.int64)))
+
+
+def stale_record_issues(field: str, prefix: str, resolved: str, record: DataRecord) -> list[Issue]:
+    """``DATA_RECORD_STALE``: the record's documents and tokens are not those of the ``.idx`` beside it (another
+    dataset's ``.bin/.idx`` copied over the prefix): every check of the record would be of other data, and the
+    ranks read past the documents (an ``IndexError`` after the queue)."""
+    counts = _index_counts(resolved)
+    if counts is None or counts == (record.documents, record.tokens):
+        return []
+    return [
+        error(
+            "DATA_RECORD_STALE",
+            field,
+            prefix,
+            f"{prefix}.meta.json describes {record.documents} documents and {record.tokens} tokens, but {prefix}.idx "
+            f"holds {counts[0]} documents and {counts[1]} tokens: the .bin/.idx are not the ones it was written with",
+            "run `kilocard preprocess` for this prefix again (copy a dataset's .bin, .idx and .meta.json together)",
+        )
+    ]
+
+
+def mask_match_issues(field: str, prefix: str, resolved: str) -> list[Issue]:
+    """``SFT_LOSS_MASK_MISMATCH``: the loss mask beside the prefix (``PREFIX_loss_mask``) has other documents than
+    the prefix (a mask of another dataset): every sample would take its loss from other text's turns."""
+    data, mask = document_lengths(resolved), document_lengths(mask_prefix(resolved))
+    if data is None or mask is None or (len(data) == len(mask) and numpy.array_equal(data, mask)):
+        return []
+    return [
+        error(
+            "SFT_LOSS_MASK_MISMATCH",
+            field,
+            prefix,
+            f"{mask_prefix(prefix)}.idx holds {len(mask)} documents of {int(mask.sum(dtype=numpy.int64))} tokens, "
+            f"but {prefix}.idx holds {len(data)} of {int(data.sum(dtype=numpy.int64))}: the loss mask belongs to "
+            "another dataset",
+            "run `kilocard preprocess --chat` for this prefix again (it writes the data and its mask together)",
+        )
+    ]
 
 
 def _sft_issues(cfg: RunConfig, field: str, prefix: str, resolved: str, record: DataRecord | None) -> list[Issue]:
