@@ -58,7 +58,8 @@ def test_refit_recovers_the_sites_perturbed_efficiency(synthetic, tmp_path, monk
     monkeypatch.setenv("KILOCARD_CACHE_DIR", str(tmp_path / "cache"))
     fit = site_fit(str(synthetic))
     (name, true), shipped = next(iter(PERTURBED.items())), flat(FITTED)
-    assert true < fit.values[name] < shipped[name] - 0.2 * (shipped[name] - true)
+    assert list(fit.values) == ["hopper"]  # one refit per device family of the site rows
+    assert true < fit.values["hopper"][name] < shipped[name] - 0.2 * (shipped[name] - true)
     before = sum(abs(e) for e in fit.shipped_errors.values()) / fit.rows
     after = sum(abs(e) for e in fit.loo_errors.values()) / fit.rows
     assert before > 0.05 and after < 0.02, (before, after)
@@ -67,7 +68,7 @@ def test_refit_recovers_the_sites_perturbed_efficiency(synthetic, tmp_path, monk
         cfg = to_run_config(compose(overrides))
         real = predict(cfg, params=truth).tflops_per_gpu
         assert abs(predict(cfg).tflops_per_gpu / real - 1) > 0.06
-        assert abs(predict(cfg, params=fit.params).tflops_per_gpu / real - 1) < 0.04, overrides
+        assert abs(predict(cfg, params=fit.params_for(cfg.cluster.gpu)).tflops_per_gpu / real - 1) < 0.04, overrides
     assert list(fit.loo_errors) == [f"site-{i}" for i in range(len(RUNS))]
     assert list((tmp_path / "cache").glob("site-fit-*.json")), "the refit is cached"
     assert site_fit(str(synthetic)) is fit  # read once per process
@@ -101,3 +102,30 @@ def test_a_row_is_added_once_and_a_damaged_file_is_left_alone(synthetic, tmp_pat
     with pytest.raises(ValueError, match="has no 'rows:' list"):
         append_row(bad, row)
     assert bad.read_text() == "just: text\n"
+
+
+@pytest.mark.slow
+def test_rows_of_another_device_never_move_a_gpus_parameters(tmp_path, monkeypatch, capsys):
+    """CPU-rank runs added to a site file (``baselines --site F --add`` of local runs) took the H100 prediction for
+    llama3_70b from 495 to 288 TFLOP/s: the CPU rows' errors moved the Hopper and network parameters that CPU ranks
+    fall back on. Each device family is refitted on its own rows: the H100 prediction is the shipped one, exactly,
+    and a CPU run is predicted with the CPU refit."""
+    monkeypatch.setenv("KILOCARD_CACHE_DIR", str(tmp_path / "cache"))
+    file = tmp_path / "site.yaml"
+    for i, overrides in enumerate(
+        [["recipe=tiny_gpt"], ["recipe=tiny_llama"], ["recipe=tiny_gpt", "cluster.gpus_per_node=2"]]
+    ):
+        cfg = to_run_config(compose(overrides))
+        measured = 0.3 * predict(cfg).tflops_per_gpu  # CPU ranks far slower than the model's nominal CPU
+        append_row(file, site_row(cfg, f"cpu-{i}", measured, "megatron_current", {"run_dir": f"cpu/{i}"}))
+    fit = site_fit(str(file))
+    assert list(fit.values) == ["cpu"]
+    assert fit.params_for("h100-sxm5-80gb") is FITTED and fit.params_for("cpu") is not FITTED
+    base = ["recipe=llama3_70b", "--format", "json"]
+    assert main(["validate", *base]) == 0
+    shipped = json.loads(capsys.readouterr().out)["estimates"]["prediction"]["tflops_per_gpu"]
+    assert main(["validate", *base, f"perf.site_baselines={file}"]) == 0
+    site = json.loads(capsys.readouterr().out)["estimates"]["prediction"]["tflops_per_gpu"]
+    assert site == shipped
+    tiny = to_run_config(compose(["recipe=tiny_gpt"]))
+    assert predict(tiny, params=fit.params_for("cpu")).tflops_per_gpu < 0.8 * predict(tiny).tflops_per_gpu

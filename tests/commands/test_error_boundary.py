@@ -87,3 +87,24 @@ def test_an_unexpected_error_is_one_line_naming_a_bug(monkeypatch, capsys):
     monkeypatch.setenv(DEBUG_ENV, "1")
     with pytest.raises(KeyError):
         main(["recipes"])
+
+
+@pytest.mark.integration  # starts the console script in a process
+@pytest.mark.parametrize("after_s", [0.3, 0.6, 1.0])
+@pytest.mark.parametrize("verb", [["validate", "recipe=tiny_gpt"], ["recipes"], ["show", "recipe=tiny_gpt"]])
+def test_ctrl_c_while_a_verb_starts_is_one_line_and_130(verb, after_s, tmp_path):
+    """SIGINT in the first second of a verb (while Hydra and the verbs are imported) printed a KeyboardInterrupt
+    traceback and died by the signal: it is one line and exit 130, as once the verb runs."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "kilocard"
+    proc = subprocess.Popen([str(script), *verb], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1].decode()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    if proc.returncode != exits.OK:  # a verb that had already finished on a fast machine exits 0
+        assert proc.returncode == exits.INTERRUPTED and len(err.strip().splitlines()) == 1, (proc.returncode, err)

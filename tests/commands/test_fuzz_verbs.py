@@ -396,3 +396,56 @@ def test_a_derived_model_outside_its_fields_domains_is_refused_before_writing(ke
     recipe, which validate then refused: the derived config is checked against the domain table first."""
     rc, err = convert_derived({**LLAMA_CONFIG, key: value})
     assert rc == exits.INVALID and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def _document_ids(prefix: Path) -> list[int]:
+    """The token ids of a one-document Megatron-Core dataset (its ``.idx`` header's dtype code, then the ``.bin``)."""
+    import numpy
+
+    code = prefix.with_suffix(".idx").read_bytes()[17]  # after the 9-byte magic and the u64 version
+    dtype = {1: numpy.uint8, 3: numpy.int16, 4: numpy.int32, 5: numpy.int64, 8: numpy.uint16}[code]
+    return [int(i) for i in numpy.frombuffer(prefix.with_suffix(".bin").read_bytes(), dtype=dtype)]
+
+
+CHAT_MARKERS = [
+    "<|endoftext|>",
+    "<|end|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|system|>",
+    "<pad>",
+    "\ue000",
+    "\ue0011\ue001",
+]
+"""The tiny chat tokenizer's special tokens and the slot characters its encoder renders with."""
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    parts=st.lists(st.one_of(st.sampled_from(CHAT_MARKERS), st.text(max_size=8)), min_size=1, max_size=6),
+    role=st.sampled_from(["user", "assistant"]),
+)
+def test_chat_content_is_plain_text_whatever_it_spells(parts, role):
+    """Whatever a message's text spells (special tokens, the encoder's own slot characters), ``preprocess --chat``
+    writes the template's markers and the end of document as the only special ids of the conversation."""
+    import contextlib
+    import io
+
+    from kilocard.paths import data_dir
+
+    chat = data_dir("conf").parent / "data" / "tiny_chat"
+    content = "".join(parts)
+    messages = [{"role": "user", "content": content if role == "user" else "q"}]
+    messages.append({"role": "assistant", "content": content if role == "assistant" else "a"})
+    with tempfile.TemporaryDirectory(prefix="kc-fuzz-") as tmp:
+        src = Path(tmp) / "in.jsonl"
+        src.write_text(json.dumps({"messages": messages}) + "\n", encoding="utf-8")
+        argv = ["preprocess", "--chat", "--input", str(src), "--tokenizer", str(chat), "--output-prefix", f"{tmp}/o"]
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            result = finishes(lambda: main(argv))
+        assert result.get("value") == exits.OK, (content, err.getvalue(), result.get("error"))
+        ids = _document_ids(Path(f"{tmp}/o_text_document"))
+    specials = json.loads((chat / "tokenizer_config.json").read_text()).get("added_tokens_decoder", {})
+    special_ids = {int(k) for k in specials} or set(range(6))
+    assert [i for i in ids if i in special_ids] == [3, 5, 4, 5, 0], (content, ids)

@@ -97,3 +97,49 @@ def test_convert_never_writes_inside_a_checkpoint_tree(tmp_path, capsys):
         assert not out.exists()
     ck.verify_step(step)
     assert sorted(p.name for p in ok1.iterdir()) == ["latest_committed.txt", "step_0000000"]
+
+
+def _records(*steps: dict) -> str:
+    return "".join(json.dumps(r, allow_nan=True) + "\n" for r in steps)
+
+
+GOOD = {"step": 1, "time": 11.0, "loss": 5.0, "step_time_s": 1.0, "tflops_per_gpu": 0.01, "mfu": 0.1}
+
+
+def test_metrics_records_outside_their_shape_and_range_are_skipped_with_a_warning(tmp_path, capsys):
+    """``tflops_per_gpu: NaN`` or ``step_time_s: -1`` were averaged into report and goodput silently (a NUL line
+    got a warning, these none): each is checked on read and skipped, named by file and line."""
+    bad = [
+        {**GOOD, "step": 2, "time": 12.0, "tflops_per_gpu": float("nan")},
+        {**GOOD, "step": 3, "time": 13.0, "step_time_s": -1},
+        {**GOOD, "step": "4", "time": 14.0},
+        {"step": 2, "split": "train?", "loss": 1.0, "time": 12.5},
+    ]
+    (tmp_path / "metrics.jsonl").write_text(_records(GOOD, *bad, {**GOOD, "step": 5, "time": 15.0}))
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 5]
+    err = capsys.readouterr().err
+    for n, why in [(2, "tflops_per_gpu is nan"), (3, "step_time_s is -1"), (4, 'step "4" is not a step number')]:
+        assert f"metrics.jsonl line {n}: {why}" in err and "skipped" in err, err
+    assert "metrics.jsonl line 5: split" in err
+
+
+def test_report_and_goodput_use_only_the_records_that_pass(tmp_path, capsys):
+    from kilocard.config.compose import compose
+    from kilocard.rundir import events
+    from kilocard.rundir.freeze import write_frozen
+
+    rd = tmp_path / "rd"
+    rd.mkdir()
+    write_frozen(compose(["recipe=tiny_gpt"]), rd)
+    events.append(rd, "start", when=10.0, world_size=1)
+    nan = {**GOOD, "step": 2, "time": 12.0, "tflops_per_gpu": float("nan"), "step_time_s": -1}
+    (rd / "metrics.jsonl").write_text(_records(GOOD, nan, {**GOOD, "step": 3, "time": 13.0}))
+    from kilocard.rundir import metrics
+
+    for argv in (["goodput", str(rd), "--format", "json"], ["report", str(rd), "--format", "json"]):
+        metrics._WARNED.clear()  # each verb is its own process in use: each warns
+        capsys.readouterr()
+        main(argv)
+        out, err = capsys.readouterr()
+        assert "metrics.jsonl line 2: step_time_s is -1, not a finite number >= 0" in err, (argv, err)
+        assert "NaN" not in out and "nan" not in out.lower().replace("nan_", ""), (argv, out[:2000])

@@ -50,7 +50,11 @@ def test_fallback_to_previous_committed_step(tmp_path):
     _commit(tmp_path, 5)
     d10 = _commit(tmp_path, 10)
     (d10 / "__0_0.distcp").write_bytes(b"truncated")
-    assert ck.load_root_and_step(tmp_path, None, fallback=True) == (tmp_path, 5)
+    said: list[str] = []
+    assert ck.load_root_and_step(tmp_path, None, fallback=True, say=said.append) == (tmp_path, 5)
+    (line,) = said  # the fall back is in the run's log, not silent
+    assert "checkpoint step 10: file" in line and "manifest says 700 (truncated or altered)" in line
+    assert line.endswith("checkpoint.fallback_to_previous: using step 5 instead of 10")
 
 
 def test_partial_step_is_never_loaded(tmp_path):

@@ -200,6 +200,9 @@ def deleted_metadata_falls_back_and_a_torn_metrics_line_does_not_block_the_resum
     code, out, _ = kilocard_run("--resume", str(run_dir))
     assert code == exitcodes.DONE, out[-3000:]
     assert f"resumed from {ck.step_dir(ckpts, ITERS - EVERY)} (step {ITERS - EVERY}," in train_log(run_dir)
+    assert (  # the fall back is said in the run's log, not silent
+        f"checkpoint.fallback_to_previous: using step {ITERS - EVERY} instead of {ITERS}" in train_log(run_dir)
+    )
     assert losses(run_dir) == reference[1]
 
 

@@ -36,7 +36,8 @@ from kilocard.calibration.fit import FREE, Target, coordinate_search, fit, targe
 from kilocard.config.schema import RunConfig
 from kilocard.paths import cache_dir
 from kilocard.perf.efficiency import FITTED, PerfModelParams, flat, with_values
-from kilocard.perf.predict import precision_of, step_layout
+from kilocard.perf.predict import gpu_family, precision_of, step_layout
+from kilocard.topology import gpu_spec
 
 SITE_WEIGHT = 4.0
 """The site rows' total weight in the refit's loss, relative to the published rows' total."""
@@ -57,8 +58,9 @@ class SiteFit:
 
     file: str
     """The site baselines file."""
-    values: dict[str, float]
-    """The refitted free parameters."""
+    values: dict[str, dict[str, float]]
+    """The refitted free parameters of each device family of the site rows (``hopper``, ``cpu``...): each refit
+    on the published rows and the site rows of that family only."""
     rows: int
     """Scored site rows."""
     loo_errors: dict[str, float]
@@ -66,10 +68,12 @@ class SiteFit:
     shipped_errors: dict[str, float]
     """Each site row's relative error under the shipped fit (what the site rows change)."""
 
-    @property
-    def params(self) -> PerfModelParams:
-        """The shipped parameters with the refitted values."""
-        return with_values(FITTED, self.values)
+    def params_for(self, gpu: str) -> PerfModelParams:
+        """The parameters that predict ``gpu`` (``cluster.gpu``): its family's refit when the site has rows of that
+        family, else the shipped fit. Rows of another device never move a GPU's parameters (CPU-rank rows once
+        took the H100 prediction for llama3_70b from 495 to 288 TFLOP/s)."""
+        family = family_of(gpu)
+        return with_values(FITTED, self.values[family]) if family in self.values else FITTED
 
     def summary(self) -> str:
         """One line: the site rows' leave-one-out error beside their error under the shipped fit."""
@@ -234,7 +238,8 @@ def append_row(file: Path, row: dict) -> str:
 
 def _key(published: Path, site: Path) -> str:
     h = hashlib.sha256()
-    for part in (read_bytes(published), read_bytes(site), repr(FREE).encode(), repr(sorted(flat(FITTED).items()))):
+    parts = (read_bytes(published), read_bytes(site), repr(FREE), repr(sorted(flat(FITTED).items())), "per-family")
+    for part in parts:
         h.update(part if isinstance(part, bytes) else part.encode())
         h.update(b"\0")
     return h.hexdigest()[:24]
@@ -257,15 +262,27 @@ def _weighted(published: Sequence[Target], site: Sequence[Target]) -> list[Any]:
     return [*published, *(_Weighted(t, weight) for t in site)]
 
 
+def family_of(gpu: str) -> str:
+    """The efficiency family (``hopper``, ``cpu``...) of GPU table entry ``gpu``; its own name when unknown."""
+    spec = gpu_spec(gpu)
+    return gpu_family(spec) if spec is not None else gpu
+
+
 def refit(published: Sequence[Target], site: Sequence[Target], file: str) -> SiteFit:
-    """The refit on both sets (equal weight) and each site row's leave-one-out error (no cache)."""
-    values = fit(_weighted(published, site), starts=1, evals=FIT_EVALS)
-    groups = [g for g in FREE if g[0] in values]
+    """For each device family of the site rows, the refit on the published rows and that family's site rows,
+    and each site row's leave-one-out error within its family (no cache)."""
+    by_family: dict[str, list[Target]] = {}
+    for t in site:
+        by_family.setdefault(family_of(t.inputs.hardware.gpu), []).append(t)
+    values: dict[str, dict[str, float]] = {}
     loo: dict[str, float] = {}
-    for i, t in enumerate(site):
-        rest = [s for j, s in enumerate(site) if j != i]
-        trial = coordinate_search(values, _weighted(published, rest), groups, evals=LOO_EVALS) if rest else {}
-        loo[t.row.id] = t.rel_error(with_values(FITTED, trial))
+    for family, rows in by_family.items():
+        values[family] = fit(_weighted(published, rows), starts=1, evals=FIT_EVALS)
+        groups = [g for g in FREE if g[0] in values[family]]
+        for i, t in enumerate(rows):
+            rest = [r for j, r in enumerate(rows) if j != i]
+            trial = coordinate_search(values[family], _weighted(published, rest), groups, LOO_EVALS) if rest else {}
+            loo[t.row.id] = t.rel_error(with_values(FITTED, trial))
     return SiteFit(
         file=file,
         values=values,

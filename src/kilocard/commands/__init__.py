@@ -117,7 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Unix tool ended by SIGPIPE does: no line (stdout is gone, and stderr would only say so) and no
     traceback, not even at interpreter exit.
     """
-    args = parse_args(list(argv) if argv is not None else sys.argv[1:])
+    try:
+        args = parse_args(list(argv) if argv is not None else sys.argv[1:])
+    except KeyboardInterrupt:  # the verbs' modules are imported here
+        print("kilocard: interrupted", file=sys.stderr)
+        return exits.INTERRUPTED
     quiet_library_warnings()
     try:
         code = COMMANDS[args.verb].execute(args)

@@ -47,7 +47,7 @@ def check_config(cfg: DictConfig, skip_paths: bool = False) -> tuple[RunConfig, 
     """
     run_cfg = typed(cfg)
     site, problem = site_calibration(run_cfg)
-    report = validate(run_cfg, site.params if site else FITTED)
+    report = validate(run_cfg, site.params_for(run_cfg.cluster.gpu) if site else FITTED)
     report.issues.extend(input_path_issues(run_cfg, skip_paths))
     report.issues.extend([problem] if problem else [])
     report.issues.extend(fresh_save_issues(run_cfg.checkpoint.save))  # a new run owns no committed steps yet

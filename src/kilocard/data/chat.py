@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -197,12 +198,70 @@ def assistant_spans(tok: Any, messages: Messages, where: str) -> tuple[str, list
     return full, spans
 
 
+def content_spans(tok: Any, messages: Messages, full: str, where: str) -> list[tuple[int, int]]:
+    """The ``[start, end)`` character spans of the messages' contents in their rendered conversation ``full``.
+
+    The conversation is rendered again with each content replaced by a slot that no content holds; the text
+    between the slots is the template's own, and each slot is the content (as given, or stripped, as
+    templates ``| trim`` it) at that place of ``full``. A template that changes contents otherwise is refused."""
+    mark = "\ue000"
+    while any(mark in m["content"] for m in messages):
+        mark += "\ue000"
+    slotted = [{**m, "content": f"{mark}{i}\ue001"} for i, m in enumerate(messages)]
+    parts = re.split(f"{re.escape(mark)}(\\d+)\ue001", _render(tok, slotted, False, where))
+    spans, pos = [], 0
+    for k in range(0, len(parts) - 1, 2):
+        content = messages[int(parts[k + 1])]["content"]
+        pos += len(parts[k]) if full.startswith(parts[k], pos) else len(full) + 1
+        rendered = next((c for c in (content, content.strip()) if full.startswith(c, pos)), None)
+        if rendered is None or pos > len(full):
+            break
+        spans.append((pos, pos + len(rendered)))
+        pos += len(rendered)
+    else:
+        if full[pos:] == parts[-1]:
+            return spans
+    raise DataError(
+        f"{where}: the chat template changes the messages' text, so their content cannot be told apart from the "
+        f"template's markers; fix: a template that writes each content as it is"
+    )
+
+
+def _encode(tok: Any, text: str, plain: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Ids and start offsets of ``text``: an added token (``<|end|>``...) the template wrote is its special id;
+    the same text inside a content span is encoded as plain text, like every other character of a message."""
+    added = tok.get_added_vocab()
+    ids: list[int] = []
+    starts: list[int] = []
+    pos = 0
+
+    def plain_run(a: int, b: int) -> None:
+        if a < b:
+            enc = tok(text[a:b], add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+            ids.extend(enc["input_ids"])
+            starts.extend(a + s for s, _ in enc["offset_mapping"])
+
+    if added:
+        pattern = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
+        for m in pattern.finditer(text):
+            if any(a < m.end() and m.start() < b for a, b in plain):
+                continue  # inside a message: plain text
+            plain_run(pos, m.start())
+            ids.append(added[m.group()])
+            starts.append(m.start())
+            pos = m.end()
+    plain_run(pos, len(text))
+    return ids, starts
+
+
 def encode_conversation(tok: Any, messages: Messages, where: str) -> tuple[numpy.ndarray, numpy.ndarray]:
-    """Token ids (int64) of the rendered conversation and its mask (uint8, 1 = an assistant token)."""
+    """Token ids (int64) of the rendered conversation and its mask (uint8, 1 = an assistant token). Only the
+    template's own markers are special tokens: special-token text inside a message (``a<|endoftext|>b``) is
+    encoded as plain text, so a message cannot end a document or forge a turn."""
     text, spans = assistant_spans(tok, messages, where)
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = numpy.asarray(enc["input_ids"], dtype=numpy.int64)
-    starts = numpy.asarray([s for s, _ in enc["offset_mapping"]], dtype=numpy.int64)
+    found, offsets = _encode(tok, text, content_spans(tok, messages, text, where))
+    ids = numpy.asarray(found, dtype=numpy.int64)
+    starts = numpy.asarray(offsets, dtype=numpy.int64)
     mask = numpy.zeros(len(ids), dtype=numpy.uint8)
     for a, b in spans:
         mask[(starts >= a) & (starts < b)] = 1

@@ -311,7 +311,7 @@ def plan(cfg: RunConfig, top: int = 10, max_validations: int = 600, site: SiteFi
     refitted parameters when given, else the shipped fit)."""
     hw = hardware_for(cfg.cluster)
     world = world_size(cfg.cluster)
-    params = site.params if site else FITTED
+    params = site.params_for(cfg.cluster.gpu) if site else FITTED
     step, flops = _predictor(cfg, hw, params)
     cands = list(enumerate_candidates(cfg, world))
     own = current_candidate(cfg)

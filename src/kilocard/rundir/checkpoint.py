@@ -584,17 +584,22 @@ def newest_committed(save_root: Path, load_root: Path | None, ckpt_step: int | N
 
 
 def load_root_and_step(
-    save_root: Path, load_root: Path | None, fallback: bool, ckpt_step: int | None = None
+    save_root: Path,
+    load_root: Path | None,
+    fallback: bool,
+    ckpt_step: int | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[Path | None, int | None]:
     """Where to resume from: this run's own newest committed step, else ``checkpoint.load``'s
     (its step ``ckpt_step`` when given). Returns ``(None, None)`` for a fresh start.
 
     Verifies the manifest (the caller runs this on rank 0 only). Raises ``CheckpointError`` naming the
-    step and file and the newest intact committed step, unless ``fallback`` lets that step be used.
+    step and file and the newest intact committed step, unless ``fallback`` lets that step be used; then
+    ``say`` gets one line naming the step passed over, why, and the step used (the run's log).
     """
     own = latest_committed(save_root) if save_root is not None else None
     if own is not None:
-        return save_root, _pick(save_root, committed_steps(save_root), fallback, own, _own_fix)
+        return save_root, _pick(save_root, committed_steps(save_root), fallback, own, _own_fix, say)
     newest = latest_committed(load_root) if load_root is not None else None
     if load_root is None or newest is None:
         if load_root is not None:
@@ -609,7 +614,7 @@ def load_root_and_step(
             )
         steps = [s for s in steps if s <= ckpt_step]
     wanted = newest if ckpt_step is None else ckpt_step
-    return load_root, _pick(load_root, steps, fallback, wanted, _load_fix)
+    return load_root, _pick(load_root, steps, fallback, wanted, _load_fix, say)
 
 
 def _own_fix(root: Path, step: int) -> str:
@@ -626,7 +631,14 @@ def _load_fix(root: Path, step: int) -> str:
     return f"to start from it, start a new run with checkpoint.ckpt_step={step} (checkpoint.load={root})"
 
 
-def _pick(root: Path, steps: list[int], fallback: bool, wanted: int, fix: Callable[[Path, int], str]) -> int:
+def _pick(
+    root: Path,
+    steps: list[int],
+    fallback: bool,
+    wanted: int,
+    fix: Callable[[Path, int], str],
+    say: Callable[[str], None] | None = None,
+) -> int:
     """``wanted`` when it is the newest of ``steps`` (newest first) and passes verification.
 
     Otherwise the newest step that passes when ``fallback`` is on; when it is off, a ``CheckpointError``
@@ -644,7 +656,11 @@ def _pick(root: Path, steps: list[int], fallback: bool, wanted: int, fix: Callab
         except CheckpointError as e:
             first_error = first_error or e
             continue
-        if first_error is None or fallback:
+        if first_error is None:
+            return s
+        if fallback:
+            if say is not None:
+                say(f"warning: {first_error}; checkpoint.fallback_to_previous: using step {s} instead of {wanted}")
             return s
         raise CheckpointError(f"{first_error}; step {s} is the newest committed step that passes; {fix(root, s)}")
     raise CheckpointError(f"{first_error}; and no older committed step under {root} passes its integrity check")

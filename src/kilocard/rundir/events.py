@@ -59,12 +59,16 @@ class BadRecord(ValueError):
 
 
 def json_lines(
-    path: Path, required: tuple[str, ...] = (), skip_bad: Callable[[str], None] | None = None
+    path: Path,
+    required: tuple[str, ...] = (),
+    skip_bad: Callable[[str], None] | None = None,
+    check: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> list[dict[str, Any]]:
     """The records of a JSON-lines file (empty when absent): its whole lines, each an object holding
     ``required``. The text after the last newline is the torn tail of a write a killed rank never
     finished (or one still being written); it is dropped. Any other bad line raises ``BadRecord``, or with
-    ``skip_bad`` is left out and its ``BadRecord`` message (naming file and line) passed to ``skip_bad``."""
+    ``skip_bad`` is left out and its ``BadRecord`` message (naming file and line) passed to ``skip_bad``. ``check``
+    says what is wrong with a parsed record's values (``None``: nothing), which makes it a bad line too."""
     if not path.exists() and not path.is_symlink():
         return []
     records = []
@@ -72,7 +76,11 @@ def json_lines(
         if not line.strip():
             continue
         try:
-            records.append(_record(path, n, line, required))
+            record = _record(path, n, line, required)
+            why = check(record) if check is not None else None
+            if why is not None:
+                raise BadRecord(f"{path} line {n}: {why}; the file was edited or damaged")
+            records.append(record)
         except BadRecord as e:
             if skip_bad is None:
                 raise

@@ -15,6 +15,7 @@ GEMMs run in (``kilocard.topology``); both names go into every record and the su
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import sys
@@ -116,7 +117,7 @@ class MetricsWriter:
         if not self.path.exists():
             return None
         records = json_lines(
-            self.path, ("step",), skip_bad=warn_skipped
+            self.path, ("step",), skip_bad=warn_skipped, check=record_problem
         )  # a damaged line is dropped from the file here
         keep = [r for r in records if r.get("step", 0) <= step]
         dropped = [r for r in records if r.get("step", 0) > step and not is_eval(r)]
@@ -190,5 +191,45 @@ def read_evals(run_dir: Path, split: str | None = None) -> list[dict[str, Any]]:
     return [r for r in _records(run_dir) if is_eval(r) and (split is None or r["split"] == split)]
 
 
+NONNEGATIVE = (
+    "time",
+    "loss",
+    "lr",
+    "step_time_s",
+    "consumed_samples",
+    "consumed_tokens",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "mfu",
+    "peak_mem_bytes",
+    "eval_time_s",
+)
+"""Record fields that are finite numbers >= 0 when present (``mfu`` may be null: a GPU without a known peak)."""
+NULLABLE = ("mfu",)
+"""Of ``NONNEGATIVE``, the fields a record may hold as null."""
+SPLIT_NAMES = ("valid", "test")
+"""``split`` of an evaluation record."""
+
+
+def record_problem(record: dict[str, Any]) -> str | None:
+    """What makes a metrics.jsonl record unusable (``None``: nothing): a step that is no step number, an unknown
+    split, or a NaN, infinite or negative figure (``tflops_per_gpu: NaN``, ``step_time_s: -1``): every reader
+    (progress, summary, report, goodput) would average it in silently."""
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step {json.dumps(step)[:20]} is not a step number"
+    if "split" in record and record["split"] not in SPLIT_NAMES:
+        return f"split {json.dumps(record['split'])[:20]} is not one of {', '.join(SPLIT_NAMES)}"
+    for key in NONNEGATIVE:
+        if key not in record or (key in NULLABLE and record[key] is None):
+            continue
+        v = record[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{key} is not a number"
+        if not math.isfinite(v) or v < 0:
+            return f"{key} is {v}, not a finite number >= 0"
+    return None
+
+
 def _records(run_dir: Path) -> list[dict[str, Any]]:
-    return json_lines(Path(run_dir) / METRICS_FILE, ("step",), skip_bad=warn_skipped)
+    return json_lines(Path(run_dir) / METRICS_FILE, ("step",), skip_bad=warn_skipped, check=record_problem)

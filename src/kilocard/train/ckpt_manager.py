@@ -189,7 +189,9 @@ class CheckpointManager:
         if self.rank == 0:
             c = self.cfg.checkpoint
             try:
-                root, step = ck.load_root_and_step(self.save_root, self.load_root, c.fallback_to_previous, c.ckpt_step)
+                root, step = ck.load_root_and_step(
+                    self.save_root, self.load_root, c.fallback_to_previous, c.ckpt_step, say=self._log
+                )
                 decision = [str(root) if root else None, step, None]
             except ck.CheckpointError as e:
                 decision = [None, None, str(e)]

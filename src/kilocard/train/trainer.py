@@ -315,9 +315,11 @@ class Trainer:
                 # a step is checked (finite loss) and recorded before it is evaluated or saved
                 stop = self._settle(pending, writer, next_start=None) or stop
                 pending = None
-                if evaluate and not stop:  # like Megatron-LM: evaluate, then save the step
+                # like Megatron-LM: evaluate, then save the step; a stop waits for the step's evaluations (its
+                # resume starts after this step and never evaluates it again; the last step's are the run's last)
+                if evaluate:
                     self._evaluate(VALID, writer)
-                if last and not stop:
+                if last:
                     self._evaluate_at_end(writer, valid_done=evaluate)
                 if persist or stop:
                     self.ckpt.save(self.step, self.consumed)
