@@ -6,6 +6,7 @@ the tensors stream, runs in a fresh interpreter as users run it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -118,14 +119,14 @@ def test_export_refuses_a_directory_that_is_no_checkpoint(tmp_path, capsys) -> N
 
 def test_llama31_rope_scaling_is_checked_against_megatron_cores_constants() -> None:
     cfg = hf_config("llama31").to_dict()
-    scaled = ModelConfig(**{**_tiny_llama(), "rope_scaling": True})
+    scaled = ModelConfig(**{**_model_yaml(), "rope_scaling": True})
     maps.check_config(cfg, "llama", scaled, "tiny_llama")
     with pytest.raises(
         maps.ConvertError,
         match=r"rope_type is 'llama3', recipe tiny_llama expects 'default' "
         r"\(model.rope_scaling=False\)",
     ):
-        maps.check_config(cfg, "llama", ModelConfig(**_tiny_llama()), "tiny_llama")
+        maps.check_config(cfg, "llama", ModelConfig(**_model_yaml()), "tiny_llama")
     other = hf_config("llama31", rope_parameters={**LLAMA31_ROPE, "low_freq_factor": 2.0}).to_dict()
     with pytest.raises(
         maps.ConvertError, match="rope_parameters.low_freq_factor is 2.0; kilocard's llama model needs 1.0"
@@ -135,15 +136,16 @@ def test_llama31_rope_scaling_is_checked_against_megatron_cores_constants() -> N
 
 def test_a_recipe_model_the_family_cannot_hold_is_refused() -> None:
     with pytest.raises(maps.ConvertError, match="model.normalization: 'LayerNorm' has no llama"):
-        maps.check_model("llama", ModelConfig(**{**_tiny_llama(), "normalization": "LayerNorm"}))
+        maps.check_model("llama", ModelConfig(**{**_model_yaml(), "normalization": "LayerNorm"}))
 
 
-def _tiny_llama() -> dict:
+def _model_yaml(name: str = "tiny_llama") -> dict:
+    """The model file conf/model/NAME.yaml."""
     import yaml
 
     from kilocard.paths import data_dir
 
-    return yaml.safe_load((data_dir("conf") / "model" / "tiny_llama.yaml").read_text())
+    return yaml.safe_load((data_dir("conf") / "model" / f"{name}.yaml").read_text())
 
 
 @pytest.mark.parametrize(
@@ -168,3 +170,22 @@ def test_an_export_flag_on_import_is_unusable_input(extra, tmp_path, capsys) -> 
     code, err = convert(capsys, "hf-to-mcore", str(tmp_path / "hf"), str(tmp_path / "out"), *extra)
     assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("kilocard convert: error: ")
     assert f"{extra[0]} is a mcore-to-hf flag" in err and nothing_written(tmp_path, tmp_path / "out")
+
+
+def _tiny(name: str) -> ModelConfig:
+    return ModelConfig(**_model_yaml(name))
+
+
+def test_a_qwen3_moe_with_dense_layers_between_is_refused_by_name() -> None:
+    m = _tiny("tiny_qwen3_moe")
+    maps.check_config(hf_config("qwen3_moe").to_dict(), "qwen3_moe", m, "tiny_qwen3_moe")
+    dense = hf_config("qwen3_moe", mlp_only_layers=[1]).to_dict()
+    with pytest.raises(maps.ConvertError, match=r"mlp_only_layers is \[1\]; kilocard's qwen3_moe model needs \[\]"):
+        maps.check_config(dense, "qwen3_moe", m, "tiny_qwen3_moe")
+    with pytest.raises(maps.ConvertError, match=r"norm_topk_prob is False, recipe tiny_qwen3_moe expects True"):
+        maps.check_config(hf_config("qwen3_moe", norm_topk_prob=False).to_dict(), "qwen3_moe", m, "tiny_qwen3_moe")
+
+
+def test_a_qwen3_recipe_without_qk_layernorm_is_refused() -> None:
+    with pytest.raises(maps.ConvertError, match="model.qk_layernorm: False has no qwen3 Hugging Face equivalent"):
+        maps.check_model("qwen3", dataclasses.replace(_tiny("tiny_qwen3"), qk_layernorm=False))

@@ -9,14 +9,10 @@ transformers, and a training run that starts from the imported weights.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from tiny_hf import convert_all, hf_tensors, make, model_class, recipe_of
+from tiny_hf import convert_all, forward_plan, hf_tensors, make, model_class, recipe_of, run_forward
 
 from kilocard.rundir import checkpoint as ck
 from kilocard.rundir import names
@@ -83,55 +79,8 @@ LAYOUTS = [
 @pytest.mark.slow
 def test_forward_matches_transformers_in_tp1_tp2_pp2_ep2(converted, tmp_path) -> None:
     root, models = converted
-    tokens = torch.randint(0, 258, (2, 16), generator=torch.Generator().manual_seed(1))
-    torch.save(tokens, tmp_path / "tokens.pt")
-    plan = []
-    for kind, tp, pp, ep in LAYOUTS:
-        ref = tmp_path / f"ref_{kind}.pt"
-        if not ref.exists():
-            with torch.no_grad():
-                torch.save(models[kind](tokens).logits.float(), ref)
-        name = f"{kind}_tp{tp}_pp{pp}_ep{ep}"
-        plan.append(
-            dict(
-                name=name,
-                ckpt=str(root / f"ck_{kind}"),
-                tp=tp,
-                pp=pp,
-                ep=ep,
-                tokens=str(tmp_path / "tokens.pt"),
-                reference=str(ref),
-            )
-        )
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    out = tmp_path / "out"
-    out.mkdir()
-    from kilocard.base.net import free_port
-
-    worker = Path(__file__).with_name("mcore_forward.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "KILOCARD_BACKEND": "cpu"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-W",
-            "ignore",
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            f"--master-port={free_port()}",
-            str(worker),
-            str(tmp_path / "plan.json"),
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    plan = forward_plan(root, tmp_path, models, [(k, f"ck_{k}", tp, pp, ep) for k, tp, pp, ep in LAYOUTS])
+    out = run_forward(plan, tmp_path)
     for case, (kind, *_) in zip(plan, LAYOUTS, strict=True):
         inv_freq = torch.load(out / f"{case['name']}.inv_freq.pt")
         torch.testing.assert_close(inv_freq, models[kind].model.rotary_emb.inv_freq, rtol=1e-6, atol=0)

@@ -26,7 +26,13 @@ def test_an_unknown_model_type_is_refused_naming_the_known_ones():
 
 @pytest.mark.parametrize(
     ("changes", "family"),
-    [({}, "llama"), ({"add_qkv_bias": True}, "qwen2"), ({"num_moe_experts": 4}, "mixtral")],
+    [
+        ({}, "llama"),
+        ({"add_qkv_bias": True}, "qwen2"),
+        ({"num_moe_experts": 4}, "mixtral"),
+        ({"qk_layernorm": True}, "qwen3"),
+        ({"qk_layernorm": True, "num_moe_experts": 4}, "qwen3_moe"),
+    ],
 )
 def test_a_model_with_no_recorded_source_exports_as_the_family_that_claims_it(changes, family):
     m = ModelConfig(**DENSE, **changes)
@@ -36,7 +42,20 @@ def test_a_model_with_no_recorded_source_exports_as_the_family_that_claims_it(ch
 
 def test_each_tensor_of_a_family_has_one_slot():
     for f in families.FAMILIES:
-        m = ModelConfig(**DENSE, num_query_groups=2, add_qkv_bias=f.qkv_bias, num_moe_experts=2 if f.moe else None)
+        features = dict(add_qkv_bias=f.qkv_bias, qk_layernorm=f.qk_norm, num_moe_experts=2 if f.moe else None)
+        m = ModelConfig(**DENSE, num_query_groups=2, **features)
         f.check_model(m)
         names = [s.hf for i in range(m.num_layers) for s in f.layer_slots(m, i)]
         assert len(names) == len(set(names)), f.model_type
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("moe_router_enable_expert_bias", True), ("moe_router_topk_scaling_factor", 2.5), ("moe_router_num_groups", 2)],
+)
+def test_a_router_the_softmax_families_have_no_place_for_is_refused(field, value):
+    for family in ("mixtral", "qwen3_moe"):
+        f = families.get(family)
+        m = ModelConfig(**DENSE, qk_layernorm=f.qk_norm, num_moe_experts=4, **{field: value})
+        with pytest.raises(ConvertError, match=f"model.{field}: {value!r} has no {family} Hugging Face equivalent"):
+            f.check_model(m)

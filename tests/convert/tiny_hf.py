@@ -1,4 +1,5 @@
-"""Tiny random Hugging Face models twinned with the tiny_llama / tiny_mixtral / tiny_qwen2 recipes.
+"""Tiny random Hugging Face models twinned with the tiny_llama / tiny_mixtral / tiny_qwen2 / tiny_qwen3 /
+tiny_qwen3_moe recipes.
 
 Made with ``transformers`` in the test (no download) and saved with ``save_pretrained`` in small
 safetensors shards, so the index path is the one exercised. Norm weights and biases are perturbed:
@@ -8,6 +9,7 @@ a wrong norm or bias mapping would otherwise hide behind their default ones/zero
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +30,9 @@ LLAMA31_ROPE = {
 
 
 def hf_config(kind: str, **changes):
-    """The transformers config of ``kind`` (llama, llama31, mixtral, qwen2) matching its tiny recipe."""
-    from transformers import LlamaConfig, MixtralConfig, Qwen2Config
+    """The transformers config of ``kind`` (llama, llama31, mixtral, qwen2, qwen3, qwen3_moe) matching its tiny
+    recipe."""
+    from transformers import LlamaConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     c = dict(COMMON, max_position_embeddings=64)
     if kind in ("llama", "llama31"):
@@ -40,6 +43,13 @@ def hf_config(kind: str, **changes):
         c.update(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5)
         c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
         return MixtralConfig(**{**c, **changes})
+    if kind in ("qwen3", "qwen3_moe"):  # head_dim 32: twice hidden / heads, as Qwen3-30B-A3B's 128 is
+        c.update(intermediate_size=96, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=kind == "qwen3")
+        c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        if kind == "qwen3":
+            return Qwen3Config(**{**c, **changes})
+        c.update(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
+        return Qwen3MoeConfig(**{**c, "router_aux_loss_coef": 0.001, **changes})
     c.update(intermediate_size=160, rms_norm_eps=1e-6, tie_word_embeddings=True)
     c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     return Qwen2Config(**{**c, **changes})
@@ -49,7 +59,8 @@ def model_class(kind: str):
     """The transformers CausalLM class of ``kind``."""
     import transformers
 
-    name = {"llama": "Llama", "llama31": "Llama", "mixtral": "Mixtral", "qwen2": "Qwen2"}[kind]
+    names = {"llama": "Llama", "llama31": "Llama", "mixtral": "Mixtral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+    name = {**names, "qwen3_moe": "Qwen3Moe"}[kind]
     return getattr(transformers, f"{name}ForCausalLM")
 
 
@@ -99,4 +110,43 @@ def hf_tensors(path: Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for f in sorted(path.glob("*.safetensors")):
         out.update(load_file(str(f)))
+    return out
+
+
+def forward_plan(root: Path, tmp_path: Path, models: dict, layouts: list[tuple[str, str, int, int, int]]) -> list[dict]:
+    """The ``mcore_forward.py`` plan of ``layouts`` (name of the model in ``models``, checkpoint directory under
+    ``root``, TP, PP, EP): one token batch for all, transformers' logits of each model as its reference."""
+    tokens = torch.randint(0, 258, (2, 16), generator=torch.Generator().manual_seed(1))
+    torch.save(tokens, tmp_path / "tokens.pt")
+    plan = []
+    for kind, ckpt, tp, pp, ep in layouts:
+        ref = tmp_path / f"ref_{kind}.pt"
+        if not ref.exists():
+            with torch.no_grad():
+                torch.save(models[kind](tokens).logits.float(), ref)
+        name = f"{ckpt}_tp{tp}_pp{pp}_ep{ep}"
+        case = dict(name=name, ckpt=str(root / ckpt), tp=tp, pp=pp, ep=ep, tokens=str(tmp_path / "tokens.pt"))
+        plan.append({**case, "reference": str(ref)})
+    return plan
+
+
+def run_forward(plan: list[dict], tmp_path: Path) -> Path:
+    """Run ``mcore_forward.py`` on two gloo ranks over ``plan``; return the folder of its per-case results."""
+    from kilocard.base.net import free_port
+
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = tmp_path / "out"
+    out.mkdir()
+    worker = Path(__file__).with_name("mcore_forward.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "KILOCARD_BACKEND": "cpu"}
+    launch = [sys.executable, "-W", "ignore", "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    launch += ["--master-addr", "127.0.0.1", f"--master-port={free_port()}"]
+    proc = subprocess.run(
+        [*launch, str(worker), str(tmp_path / "plan.json"), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out

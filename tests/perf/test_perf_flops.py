@@ -90,7 +90,27 @@ def _small_moe_mla() -> RunConfig:
     return RunConfig(model=m)
 
 
-CASES = [RunConfig(), _gpt3_175b(), _llama3_70b(), _deepseek_v3_like(), _small_moe_mla()]
+def _qwen3(model: str, gbs: int) -> RunConfig:
+    """A shipped Qwen3 model file (qk_layernorm, head_dim 128 wider than hidden / heads; MoE: 128 experts, top-8)."""
+    import dataclasses
+
+    import yaml
+
+    from kilocard.paths import data_dir
+
+    m = ModelConfig(**yaml.safe_load((data_dir("conf") / "model" / f"{model}.yaml").read_text()))
+    return dataclasses.replace(RunConfig(model=m), trainer=TrainerConfig(global_batch_size=gbs))
+
+
+CASES = [
+    RunConfig(),
+    _gpt3_175b(),
+    _llama3_70b(),
+    _deepseek_v3_like(),
+    _small_moe_mla(),
+    _qwen3("qwen3_8b", 32),
+    _qwen3("qwen3_30b_a3b", 512),
+]
 
 
 def test_sc21_equals_eq3():
@@ -152,12 +172,29 @@ def test_six_n_is_6n_plus_attention():
     assert flops_per_iteration(rc, "six_n") == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("model", ["qwen3_8b", "qwen3_30b_a3b"])
+def test_qk_layernorm_counts_only_in_six_n(model):
+    """Megatron-LM counts no normalisation (``num_floating_point_operations``): the per-head query and key norms
+    change none of its conventions; ``six_n`` counts parameters, and they are 2 x head_dim per layer."""
+    import dataclasses
+
+    rc = _qwen3(model, 8)
+    off = dataclasses.replace(rc, model=dataclasses.replace(rc.model, qk_layernorm=False))
+    for convention in ("megatron_sc21", "megatron_legacy", "megatron_current"):
+        assert flops_per_iteration(rc, convention) == flops_per_iteration(off, convention)
+    tokens = 8 * rc.model.seq_length
+    added = 6 * tokens * rc.model.num_layers * 2 * rc.model.kv_channels
+    assert flops_per_iteration(rc, "six_n") - flops_per_iteration(off, "six_n") == pytest.approx(added, rel=1e-9)
+
+
 def test_unknown_convention_names_the_valid_ones():
     with pytest.raises(ValueError, match="megatron_current"):
         flops_per_iteration(RunConfig(), "palm")
 
 
-@pytest.mark.parametrize("rc", CASES, ids=["tiny", "gpt3_175b", "llama3_70b", "deepseek_v3", "moe_mla_mtp"])
+@pytest.mark.parametrize(
+    "rc", CASES, ids=["tiny", "gpt3_175b", "llama3_70b", "deepseek_v3", "moe_mla_mtp", "qwen3_8b", "qwen3_30b_a3b"]
+)
 def test_current_equals_megatron_lm_num_floating_point_operations(rc, megatron_flops):
     expected = megatron_flops(megatron_args(rc), rc.trainer.global_batch_size)
     assert flops_per_iteration(rc, "megatron_current") == expected
@@ -228,6 +265,7 @@ def _random_run_config(draw) -> RunConfig:
         qk_pos_emb_head_dim=8,
         v_head_dim=draw(st.sampled_from([8, 16])),
         mtp_num_layers=draw(st.sampled_from([None, 1, 2])),
+        qk_layernorm=draw(st.booleans()),
     )
     par = ParallelConfig(tensor_model_parallel_size=draw(st.sampled_from([1, 2, 4])))
     return RunConfig(model=m, parallel=par, trainer=TrainerConfig(global_batch_size=draw(st.integers(1, 64))))

@@ -139,7 +139,7 @@ def _lookup(c: dict[str, Any], key: str) -> Any:
 
 def check_config(hf_config: dict[str, Any], family: str, m: ModelConfig, recipe: str) -> None:
     """Refuse a ``config.json`` that disagrees with the recipe's model, naming every differing field at once."""
-    c = normalized(hf_config)
+    c = families.get(family).normalized(normalized(hf_config))
     fixed, fields = [], []
     for e in expected_config(family, m):
         got = _lookup(c, e.key)
@@ -164,8 +164,9 @@ def check_config(hf_config: dict[str, Any], family: str, m: ModelConfig, recipe:
 def model_from_config(hf_config: dict[str, Any], family: str) -> dict[str, Any]:
     """The ``model.*`` fields a ``config.json`` of ``family`` decides (what ``expected_config`` compares),
     as Megatron-Bridge's AutoBridge derives a model from it; ``seq_length`` is the context, at most 8192."""
+    fam = families.get(family)
     try:
-        return families.get(family).model_from_config(normalized(hf_config))
+        return fam.model_from_config(fam.normalized(normalized(hf_config)))
     except KeyError as e:
         raise ConvertError(f"config.json has no {e.args[0]}, which a {family} model is derived from") from None
 

@@ -78,7 +78,8 @@ def kv_channels(m: ModelConfig) -> int:
 
 
 def attention_params(m: ModelConfig) -> int:
-    """Parameters of one attention block (projections, biases, MLA norms), without the input norm."""
+    """Parameters of one attention block (projections, biases, MLA norms, per-head query/key norms with
+    ``qk_layernorm``), without the input norm."""
     h, n = m.hidden_size, m.num_attention_heads
     if m.multi_latent_attention:
         qk = m.qk_head_dim + m.qk_pos_emb_head_dim
@@ -90,7 +91,8 @@ def attention_params(m: ModelConfig) -> int:
     groups = m.num_query_groups or n
     qkv_out = (n + 2 * groups) * d
     bias = qkv_out if (m.add_bias_linear or m.add_qkv_bias) else 0
-    return h * qkv_out + bias + n * d * h + (h if m.add_bias_linear else 0)
+    qk_norms = 2 * d * (2 if m.normalization == "LayerNorm" else 1) if m.qk_layernorm else 0
+    return h * qkv_out + bias + n * d * h + (h if m.add_bias_linear else 0) + qk_norms
 
 
 def mlp_params(m: ModelConfig, ffn: int) -> int:

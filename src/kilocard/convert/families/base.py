@@ -53,11 +53,14 @@ class Family:
     """Whether the family's layers are MoE layers (every one: ``moe_layer_freq`` 1)."""
     qkv_bias: bool = False
     """Whether q/k/v projections carry a bias (``add_qkv_bias``)."""
+    qk_norm: bool = False
+    """Whether queries and keys are RMS-normalised per head before attention (``qk_layernorm``)."""
 
     def claims(self, m: ModelConfig) -> bool:
         """Whether a kilocard model with no recorded source exports as this family (the registry asks the
         families in order, most specific first)."""
-        return bool(m.num_moe_experts) == self.moe and (m.add_qkv_bias or not self.qkv_bias)
+        wants = ((m.add_qkv_bias, self.qkv_bias), (m.qk_layernorm, self.qk_norm))
+        return bool(m.num_moe_experts) == self.moe and all(has or not needed for has, needed in wants)
 
     # --- what the family can hold -------------------------------------------------------------------
 
@@ -72,11 +75,14 @@ class Family:
             ("multi_latent_attention", False),
             ("mtp_num_layers", None),
             ("add_qkv_bias", self.qkv_bias),
+            ("qk_layernorm", self.qk_norm),
         ]
         if not self.moe:
             return [*out, ("num_moe_experts", None)]
         out += [("moe_layer_freq", 1), ("moe_shared_expert_intermediate_size", None)]
-        return [*out, ("moe_router_score_function", "softmax")]
+        out += [("moe_router_score_function", "softmax"), ("moe_router_topk_scaling_factor", None)]
+        out += [("moe_router_num_groups", None), ("moe_router_enable_expert_bias", False)]
+        return [*out, ("moe_router_pre_softmax", False)]
 
     def check_model(self, m: ModelConfig) -> None:
         """Refuse a recipe model the family's Hugging Face layout cannot express, naming the field."""
@@ -118,6 +124,10 @@ class Family:
         """The family's own ``config.json`` values (Llama: no attention or MLP bias)."""
         return [Expect("attention_bias", False, "add_qkv_bias"), Expect("mlp_bias", False, "add_bias_linear")]
 
+    def normalized(self, c: dict[str, Any]) -> dict[str, Any]:
+        """``c`` (already ``maps.normalized``) with the family's own defaults and spellings made explicit."""
+        return c
+
     def model_from_config(self, c: dict[str, Any]) -> dict[str, Any]:
         """The ``model.*`` fields a (``maps.normalized``) ``config.json`` decides (what ``expected_config``
         compares); ``seq_length`` is the context, at most 8192."""
@@ -140,11 +150,13 @@ class Family:
         out["seq_length"] = min(out["max_position_embeddings"], 8192)
         if out["rope_scaling"]:
             out["rope_scaling_factor"] = float(rope.get("factor", 8.0))
+        if self.moe and "router_aux_loss_coef" in c:
+            out["moe_aux_loss_coeff"] = float(c["router_aux_loss_coef"])
         return out
 
     def export_extras(self, m: ModelConfig) -> dict[str, Any]:
         """``config.json`` keys an export writes that an import does not compare (training-only settings)."""
-        return {}
+        return {"router_aux_loss_coef": m.moe_aux_loss_coeff} if self.moe else {}
 
     # --- tensors -------------------------------------------------------------------------------------
 
@@ -162,7 +174,12 @@ class Family:
         if m.add_qkv_bias:
             rows = (("q", q_rows), ("k", kv_rows), ("v", kv_rows))
             out += [Slot(p + f"self_attn.{x}_proj.bias", qkv + "bias", x, (n,)) for x, n in rows]
-        return out + [Slot(p + "self_attn.o_proj.weight", t + "self_attention.linear_proj.weight", "all", (h, q_rows))]
+        out.append(Slot(p + "self_attn.o_proj.weight", t + "self_attention.linear_proj.weight", "all", (h, q_rows)))
+        if not m.qk_layernorm:
+            return out
+        attn = t + "self_attention."
+        norms = (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm"))
+        return out + [Slot(p + f"self_attn.{x}.weight", attn + f"{y}.weight", "all", (d,)) for x, y in norms]
 
     def mlp_slots(self, m: ModelConfig, p: str, t: str) -> list[Slot]:
         """The dense MLP's tensors."""

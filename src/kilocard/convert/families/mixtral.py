@@ -34,12 +34,7 @@ class Mixtral(Family):
         out["moe_ffn_hidden_size"] = c["intermediate_size"]
         out["num_moe_experts"] = c["num_local_experts"]
         out["moe_router_topk"] = c["num_experts_per_tok"]
-        if "router_aux_loss_coef" in c:
-            out["moe_aux_loss_coeff"] = float(c["router_aux_loss_coef"])
         return out
-
-    def export_extras(self, m: ModelConfig) -> dict[str, Any]:
-        return {"router_aux_loss_coef": m.moe_aux_loss_coeff}
 
     def mlp_slots(self, m: ModelConfig, p: str, t: str) -> list[Slot]:
         moe = p + "block_sparse_moe."
