@@ -458,7 +458,8 @@ class TrainerConfig:
     """Evaluate the loaded checkpoint on the validation and test splits and stop, without training or saving
     (Megatron-LM ``--skip-train``); needs ``trainer.eval_interval``."""
     log_interval: int = 1
-    """Print a progress line every N steps (metrics.jsonl gets every step)."""
+    """Rank 0 prints its step line every N steps and at the last step (Megatron-LM ``--log-interval``; the
+    line is in the job log, ``train.log`` and ``kilocard logs``); metrics.jsonl gets every step."""
     seed: int = 1234
     """Seed for model init, dropout and data order."""
     deterministic: bool = True
