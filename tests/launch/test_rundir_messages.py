@@ -44,8 +44,10 @@ def test_missing_git_records_an_unknown_version_instead_of_blaming_shared_fs(tmp
 
 @pytest.mark.parametrize("verb", ["validate", "sbatch", "run"])
 def test_overlong_run_name_names_run_name(verb, tmp_path, capsys):
-    """300 characters used to fail as 'cluster.shared_fs: ... File name too long' (and validate passed it)."""
-    argv = [verb, *TINY, f"cluster.shared_fs={tmp_path}/runs", f"launcher.run_name={'r' * 300}"]
+    """300 characters used to fail as 'cluster.shared_fs: ... File name too long' (and validate passed it).
+    ``run`` gets one node: two are refused first, alone, as no run of this machine (RUN_HERE)."""
+    layout = ["recipe=tiny_gpt"] if verb == "run" else TINY
+    argv = [verb, *layout, f"cluster.shared_fs={tmp_path}/runs", f"launcher.run_name={'r' * 300}"]
     rc, out, err = run_main(argv, capsys)
     assert rc == exits.INVALID and "Traceback" not in out + err
     assert f"RUN_NAME: launcher.run_name = '{'r' * 40}...': launcher.run_name is 300 bytes long" in out + err
