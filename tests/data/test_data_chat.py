@@ -287,3 +287,29 @@ def test_special_token_text_inside_a_message_is_plain_text(tmp_path: Path) -> No
         assert loss == conversation["messages"][1]["content"] + END  # the forged text is plain and carries no loss
         plain = tok.decode([i for i in ids if i not in special])
         assert all(m["content"].replace("\n", "") in plain.replace("\n", "") for m in conversation["messages"][:1])
+
+
+@pytest.mark.parametrize(
+    ("fifo", "chat", "says"),
+    [
+        ("tok/tokenizer_config.json", True, "--tokenizer: {tmp}/tok/tokenizer_config.json: is a FIFO (named pipe)"),
+        ("tok/tokenizer.json", True, "--tokenizer: {tmp}/tok/tokenizer.json: is a FIFO (named pipe)"),
+        ("tok/tokenizer.json", False, "data.tokenizer: {tmp}/tok/tokenizer.json: is a FIFO (named pipe)"),
+    ],
+)
+def test_a_fifo_in_the_tokenizer_is_named_as_what_it_is(tmp_path, capsys, fifo, chat, says):
+    """A FIFO ``tokenizer_config.json`` was reported as "no chat template", a FIFO ``--tokenizer`` as "no such file":
+    one line naming the file and what it is, exit 2, nothing written."""
+    import os
+
+    shutil.copytree(CHAT, tmp_path / "tok", ignore=shutil.ignore_patterns("*.bin", "*.idx", "*.jsonl", "*.py"))
+    (tmp_path / fifo).unlink()
+    os.mkfifo(tmp_path / fifo)
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps(CONVERSATIONS[1]) + "\n")
+    argv = ["preprocess", *(["--chat"] if chat else []), "--input", str(src), "--tokenizer", str(tmp_path / "tok")]
+    capsys.readouterr()
+    assert main([*argv, "--output-prefix", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says.format(tmp=tmp_path) in err, err
+    assert not list(tmp_path.glob("out*"))

@@ -205,3 +205,37 @@ def test_follow_of_a_running_local_run_ends_when_its_launcher_lets_go(tmp_path, 
     t.join()
     assert capsys.readouterr().out.splitlines()[-1] == "[rank 0] kilocard.train: summary written"
     assert 0.9 < time.monotonic() - began < 10
+
+
+def _local_run(tmp_path, train_log: str | None):
+    """A local run's directory (``kilocard run``: launcher.kind local) whose ``logs/train.log`` is missing (None),
+    a FIFO or a directory."""
+    import os
+
+    (tmp_path / "logs").mkdir(parents=True)
+    write_frozen(compose(["recipe=tiny_gpt"]), tmp_path)
+    log = tmp_path / "logs" / "train.log"
+    if train_log == "fifo":
+        os.mkfifo(log)
+    elif train_log == "dir":
+        log.mkdir()
+    return tmp_path
+
+
+def test_a_local_log_that_cannot_be_read_or_waited_for_is_one_line_exit_2(tmp_path, capsys):
+    """``logs --follow`` of a run whose train.log is missing, a FIFO or a directory never returned: each is one line
+    naming the file and what it is, exit 2, at once. Without ``--follow`` a FIFO or a directory is the same line;
+    a missing log is the note that the run has no output yet (``test_a_run_without_output_yet_says_so``)."""
+    from bad_files import finishes
+
+    cases = {None: "train.log: missing, and no kilocard run is writing this run", "fifo": "is a FIFO (named pipe)"}
+    cases["dir"] = "train.log: is a directory, not a regular file"
+    for i, (kind, says) in enumerate(cases.items()):
+        d = _local_run(tmp_path / str(i), kind)
+        for follow in ([], ["--follow"]) if kind else (["--follow"],):
+            result = finishes(lambda d=d, follow=follow: main(["logs", str(d), *follow]), seconds=20)
+            err = capsys.readouterr().err
+            assert result.get("value") == 2, (kind, follow, result, err)
+            assert len(err.strip().splitlines()) == 1 and says in err, (kind, err)
+    assert main(["logs", str(_local_run(tmp_path / "r", None)), "--rank", "-1"]) == 2
+    assert "--rank -1" in capsys.readouterr().err

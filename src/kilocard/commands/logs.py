@@ -19,7 +19,7 @@ from pathlib import Path
 from kilocard.commands import exits
 from kilocard.commands.output import fail
 from kilocard.config import ComposeError
-from kilocard.launch.logs import Reader, ended, rank_labels, select
+from kilocard.launch.logs import Reader, ended, log_problem, rank_labels, select
 from kilocard.launch.render import LOG_DIR
 
 HELP = "print (or follow) a run's output (Slurm or local), optionally one rank's"
@@ -48,6 +48,9 @@ def show(run_dir: Path, rank: int | None = None, follow: bool = False, poll_s: f
     if not (run_dir / LOG_DIR).is_dir():
         why = f"{run_dir} has no {LOG_DIR}/ (expected a run directory written by kilocard sbatch or run)"
         return fail("logs", f"RUN_DIR: {why}", exits.USAGE)
+    problem = log_problem(run_dir, follow)
+    if problem:
+        return fail("logs", problem, exits.USAGE)
     injob = False
     if rank is not None:
         try:

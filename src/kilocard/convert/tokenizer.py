@@ -129,8 +129,8 @@ def _json_or_empty(path: Path) -> dict[str, Any]:
 
 def _hf_folder_of(name: str | None) -> Path | None:
     """The folder of ``data.tokenizer`` ``name`` when it is a Hugging Face ``tokenizer.json`` in one."""
-    path = tokenizer_file(name) if name else None
     try:
+        path = tokenizer_file(name) if name else None
         if path is None or path.name != HF_FILE or tokenizer_type(path) != HF:
             return None
     except DataError:

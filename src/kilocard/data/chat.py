@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy
 
-from kilocard.base.safe_read import FileReadError, read_json, read_text, type_name
+from kilocard.base.safe_read import FileReadError, read_json, read_text, require_regular, type_name
 from kilocard.data.errors import DataError, require_utf8
 from kilocard.data.record import HF_FILE, tokenizer_file
 
@@ -40,13 +40,27 @@ Messages = list[dict[str, str]]
 def tokenizer_folder(name: str) -> Path:
     """The Hugging Face tokenizer folder of ``--tokenizer`` (a folder, or the ``tokenizer.json`` in one), looked up
     as ``data.tokenizer`` is (the current directory, then kilocard's shipped root)."""
-    found = tokenizer_file(name)
+    try:
+        found = tokenizer_file(name)
+    except DataError as err:
+        raise DataError(f"--tokenizer: {err}") from None
     if found is None or found.name != HF_FILE:
         raise DataError(
             f"--tokenizer: {name} is not a Hugging Face tokenizer folder (no {HF_FILE}); "
             f"fix: --chat needs the folder of a Hugging Face model ({HF_FILE} and tokenizer_config.json)"
         )
+    for file in FOLDER_FILES:  # transformers skips what is not a file: a FIFO config would read as no template
+        path = found.parent / file
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            try:
+                require_regular(path)
+            except FileReadError as err:
+                raise DataError(f"--tokenizer: {err}; fix: a regular file, or none") from None
     return found.parent
+
+
+FOLDER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
+"""The files of a Hugging Face tokenizer folder besides ``tokenizer.json`` that transformers reads when present."""
 
 
 def load_chat_tokenizer(name: str) -> Any:
@@ -88,14 +102,17 @@ def folder_template(folder: Path) -> str | dict[str, str] | None:
     alone (no transformers): the template files take priority over the config, as in transformers'
     ``from_pretrained``: ``chat_template.jinja`` (named ``default``) and the named templates of
     ``additional_chat_templates/`` (a ``default`` alone is a string, several a dict by name); without them the
-    config's ``chat_template`` (a string, or named templates as a dict); ``None`` when it has none or cannot be
-    read."""
+    config's ``chat_template`` (a string, or named templates as a dict); ``None`` when it has none;
+    ``DataError`` naming a template or config file that is there but cannot be read (a FIFO, bad JSON)."""
+    config_file = folder / "tokenizer_config.json"
     try:
         files = _template_files(folder)
         if files:
             return files["default"] if list(files) == ["default"] else files
-        config = read_json(folder / "tokenizer_config.json", dict)
-    except FileReadError:
+        config = read_json(config_file, dict)
+    except FileReadError as err:
+        if config_file.exists() or config_file.is_symlink() or (folder / "chat_template.jinja").exists():
+            raise DataError(f"data.tokenizer: {err}") from None  # there but unreadable: not "no chat template"
         return None
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from kilocard.base.safe_read import FileReadError, require_regular
 from kilocard.config.domains import choices
 from kilocard.data.errors import DataError
 from kilocard.paths import data_dir
@@ -33,8 +34,17 @@ def _candidates(name: str) -> list[Path]:
 
 
 def find_file(name: str) -> Path | None:
-    """The file ``name`` (cwd first, then the shipped root), or None when neither has it."""
-    return next((c.resolve() for c in _candidates(name) if c.is_file()), None)
+    """The file ``name`` (cwd first, then the shipped root), or None when neither has it; ``DataError`` naming what
+    is there when it is no regular file (a FIFO, a socket, a directory where a file is meant: not "no such file")."""
+    for c in _candidates(name):
+        if c.is_file():
+            return c.resolve()
+        if c.is_symlink() or (c.exists() and not c.is_dir()):
+            try:
+                require_regular(c)
+            except FileReadError as e:
+                raise DataError(f"{e}; fix: the path of a regular file") from None
+    return None
 
 
 def resolve_data_prefix(prefix: str) -> str:

@@ -79,7 +79,10 @@ def get_tokenizer(name: str) -> TokenizerBase:
     """The tokenizer ``name``: ``kilocard-bytes`` or the path of a tokenizer file (see the module docstring)."""
     if name == BYTES_TOKENIZER:
         return ByteTokenizer()
-    path = find_file(name) or find_file(str(Path(name) / HF_FILE))  # a model folder: its tokenizer.json
+    try:
+        path = find_file(name) or find_file(str(Path(name) / HF_FILE))  # a model folder: its tokenizer.json
+    except DataError as err:
+        raise DataError(f"data.tokenizer: {err}") from None
     if path is None:
         raise DataError(
             f"data.tokenizer: unknown tokenizer {name!r} (no such file in {Path.cwd()} or kilocard's shipped root); "

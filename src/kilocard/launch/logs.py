@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from kilocard.base.safe_read import open_regular
+from kilocard.base.safe_read import FileReadError, open_regular, read_yaml, require_regular
 from kilocard.config import load_run_config
 from kilocard.launch import ftlaunch
 from kilocard.launch.render import LOG_DIR
@@ -54,6 +54,37 @@ def log_files(run_dir: Path) -> list[Path]:
 def is_local(run_dir: Path) -> bool:
     """Whether ``run_dir`` was trained by ``kilocard run`` (its log is ``train.log``, no Slurm job logs)."""
     return (run_dir / LOG_DIR / LOCAL_LOG).is_file() and not any((run_dir / LOG_DIR).glob("slurm-*.out"))
+
+
+def log_problem(run_dir: Path, follow: bool) -> str | None:
+    """Why the run's logs cannot be read, or (``follow``) waited for (``None``: they can): a log that is not a
+    regular file (a FIFO, a directory: named as what it is), or to follow, a local run's ``train.log`` missing
+    while no ``kilocard run`` writes it (it would be waited for forever)."""
+    logs = run_dir / LOG_DIR
+    for path in [*logs.glob("slurm-*.out"), logs / LOCAL_LOG]:
+        if path.exists() or path.is_symlink():
+            try:
+                require_regular(path)
+            except FileReadError as e:
+                return str(e)
+    if not follow or (logs / LOCAL_LOG).exists() or any(logs.glob("slurm-*.out")):
+        return None
+    if _launcher_kind(run_dir) != "local":
+        return None
+    if live_local_holder(run_dir):
+        return None  # its kilocard run is starting: the log comes
+    why = "no kilocard run is writing this run (it never started, or the log was removed)"
+    return f"{logs / LOCAL_LOG}: missing, and {why}"
+
+
+def _launcher_kind(run_dir: Path) -> str | None:
+    """``launcher.kind`` of the run's frozen config (read as YAML, without composing it); ``None`` when unknown."""
+    try:
+        launcher = read_yaml(run_dir / CONFIG_FILE).get("launcher")
+    except (FileReadError, ValueError):
+        return None
+    kind = launcher.get("kind") if isinstance(launcher, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def _alive(pid: object) -> bool:

@@ -268,11 +268,15 @@ def template_issues(cfg: RunConfig, records: list[tuple[str, DataRecord]]) -> li
     ``SFT_TEMPLATE_CHANGED`` for each prefix rendered with another template than the folder's."""
     if not cfg.data.sft:
         return []
-    found = tokenizer_file(cfg.data.tokenizer)
-    if found is None or found.name != HF_FILE:
-        return []  # not a Hugging Face folder: DATA_TOKENIZER_MISMATCH names the one the data was made with
-    folder = found.parent
-    sha = template_sha256(folder_template(folder))
+    try:
+        found = tokenizer_file(cfg.data.tokenizer)
+        if found is None or found.name != HF_FILE:
+            return []  # not a Hugging Face folder: DATA_TOKENIZER_MISMATCH names the one the data was made with
+        folder = found.parent
+        sha = template_sha256(folder_template(folder))
+    except DataError as err:
+        what, fix = err.parts()
+        return [error("SFT_CHAT_TEMPLATE", "data.tokenizer", cfg.data.tokenizer, what, fix or "fix the file")]
     if sha is None:
         return [
             error(
