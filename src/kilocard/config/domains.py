@@ -208,7 +208,7 @@ PARALLEL: dict[str, Domain] = {
     "parallel.recompute_num_layers": count(1, LAYERS, "layers per recompute unit", "RECOMPUTE_NUM_LAYERS"),
     "parallel.cpu_offloading_num_layers": count(0, LAYERS, "offloaded layers", "CPU_OFFLOAD_LAYERS"),
     "parallel.data_parallel_sharding_strategy": Choices(
-        ("no_shard", "optim", "optim_grads", "optim_grads_params"), "Megatron-FSDP sharding", "FSDP_SHARDING"
+        ("no_shard", "optim", "optim_grads", "optim_grads_params"), "Megatron-FSDP sharding", "FSDP_SHARDING_STRATEGY"
     ),
 }
 

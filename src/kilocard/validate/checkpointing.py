@@ -6,6 +6,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
+from kilocard.config.domains import choices
 from kilocard.config.schema import RunConfig
 from kilocard.layout import world_size
 from kilocard.perf.goodput import job_goodput, predicted_step_s
@@ -58,7 +59,7 @@ def rule_checkpoint_interval(cfg: RunConfig, layout: object = None) -> Iterable[
         )
 
 
-LOCAL_TYPES = ("local",)
+LOCAL_TYPES = choices("checkpoint.non_persistent_ckpt_type")
 """``checkpoint.non_persistent_ckpt_type`` values kilocard runs (Megatron-LM also has ``global``, ``in_memory``)."""
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kilocard.config.domains import choices
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.topology import DEVICE_CONNECTIONS_ENV, one_device_connection
 from kilocard.validate.issues import Issue, error, warning
 
 L = "launcher."
-KINDS = ("local", "slurm")
+KINDS = choices("launcher.kind")
 CDMC = DEVICE_CONNECTIONS_ENV
 
 

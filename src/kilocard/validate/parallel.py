@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kilocard.config.domains import choices
 from kilocard.config.schema import RunConfig
 from kilocard.layout import MAX_LAYOUT_LETTERS, Layout, parse_pipeline_layout
 from kilocard.validate.issues import Issue, error, warning
@@ -364,7 +365,7 @@ def _uneven(cfg: RunConfig, lay: Layout, first: int | None, last: int | None, vp
         )
 
 
-SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+SHARDING_STRATEGIES = choices("parallel.data_parallel_sharding_strategy")
 """Megatron-Core's ``DistributedDataParallelConfig.data_parallel_sharding_strategy`` values."""
 
 

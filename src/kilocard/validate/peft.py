@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kilocard.config.domains import choices
 from kilocard.config.schema import LORA_INIT_METHODS, LORA_TARGETS, RunConfig
 from kilocard.layout import Layout
 from kilocard.validate.issues import Issue, error
 
-PEFT_TYPES = (None, "lora")
+PEFT_TYPES = (None, *choices("peft.type"))
 """``peft.type`` values."""
 
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kilocard.config.domains import choices
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.topology import gpu_spec
 from kilocard.validate.issues import Issue, error
 
 R = "precision."
-FP8_FORMATS = ("e4m3", "hybrid")
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
-FP4_FORMATS = ("nvfp4",)
-PARAM_DTYPES = ("float32", "bfloat16", "float16")
+FP8_FORMATS = choices("precision.fp8")
+FP8_RECIPES = choices("precision.fp8_recipe")
+FP4_FORMATS = choices("precision.fp4")
+PARAM_DTYPES = choices("precision.params_dtype")
 
 
 def rule_half_precision(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kilocard.config.domains import choices
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.validate.issues import Issue, error, warning
@@ -25,7 +26,7 @@ def rule_recompute(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
                 f"set {P}recompute_granularity=full, or clear the other two",
             )
         return
-    if g not in ("full", "selective"):
+    if g not in choices("parallel.recompute_granularity"):
         yield error(
             "RECOMPUTE_GRANULARITY",
             P + "recompute_granularity",
@@ -34,7 +35,7 @@ def rule_recompute(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
             f"set {P}recompute_granularity=selective",
         )
         return
-    if meth is not None and meth not in ("uniform", "block"):
+    if meth is not None and meth not in choices("parallel.recompute_method"):
         yield error(
             "RECOMPUTE_METHOD",
             P + "recompute_method",
