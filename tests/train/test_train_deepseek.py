@@ -87,3 +87,25 @@ def test_without_the_shims_mla_section_the_model_does_not_build(kilocard_run):
     )
     assert code == 1, out[-3000:]
     assert "MLASelfAttention" in (run_dir / "logs" / "train.log").read_text()
+
+
+@pytest.mark.slow  # three 2-rank runs
+def test_a_pp2_run_continued_from_its_checkpoint_equals_the_uninterrupted_one(kilocard_run):
+    """With PP 2 the MTP layer sits on the stage without the embedding (it keeps a tied copy) and every MoE
+    layer holds its expert bias: steps 5-6 continued from step 4's checkpoint equal the uninterrupted run's
+    bit for bit (weights, expert biases, Adam state and the MTP block all come back)."""
+    common = ("recipe=tiny_deepseek_v3", "parallel.pipeline_model_parallel_size=2", "optim.lr_decay_iters=6")
+    runs = {}
+    for name, extra in {
+        "whole": ("trainer.train_iters=6",),
+        "first": ("trainer.train_iters=4",),
+    }.items():
+        code, out, run_dir = kilocard_run(*common, *extra, "--nproc", "2")
+        assert code == 0, out[-3000:]
+        runs[name] = run_dir
+    load = f"checkpoint.load={runs['first'] / 'checkpoints'}"
+    code, out, rest = kilocard_run(*common, "trainer.train_iters=6", load, "--nproc", "2")
+    assert code == 0, out[-3000:]
+    whole = [json.loads(line)["loss"] for line in (runs["whole"] / "metrics.jsonl").read_text().splitlines()]
+    continued = [json.loads(line)["loss"] for line in (rest / "metrics.jsonl").read_text().splitlines()]
+    assert continued == whole[4:], (whole, continued)
