@@ -73,6 +73,14 @@ def test_a_save_directory_of_its_own_is_accepted(tmp_path, capsys, monkeypatch):
     assert targets.save_issues(str(tmp_path / "shared")) == []
 
 
+@pytest.mark.parametrize("field", ["data.path_to_cache", "checkpoint.non_persistent_local_ckpt_dir"])
+def test_the_jobs_other_folders_are_never_inside_a_checkpoint_tree(field, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    committed_run(tmp_path / "runs")
+    assert main(["validate", "recipe=tiny_gpt", f"{field}=runs/base1/checkpoints/cache"]) == 1
+    assert f"WRITE_TARGET: {field}" in capsys.readouterr().out
+
+
 def test_run_directories_are_never_made_inside_a_checkpoint_tree(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     committed_run(tmp_path / "runs")

@@ -20,7 +20,8 @@ the verbs' error boundary, before any work) when:
   validate time).
 
 ``config_issues`` is what ``validate``, ``run`` and ``sbatch`` check of a new run's config: its
-``checkpoint.save`` and ``cluster.shared_fs`` outside any checkpoint tree (``checkpoint.save`` may be a
+``checkpoint.save``, ``cluster.shared_fs``, ``data.path_to_cache`` and local checkpoint folder outside any
+checkpoint tree (``checkpoint.save`` may be a
 checkpoint directory itself: who owns it is ``rundir.checkpoint.fresh_save_issues``'), and its mount paths.
 ``write_file`` writes a checked file atomically (a temporary sibling renamed into place).
 """
@@ -267,12 +268,19 @@ def save_issues(save: str | None) -> list[Issue]:
 
 
 def config_issues(cfg: RunConfig) -> list[Issue]:
-    """What a new run's config may write: ``checkpoint.save`` and ``cluster.shared_fs`` outside any checkpoint
-    tree, and (with a container image) mount paths pyxis can carry."""
+    """What a new run's config may write: ``checkpoint.save``, and the other folders its job writes into
+    (``cluster.shared_fs``, ``data.path_to_cache``, ``checkpoint.non_persistent_local_ckpt_dir``), outside any
+    checkpoint tree, and (with a container image) mount paths pyxis can carry."""
     out = save_issues(cfg.checkpoint.save)
-    runs = checkpoint_tree_of(cfg.cluster.shared_fs)
-    if runs is not None:
-        out += _inside_issue("cluster.shared_fs", str(cfg.cluster.shared_fs), runs)
+    written = {
+        "cluster.shared_fs": cfg.cluster.shared_fs,
+        "data.path_to_cache": cfg.data.path_to_cache,
+        "checkpoint.non_persistent_local_ckpt_dir": cfg.checkpoint.non_persistent_local_ckpt_dir,
+    }
+    for field, value in written.items():
+        tree = checkpoint_tree_of(str(value)) if value else None
+        if tree is not None:
+            out += _inside_issue(field, str(value), tree)
     return out + mount_issues(cfg)
 
 
