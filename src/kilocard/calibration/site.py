@@ -168,6 +168,8 @@ def _identity(raw: Any) -> tuple[str, ...]:
         return ()
     if prov.get("run_identity"):
         return ("identity", str(prov["run_identity"]))
+    if not prov.get("run_dir"):
+        return ()
     return ("dir", str(prov.get("run_dir")), str(prov.get("config_sha256")))
 
 
@@ -184,20 +186,23 @@ def _existing_rows(file: Path) -> tuple[str, list[Any]]:
     return text, doc["rows"]
 
 
-def _appended(text: str, rows: list[Any], row: dict) -> str:
-    """``text`` with ``row`` added as the last item of its ``rows:`` list, every other byte (comments, order,
-    spelling) kept; the indentation is the list's own, checked by parsing the result."""
+def _appended(file: Path, text: str, rows: list[Any], row: dict) -> Path:
+    """A temporary sibling of ``file`` holding ``text`` with ``row`` added as the last item of its ``rows:`` list,
+    every other byte (comments, order, spelling) kept; the indentation is the list's own, checked by reading the
+    result back (the safe reader) before it may replace ``file``."""
     base = text if text.endswith("\n") or not text else text + "\n"
     item = yaml.safe_dump([row], sort_keys=False, default_flow_style=None)
+    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
     for indent in dict.fromkeys([*_item_indents(text), 0, 2]):
         pad = " " * indent
-        candidate = base + "".join(pad + line if line.strip() else line for line in item.splitlines(keepends=True))
+        tmp.write_text(base + "".join(pad + line if line.strip() else line for line in item.splitlines(keepends=True)))
         try:
-            doc = yaml.load(candidate, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
-        except yaml.YAMLError:
+            doc = read_yaml(tmp, (dict, list, str, type(None)))
+        except FileReadError:
             continue
         if isinstance(doc, dict) and doc.get("rows") == [*rows, row]:
-            return candidate
+            return tmp
+    tmp.unlink(missing_ok=True)
     raise ValueError(
         "--site: the new row cannot be appended in place: 'rows:' is not the file's last entry written as a block "
         "list; move it last (one '- id: ...' item per row)"
@@ -224,15 +229,14 @@ def append_row(file: Path, row: dict) -> str:
         if twin is not None:
             raise ValueError(f"--site: {file} already holds this run as row {twin.get('id')!r} (it was added before)")
         if any(isinstance(r, dict) and r.get("id") == row["id"] for r in rows):
+            if not mine:
+                raise ValueError(f"--site: {file} already holds a row {row['id']!r}")
             row = {**row, "id": f"{row['id']}-{hashlib.sha256(repr(mine).encode()).hexdigest()[:8]}"}
     _row(row, len(rows), file.name)  # the loader accepts it, or nothing is written
-    out = _appended(text, rows, row)
-    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(out)
-        os.replace(tmp, file)
+        os.replace(_appended(file, text, rows, row), file)
     finally:
-        tmp.unlink(missing_ok=True)
+        file.with_name(f".{file.name}.tmp-{os.getpid()}").unlink(missing_ok=True)
     return str(row["id"])
 
 

@@ -177,7 +177,7 @@ def output_prefix(field: str, prefix: str) -> str:
             "names no file (the outputs would be hidden files named by the suffix alone)",
             "give a path such as data/corpus",
         )
-    _refuse_places(field, Path(prefix).expanduser().parent / Path(prefix).name, prefix)
+    _refuse_places(field, Path(prefix).expanduser(), prefix)
     return prefix
 
 
