@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 import yaml
-from tiny_hf import convert_all, forward_plan, hf_tensors, make, model_class, run_forward
+from tiny_hf import assert_logits_match, convert_all, forward_plan, hf_tensors, make, model_class, run_forward
 
 from kilocard.config.compose import compose, to_run_config
 from kilocard.paths import data_dir
@@ -114,9 +114,4 @@ def test_logits_equal_transformers_at_tp1_tp2_and_ep2(converted, tmp_path) -> No
     root, models = converted
     plan = forward_plan(root, tmp_path, models, LAYOUTS)
     out = run_forward(plan, tmp_path)
-    for case in plan:
-        results = [json.loads(p.read_text()) for p in out.glob(f"{case['name']}.rank*.json")]
-        assert results, f"{case['name']}: no rank reported logits"
-        for r in results:
-            assert r["shape"] == [2, 16, 258]
-            assert r["max_abs_diff"] <= TOLERANCE, (case["name"], r)
+    assert_logits_match(plan, out, TOLERANCE)

@@ -10,6 +10,12 @@ from kilocard.convert import families
 from kilocard.convert.spec import ConvertError
 
 DENSE = dict(normalization="RMSNorm", activation="swiglu", add_bias_linear=False, position_embedding_type="rope")
+DEEPSEEK = dict(
+    multi_latent_attention=True, qk_layernorm=True, rope_type="rope", q_lora_rank=16, num_moe_experts=4,
+    moe_ffn_hidden_size=32, moe_shared_expert_intermediate_size=32, moe_router_score_function="sigmoid",
+    moe_router_enable_expert_bias=True,
+)  # fmt: skip
+"""A DeepSeek-V3 model (on ``DENSE``'s shape): MLA with its latent norms, sigmoid routing with the expert bias."""
 
 
 def test_every_family_is_found_by_its_model_type_and_names_its_architecture():
@@ -20,7 +26,9 @@ def test_every_family_is_found_by_its_model_type_and_names_its_architecture():
 
 
 def test_an_unknown_model_type_is_refused_naming_the_known_ones():
-    with pytest.raises(ConvertError, match=r"model_type 'gemma' is not supported \(expected one of llama, mixtral"):
+    with pytest.raises(
+        ConvertError, match=r"model_type 'gemma' is not supported \(expected one of deepseek_v3, llama, mixtral"
+    ):
         families.of_config({"model_type": "gemma"})
 
 
@@ -32,6 +40,7 @@ def test_an_unknown_model_type_is_refused_naming_the_known_ones():
         ({"num_moe_experts": 4}, "mixtral"),
         ({"qk_layernorm": True}, "qwen3"),
         ({"qk_layernorm": True, "num_moe_experts": 4}, "qwen3_moe"),
+        ({**DEEPSEEK, "moe_layer_freq": [0, 1]}, "deepseek_v3"),
     ],
 )
 def test_a_model_with_no_recorded_source_exports_as_the_family_that_claims_it(changes, family):
@@ -40,10 +49,17 @@ def test_a_model_with_no_recorded_source_exports_as_the_family_that_claims_it(ch
     families.get(family).check_model(m)  # and that family can hold it
 
 
+def family_example(f: families.Family) -> ModelConfig:
+    """A model the family can hold: ``DENSE`` with its features."""
+    if f.model_type == "deepseek_v3":
+        return ModelConfig(**{**DENSE, **DEEPSEEK, "moe_layer_freq": [0, 1]})
+    features = dict(add_qkv_bias=f.qkv_bias, qk_layernorm=f.qk_norm, num_moe_experts=2 if f.moe else None)
+    return ModelConfig(**DENSE, num_query_groups=2, **features)
+
+
 def test_each_tensor_of_a_family_has_one_slot():
     for f in families.FAMILIES:
-        features = dict(add_qkv_bias=f.qkv_bias, qk_layernorm=f.qk_norm, num_moe_experts=2 if f.moe else None)
-        m = ModelConfig(**DENSE, num_query_groups=2, **features)
+        m = family_example(f)
         f.check_model(m)
         names = [s.hf for i in range(m.num_layers) for s in f.layer_slots(m, i)]
         assert len(names) == len(set(names)), f.model_type

@@ -50,9 +50,24 @@ def hf_config(kind: str, **changes):
             return Qwen3Config(**{**c, **changes})
         c.update(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
         return Qwen3MoeConfig(**{**c, "router_aux_loss_coef": 0.001, **changes})
+    if kind == "deepseek_v3":
+        return deepseek_v3_config(c, changes)
     c.update(intermediate_size=160, rms_norm_eps=1e-6, tie_word_embeddings=True)
     c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     return Qwen2Config(**{**c, **changes})
+
+
+def deepseek_v3_config(c: dict, changes: dict):
+    """A tiny DeepSeek-V3: MLA (ranks 32/16, 16 + 8 query-key dims, 16 value dims), one dense layer then MoE
+    layers of 4 experts (top-2 of 2 groups, one group per token, scaled by 2.5) with one shared expert."""
+    from transformers import DeepseekV3Config
+
+    c = {**c, "num_hidden_layers": 3, "num_key_value_heads": 4}
+    c.update(intermediate_size=256, moe_intermediate_size=64, n_routed_experts=4, n_shared_experts=1)
+    c.update(num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.5, first_k_dense_replace=1)
+    c.update(q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    c.update(rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    return DeepseekV3Config(**{**c, **changes})
 
 
 def model_class(kind: str):
@@ -60,7 +75,7 @@ def model_class(kind: str):
     import transformers
 
     names = {"llama": "Llama", "llama31": "Llama", "mixtral": "Mixtral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
-    name = {**names, "qwen3_moe": "Qwen3Moe"}[kind]
+    name = {**names, "qwen3_moe": "Qwen3Moe", "deepseek_v3": "DeepseekV3"}[kind]
     return getattr(transformers, f"{name}ForCausalLM")
 
 
@@ -72,6 +87,9 @@ def make(kind: str, path: Path, dtype: torch.dtype = torch.float32, seed: int = 
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's expert bias: zeros would hide a wrong map
+                b.copy_(0.1 * torch.randn_like(b))
     model = model.to(dtype)
     model.save_pretrained(path, max_shard_size="40KB")
     return model
@@ -150,3 +168,14 @@ def run_forward(plan: list[dict], tmp_path: Path) -> Path:
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
+
+
+def assert_logits_match(plan: list[dict], out: Path, tolerance: float) -> None:
+    """Every rank of every case of ``plan`` reported logits of the test batch's shape within ``tolerance`` of
+    transformers' (``run_forward``'s results in ``out``)."""
+    for case in plan:
+        results = [json.loads(p.read_text()) for p in out.glob(f"{case['name']}.rank*.json")]
+        assert results, f"{case['name']}: no rank reported logits"
+        for r in results:
+            assert r["shape"] == [2, 16, 258]
+            assert r["max_abs_diff"] <= tolerance, (case["name"], r)

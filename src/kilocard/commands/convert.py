@@ -73,7 +73,7 @@ def execute(args: argparse.Namespace) -> int:
                 "the model comes from the checkpoint's saved config"
             )
         else:
-            tokenizer = mcore_to_hf(
+            tokenizer, dropped = mcore_to_hf(
                 Path(args.src),
                 Path(args.dst),
                 st_io.parse_size(MAX_SHARD_SIZE if args.max_shard_size is None else args.max_shard_size),
@@ -85,6 +85,7 @@ def execute(args: argparse.Namespace) -> int:
                 else " (no Hugging Face tokenizer recorded for this checkpoint: copy the model's tokenizer files "
                 "beside the weights)"
             )
+            note += "".join(f"; dropped {what}" for what in dropped)
     except (ConvertUsageError, CheckpointError) as e:  # a checkpoint that fails its checks cannot be used
         return fail("convert", str(e), exits.USAGE)
     except ConvertError as e:

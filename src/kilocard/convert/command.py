@@ -252,10 +252,13 @@ def saved_model(state: ck.TrainerState) -> ModelConfig:
     return ModelConfig(**{k: v for k, v in state.model.items() if k in known})
 
 
-def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool = False) -> Path | None:
+def mcore_to_hf(
+    src: Path, out: Path, max_shard_bytes: int, adapter_only: bool = False
+) -> tuple[Path | None, list[str]]:
     """Export a committed kilocard step as a Hugging Face model directory (config.json + safetensors, and the
     tokenizer of the run or import that made it: ``kilocard.convert.tokenizer``); return the tokenizer's source
-    folder (``None``: no Hugging Face tokenizer was recorded).
+    folder (``None``: no Hugging Face tokenizer was recorded) and what the family's layout could not hold and
+    the export left out (``Family.dropped``: DeepSeek-V3's MTP layers).
 
     Every tensor is written in the weights' dtype (the word embedding's), as Hugging Face checkpoints
     are: a bf16 run keeps its torch norms in fp32, and those are cast down. A LoRA step is merged into
@@ -281,6 +284,7 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool =
     maps.check_model(family, m)
     slots = maps.slots(family, m)
     by_name = {s.hf: s for s in slots}
+    dropped = families.get(family).dropped(m)
     with staging(out) as tmp, mm.single_rank():
         dtype = mm.saved_dtype(base or sdir)
         model = mm.build(mm.single_rank_config(mm.run_config_for(m, dtype, peft), state.padded_vocab_size))
@@ -293,7 +297,7 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool =
             peft_io.write_adapter(tmp, model.state_dict(), m, peft, family, base)
             if tokenizer is not None:
                 tk.copy_files(tokenizer, tmp)
-            return tokenizer
+            return tokenizer, dropped
         lora.merge(model)
         tensors = model.state_dict()
         st_io.write_sharded(
@@ -308,4 +312,4 @@ def mcore_to_hf(src: Path, out: Path, max_shard_bytes: int, adapter_only: bool =
         tk.write_generation_config(tokenizer, tmp)
         if tokenizer is not None:
             tk.copy_files(tokenizer, tmp)
-    return tokenizer
+    return tokenizer, dropped

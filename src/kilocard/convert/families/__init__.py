@@ -10,11 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from kilocard.config.schema import ModelConfig
-from kilocard.convert.families import llama, mixtral, qwen2, qwen3, qwen3_moe
+from kilocard.convert.families import deepseek_v3, llama, mixtral, qwen2, qwen3, qwen3_moe
 from kilocard.convert.families.base import Family
 from kilocard.convert.spec import ConvertError
 
-FAMILIES: tuple[Family, ...] = (qwen3_moe.FAMILY, mixtral.FAMILY, qwen3.FAMILY, qwen2.FAMILY, llama.FAMILY)
+FAMILIES: tuple[Family, ...] = (
+    deepseek_v3.FAMILY,
+    qwen3_moe.FAMILY,
+    mixtral.FAMILY,
+    qwen3.FAMILY,
+    qwen2.FAMILY,
+    llama.FAMILY,
+)
 """Every family, most specific first: an export with no recorded source takes the first that ``claims`` its model."""
 
 BY_TYPE: dict[str, Family] = {f.model_type: f for f in FAMILIES}

@@ -154,6 +154,11 @@ class Family:
             out["moe_aux_loss_coeff"] = float(c["router_aux_loss_coef"])
         return out
 
+    def dropped(self, m: ModelConfig) -> list[str]:
+        """What of ``m`` an export leaves out because the Hugging Face layout has no place for it (one phrase
+        each, said on the export's line); nothing by default: ``check_model`` refuses what cannot be held."""
+        return []
+
     def export_extras(self, m: ModelConfig) -> dict[str, Any]:
         """``config.json`` keys an export writes that an import does not compare (training-only settings)."""
         return {"router_aux_loss_coef": m.moe_aux_loss_coeff} if self.moe else {}

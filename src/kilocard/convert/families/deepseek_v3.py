@@ -1,0 +1,188 @@
+"""DeepSeek-V3 (``DeepseekV3ForCausalLM``; Kimi-K2 has the same layout): multi-latent attention (``q_a_proj``,
+``q_a_layernorm``, ``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``), the first
+``first_k_dense_replace`` layers dense, then MoE layers of routed experts with shared experts and a sigmoid
+router whose expert bias is ``gate.e_score_correction_bias``.
+
+Both sides take the rotary half of the query and key heads interleaved (transformers' ``rope_interleave``,
+Megatron-Core's MLA rotary embedding), so no row permutation is needed. transformers has no place for the
+multi-token-prediction layers: an import leaves them out (``mtp_num_layers`` null) and an export of a model
+with MTP writes the rest and says in its line that it dropped them. YaRN (``rope_scaling``) is not mapped yet:
+plain RoPE only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kilocard.config.schema import ModelConfig
+from kilocard.convert.families.base import Family, expert_slots
+from kilocard.convert.spec import ConvertError, Expect, Slot
+
+
+def dense_layers(m: ModelConfig) -> int:
+    """Leading dense layers of ``moe_layer_freq`` (``first_k_dense_replace``); refuses any other pattern."""
+    freq = m.moe_layer_freq
+    pattern = [1] * m.num_layers if freq == 1 else list(freq) if isinstance(freq, list | tuple) else None
+    k = pattern.index(1) if pattern and 1 in pattern else m.num_layers
+    if pattern is None or pattern != [0] * k + [1] * (m.num_layers - k):
+        raise ConvertError(
+            f"model.moe_layer_freq: {freq!r} has no deepseek_v3 Hugging Face equivalent (expected leading dense "
+            f"layers then MoE layers, first_k_dense_replace); pick a recipe whose model the layout can hold"
+        )
+    return k
+
+
+class DeepseekV3(Family):
+    """MLA, leading dense layers, sigmoid-routed experts with expert bias, group-limited routing, shared experts."""
+
+    model_type = "deepseek_v3"
+    architecture = "DeepseekV3ForCausalLM"
+    base_recipe = "tiny_deepseek_v3"
+    moe = True
+
+    def claims(self, m: ModelConfig) -> bool:
+        return m.multi_latent_attention and bool(m.num_moe_experts)
+
+    def requirements(self, m: ModelConfig) -> list[tuple[str, Any]]:
+        return [
+            ("normalization", "RMSNorm"),
+            ("activation", "swiglu"),
+            ("add_bias_linear", False),
+            ("add_qkv_bias", False),
+            ("multi_latent_attention", True),
+            ("qk_layernorm", True),
+            ("rope_type", "rope"),
+            ("num_query_groups", None),
+            ("moe_router_score_function", "sigmoid"),
+            ("moe_router_enable_expert_bias", True),
+            ("moe_router_pre_softmax", False),
+        ]
+
+    def check_model(self, m: ModelConfig) -> None:
+        super().check_model(m)
+        dense_layers(m)
+        if m.q_lora_rank is None or not m.moe_shared_expert_intermediate_size:
+            field = "q_lora_rank" if m.q_lora_rank is None else "moe_shared_expert_intermediate_size"
+            raise ConvertError(f"model.{field}: None has no deepseek_v3 Hugging Face equivalent; set it")
+        groups, pick = m.moe_router_num_groups, m.moe_router_group_topk
+        if groups and pick and m.moe_router_topk != 2 * pick:
+            raise ConvertError(
+                f"model.moe_router_group_topk: {pick}: transformers scores a group by its best 2 experts, "
+                f"Megatron-Core "
+                f"by its best moe_router_topk // group_topk = {m.moe_router_topk // pick}; they agree only when "
+                f"moe_router_topk = 2 x moe_router_group_topk"
+            )
+
+    def expected_config(self, m: ModelConfig) -> list[Expect]:
+        shared = (m.moe_shared_expert_intermediate_size or 0) // (m.moe_ffn_hidden_size or 1)
+        return [
+            Expect("model_type", self.model_type, None),
+            Expect("num_hidden_layers", m.num_layers, "num_layers"),
+            Expect("hidden_size", m.hidden_size, "hidden_size"),
+            Expect("intermediate_size", m.ffn_hidden_size or 4 * m.hidden_size, "ffn_hidden_size"),
+            Expect("num_attention_heads", m.num_attention_heads, "num_attention_heads"),
+            Expect("num_key_value_heads", m.num_attention_heads, "num_query_groups"),
+            Expect("vocab_size", m.vocab_size, "vocab_size"),
+            Expect("rms_norm_eps", m.layernorm_epsilon, "layernorm_epsilon"),
+            Expect("tie_word_embeddings", m.share_embeddings_and_output_weights, "share_embeddings_and_output_weights"),
+            Expect("hidden_act", "silu", "activation"),
+            Expect("rope_parameters.rope_theta", float(m.rotary_base), "rotary_base"),
+            Expect("rope_parameters.rope_type", "default", "rope_type"),
+            Expect("rope_interleave", True, None),
+            Expect("attention_bias", False, "add_bias_linear"),
+            Expect("q_lora_rank", m.q_lora_rank, "q_lora_rank"),
+            Expect("kv_lora_rank", m.kv_lora_rank, "kv_lora_rank"),
+            Expect("qk_nope_head_dim", m.qk_head_dim, "qk_head_dim"),
+            Expect("qk_rope_head_dim", m.qk_pos_emb_head_dim, "qk_pos_emb_head_dim"),
+            Expect("v_head_dim", m.v_head_dim, "v_head_dim"),
+            Expect("n_routed_experts", m.num_moe_experts, "num_moe_experts"),
+            Expect("num_experts_per_tok", m.moe_router_topk, "moe_router_topk"),
+            Expect("moe_intermediate_size", m.moe_ffn_hidden_size, "moe_ffn_hidden_size"),
+            Expect("n_shared_experts", shared, "moe_shared_expert_intermediate_size"),
+            Expect("first_k_dense_replace", dense_layers(m), "moe_layer_freq"),
+            Expect("n_group", m.moe_router_num_groups or 1, "moe_router_num_groups"),
+            Expect("topk_group", m.moe_router_group_topk or 1, "moe_router_group_topk"),
+            Expect("routed_scaling_factor", float(m.moe_router_topk_scaling_factor or 1.0),
+                   "moe_router_topk_scaling_factor"),
+            Expect("norm_topk_prob", True, None),
+        ]  # fmt: skip
+
+    def dropped(self, m: ModelConfig) -> list[str]:
+        if not m.mtp_num_layers:
+            return []
+        return [f"the {m.mtp_num_layers} multi-token-prediction layer(s) (transformers' DeepseekV3 has none)"]
+
+    def export_extras(self, m: ModelConfig) -> dict[str, Any]:
+        return {"num_nextn_predict_layers": 0}
+
+    def model_from_config(self, c: dict[str, Any]) -> dict[str, Any]:
+        layers, dense = c["num_hidden_layers"], c["first_k_dense_replace"]
+        groups, pick = c.get("n_group") or 1, c.get("topk_group") or 1
+        out = {
+            "num_layers": layers,
+            "hidden_size": c["hidden_size"],
+            "num_attention_heads": c["num_attention_heads"],
+            "num_query_groups": None,
+            "kv_channels": c["v_head_dim"],
+            "vocab_size": c["vocab_size"],
+            "layernorm_epsilon": float(c.get("rms_norm_eps", 1e-6)),
+            "share_embeddings_and_output_weights": bool(c["tie_word_embeddings"]),
+            "rotary_base": int(c["rope_parameters"]["rope_theta"]),
+            "ffn_hidden_size": c["intermediate_size"],
+            "q_lora_rank": c["q_lora_rank"],
+            "kv_lora_rank": c["kv_lora_rank"],
+            "qk_head_dim": c["qk_nope_head_dim"],
+            "qk_pos_emb_head_dim": c["qk_rope_head_dim"],
+            "v_head_dim": c["v_head_dim"],
+            "num_moe_experts": c["n_routed_experts"],
+            "moe_router_topk": c["num_experts_per_tok"],
+            "moe_ffn_hidden_size": c["moe_intermediate_size"],
+            "moe_shared_expert_intermediate_size": c["n_shared_experts"] * c["moe_intermediate_size"],
+            "moe_layer_freq": [0] * dense + [1] * (layers - dense),
+            "moe_router_num_groups": groups if groups > 1 else None,
+            "moe_router_group_topk": pick if groups > 1 else None,
+            "moe_router_topk_scaling_factor": float(c.get("routed_scaling_factor") or 1.0),
+            "mtp_num_layers": None,
+            "max_position_embeddings": c.get("max_position_embeddings") or 4096,
+        }
+        out["seq_length"] = min(out["max_position_embeddings"], 8192)
+        return out
+
+    def attention_slots(self, m: ModelConfig, p: str, t: str) -> list[Slot]:
+        h, heads, q = m.hidden_size, m.num_attention_heads, m.qk_head_dim + m.qk_pos_emb_head_dim
+        a, s = p + "self_attn.", t + "self_attention."
+        rank, kv, rope = m.q_lora_rank or 0, m.kv_lora_rank, m.qk_pos_emb_head_dim
+        kv_up = heads * (m.qk_head_dim + m.v_head_dim)
+        return [
+            Slot(p + "input_layernorm.weight", t + "input_layernorm.weight", "all", (h,)),
+            Slot(a + "q_a_proj.weight", s + "linear_q_down_proj.weight", "all", (rank, h)),
+            Slot(a + "q_a_layernorm.weight", s + "q_layernorm.weight", "all", (rank,)),
+            Slot(a + "q_b_proj.weight", s + "linear_q_up_proj.weight", "all", (heads * q, rank)),
+            Slot(a + "kv_a_proj_with_mqa.weight", s + "linear_kv_down_proj.weight", "all", (kv + rope, h)),
+            Slot(a + "kv_a_layernorm.weight", s + "kv_layernorm.weight", "all", (kv,)),
+            Slot(a + "kv_b_proj.weight", s + "linear_kv_up_proj.weight", "all", (kv_up, kv)),
+            Slot(a + "o_proj.weight", s + "linear_proj.weight", "all", (h, heads * m.v_head_dim)),
+        ]  # fmt: skip
+
+    def layer_slots(self, m: ModelConfig, i: int) -> list[Slot]:
+        p, t = f"model.layers.{i}.", f"decoder.layers.{i}."
+        norm = Slot(p + "post_attention_layernorm.weight", t + "pre_mlp_layernorm.weight", "all", (m.hidden_size,))
+        if i < dense_layers(m):
+            return [*self.attention_slots(m, p, t), norm, *self.mlp_slots(m, p, t)]
+        moe = p + "mlp."
+        routed = expert_slots(
+            m, t, moe + "gate.weight", moe + "experts.", ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+        )
+        bias = Slot(
+            moe + "gate.e_score_correction_bias", t + "mlp.router.expert_bias", "all", (m.num_moe_experts or 0,)
+        )
+        h, f = m.hidden_size, m.moe_shared_expert_intermediate_size or 0
+        shared = [
+            Slot(moe + "shared_experts.gate_proj.weight", t + "mlp.shared_experts.linear_fc1.weight", "gate", (f, h)),
+            Slot(moe + "shared_experts.up_proj.weight", t + "mlp.shared_experts.linear_fc1.weight", "up", (f, h)),
+            Slot(moe + "shared_experts.down_proj.weight", t + "mlp.shared_experts.linear_fc2.weight", "all", (h, f)),
+        ]
+        return [*self.attention_slots(m, p, t), norm, *routed, bias, *shared]  # fmt: skip
+
+
+FAMILY = DeepseekV3()
