@@ -406,7 +406,8 @@ def problem(domain: Domain, value: Any) -> str | None:
                 return f"[{i}]={v!r}: {p}"
         return None
     if isinstance(domain, Choices):
-        return None if value in domain.values else f"is not one of {domain.text()}"
+        names = ", ".join("null" if v is None else str(v) for v in domain.values)
+        return None if value in domain.values else f"is not one of its choices: expected one of {names}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"is not a number ({domain.what} in {domain.text()})"
     if not math.isfinite(value) or domain.contains(value):
