@@ -67,11 +67,15 @@ def checkpoint_root(run_dir: Path, run_cfg: RunConfig) -> Path:
 def completed_step(run_dir: Path, run_cfg: RunConfig) -> int | None:
     """The run's committed step when it reached ``trainer.train_iters`` (the run is complete: a resume trains
     nothing), else ``None`` (also when its tracker cannot be read: the ranks say why)."""
+    root = checkpoint_root(run_dir, run_cfg)
     try:
-        step = latest_committed(checkpoint_root(run_dir, run_cfg))
+        step = latest_committed(root)
+        if step is None or step < run_cfg.trainer.train_iters:
+            return None
+        check_files(step_dir(root, step))  # a damaged last step is not a finished run: the ranks fall back or refuse
     except CheckpointError:
         return None
-    return step if step is not None and step >= run_cfg.trainer.train_iters else None
+    return step
 
 
 class CheckpointError(Exception):
@@ -144,8 +148,9 @@ def read_manifest(sdir: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify_step(sdir: Path) -> None:
-    """Raise ``CheckpointError`` naming the step and file unless the files are exactly the manifest's."""
+def check_files(sdir: Path) -> dict[str, Any]:
+    """Raise ``CheckpointError`` naming the step and file unless every file of the manifest is there with its
+    size (no hashing: cheap enough for a launcher); returns the manifest."""
     manifest = read_manifest(sdir)
     step = manifest["step"]
     for rel, meta in manifest["files"].items():
@@ -157,6 +162,15 @@ def verify_step(sdir: Path) -> None:
                 f"checkpoint step {step}: file {p} has {p.stat().st_size} bytes, "
                 f"manifest says {meta['size']} (truncated or altered)"
             )
+    return manifest
+
+
+def verify_step(sdir: Path) -> None:
+    """Raise ``CheckpointError`` naming the step and file unless the files are exactly the manifest's."""
+    manifest = check_files(sdir)
+    step = manifest["step"]
+    for rel, meta in manifest["files"].items():
+        p = sdir / rel
         if sha256_file(p) != meta["sha256"]:
             raise CheckpointError(f"checkpoint step {step}: file {p} fails its sha256 check (corrupted)")
     for rel in _step_files(sdir):
