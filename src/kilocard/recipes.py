@@ -49,6 +49,22 @@ class RecipeRow:
     """fp32, bf16, fp16, or fp8 (<format>)."""
     baseline: str | None
     """Published baseline row it reproduces."""
+    published_tflops_per_gpu: float | None = None
+    """The row's published TFLOP/s per GPU (in ``published_convention``), when it states one."""
+    published_mfu: float | None = None
+    """The row's published MFU, when it states one."""
+    published_convention: str | None = None
+    """The FLOPs convention of the published figures."""
+
+    @property
+    def published(self) -> str:
+        """The published figure in a few characters (``433 TF/s 44%``), ``-`` without one."""
+        parts = []
+        if self.published_tflops_per_gpu is not None:
+            parts.append(f"{self.published_tflops_per_gpu:.0f} TF/s")
+        if self.published_mfu is not None:
+            parts.append(f"{self.published_mfu:.0%}")
+        return " ".join(parts) or "-"
 
 
 def precision_label(cfg: RunConfig) -> str:
@@ -74,6 +90,9 @@ def recipe_row(name: str, rc: RunConfig) -> RecipeRow:
         cluster=rc.cluster.name,
         precision=precision_label(rc),
         baseline=rc.recipe.baseline_id,
+        published_tflops_per_gpu=rc.recipe.baseline_tflops_per_gpu,
+        published_mfu=rc.recipe.baseline_mfu,
+        published_convention=rc.recipe.baseline_flops_convention,
     )
 
 

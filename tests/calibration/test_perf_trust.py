@@ -21,6 +21,7 @@ from kilocard.calibration.trust import (
     error_band,
     model_error,
     run_traits,
+    scale_class,
     stored_held_out,
     traits,
 )
@@ -57,8 +58,9 @@ def test_a_fold_trained_on_its_own_rows_is_not_used(shipped):
 
 def test_band_widens_until_enough_rows_share_the_traits():
     """Width goes first, then the GPU family; dense/MoE is kept to the last (MoE rows are the far-off ones)."""
-    errors = [(("hopper", "MoE", "8-bit"), 0.10, "a")] * 3 + [(("hopper", "MoE", "16-bit"), -0.02, "b")] * 4
-    errors += [(("ampere", "dense", "16-bit"), 0.01, s) for s in "cdefg"] + [(("blackwell", "MoE", "8-bit"), 0.3, "h")]
+    errors = [(("hopper", "MoE", "8-bit"), 0.10, "a", 64)] * 3 + [(("hopper", "MoE", "16-bit"), -0.02, "b", 64)] * 4
+    errors += [(("ampere", "dense", "16-bit"), 0.01, s, 8) for s in "cdefg"]
+    errors += [(("blackwell", "MoE", "8-bit"), 0.3, "h", 512)]
     exact = band(("ampere", "dense", "16-bit"), errors, "f")
     assert (exact.kept, exact.rows, exact.mean_abs) == ((0, 1, 2), MIN_ROWS, pytest.approx(0.01))
     wide = band(("hopper", "MoE", "8-bit"), errors, "f")
@@ -77,6 +79,31 @@ def test_band_widens_until_enough_rows_share_the_traits():
     )
     assert none.to_json()["family_rows"] == 0
     assert band(("hopper", "dense", "16-bit"), [], "f") is None
+
+
+def test_band_quotes_the_rows_of_the_runs_gpu_count_class():
+    """Error grows with scale: a band for a run on N GPUs adds the rows of N's class (up to 128, 129 to
+    1,024, more), whatever their traits, and says when fewer than MIN_SOURCES sources stand behind them."""
+    assert [scale_class(n) for n in (1, 128, 129, 1024, 1025, 16384)] == [
+        "up to 128 GPUs", "up to 128 GPUs", "129 to 1,024 GPUs", "129 to 1,024 GPUs",
+        "more than 1,024 GPUs", "more than 1,024 GPUs",
+    ]  # fmt: skip
+    errors = [(("hopper", "dense", "16-bit"), 0.02, s, 64) for s in "abc"]
+    errors += [(("hopper", "dense", "16-bit"), -0.08, "d", 2048), (("ampere", "dense", "16-bit"), 0.12, "e", 3072)]
+    small = band(("hopper", "dense", "16-bit"), errors, "f", gpus=96).scale
+    assert (small.rows, small.sources, small.max_abs) == (3, 3, pytest.approx(0.02))
+    assert "only" not in small.summary()
+    large = band(("hopper", "dense", "16-bit"), errors, "f", gpus=6144).scale
+    assert (large.scale, large.rows, large.mean_abs, large.max_abs) == (
+        "more than 1,024 GPUs",
+        2,
+        pytest.approx(0.10),
+        pytest.approx(0.12),
+    )
+    assert large.summary().endswith("(only 2 sources: the spread is known from few setups)")
+    assert large.to_json()["rows"] == 2
+    assert band(("hopper", "dense", "16-bit"), errors, "f", gpus=512).scale is None  # no row at that scale
+    assert band(("hopper", "dense", "16-bit"), errors, "f").scale is None  # no GPU count given
 
 
 def test_a_runs_traits_follow_its_gpu_experts_and_gemm_dtype():

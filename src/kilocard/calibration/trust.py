@@ -39,8 +39,78 @@ QUANTILE = 0.9
 Traits = tuple[str, str, str]
 """(GPU family, ``dense``/``MoE``, GEMM width: ``16-bit``, ``8-bit`` ...)."""
 
-Held = tuple[Traits, float, str]
-"""(a row's traits, its held-out relative error, the source that published it)."""
+Held = tuple[Traits, float, str, int]
+"""(a row's traits, its held-out relative error, the source that published it, its GPU count)."""
+
+SCALES = ((128, "up to 128 GPUs"), (1024, "129 to 1,024 GPUs"), (None, "more than 1,024 GPUs"))
+"""GPU-count classes a band also quotes (upper bound, label): the model's error grows with scale, where
+data-parallel and pipeline collectives cross more of the network and a step waits for more GPUs."""
+
+
+def few_sources(sources: int) -> str:
+    """The note a band carries when fewer than ``MIN_SOURCES`` sources stand behind it (else empty)."""
+    if sources >= MIN_SOURCES:
+        return ""
+    return f" (only {sources} source{'s' * (sources != 1)}: the spread is known from few setups)"
+
+
+def scale_class(gpus: int) -> str:
+    """The ``SCALES`` label of a run on ``gpus`` GPUs."""
+    return next(label for top, label in SCALES if top is None or gpus <= top)
+
+
+@dataclass(frozen=True)
+class ScaleBand:
+    """The held-out error of the published rows in a run's GPU-count class (``SCALES``)."""
+
+    scale: str
+    """The class (``129 to 1,024 GPUs``)."""
+    rows: int
+    """Rows in it."""
+    sources: int
+    """Distinct sources behind them (fewer than ``MIN_SOURCES``: said in the summary)."""
+    mean_abs: float
+    """Mean |relative error|, held out."""
+    q90_abs: float
+    """The ``QUANTILE`` of |relative error|, held out."""
+    max_abs: float
+    """Largest |relative error|, held out."""
+
+    def summary(self) -> str:
+        """The class and its error in words."""
+        few = few_sources(self.sources)
+        return (
+            f"at {self.scale}: {self.rows} rows from {self.sources} sources, mean {self.mean_abs:.1%}, "
+            f"{QUANTILE:.0%} within {self.q90_abs:.1%}, max {self.max_abs:.1%}{few}"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """``model_error.scale`` in ``kilocard plan`` and ``kilocard validate`` JSON."""
+        return {
+            "scale": self.scale,
+            "rows": self.rows,
+            "sources": self.sources,
+            "cv_mean_abs_rel_error": self.mean_abs,
+            "cv_q90_abs_rel_error": self.q90_abs,
+            "cv_max_abs_rel_error": self.max_abs,
+        }
+
+
+def scale_band(gpus: int, errors: Sequence[Held]) -> ScaleBand | None:
+    """The band of every row in the GPU-count class of a run on ``gpus`` GPUs; ``None`` when none is."""
+    label = scale_class(gpus)
+    match = [(abs(e), src) for _, e, src, n in errors if scale_class(n) == label]
+    if not match:
+        return None
+    errs = [e for e, _ in match]
+    return ScaleBand(
+        scale=label,
+        rows=len(match),
+        sources=len({src for _, src in match}),
+        mean_abs=statistics.fmean(errs),
+        q90_abs=quantile(errs),
+        max_abs=max(errs),
+    )
 
 
 WIDTH = {"fp32": "32-bit", "bf16": "16-bit", "fp16": "16-bit", "fp8": "8-bit", "fp4": "4-bit"}
@@ -98,6 +168,8 @@ class ErrorBand:
     """Largest |relative error| over every such row."""
     source: str
     """The fold-fits file the errors come from."""
+    scale: ScaleBand | None = None
+    """The rows of the run's GPU-count class (``None``: no GPU count given, or no row in its class)."""
 
     @property
     def label(self) -> str:
@@ -112,11 +184,7 @@ class ErrorBand:
             f"{pct} within {self.all_q90_abs:.1%}, max {self.all_max_abs:.1%}"
         )
         figures = f"mean {self.mean_abs:.1%}, {pct} within {self.q90_abs:.1%}, max {self.max_abs:.1%}"
-        few = (
-            f" (only {self.sources} source{'s' * (self.sources != 1)}: the spread is known from few setups)"
-            if self.sources < MIN_SOURCES
-            else ""
-        )
+        few = few_sources(self.sources)
         figures = f"{figures}{few}; {every}"
         from_ = f"from {self.sources} source{'s' * (self.sources != 1)}"
         if not self.family_rows:
@@ -144,6 +212,7 @@ class ErrorBand:
             "all_cv_q90_abs_rel_error": self.all_q90_abs,
             "all_cv_max_abs_rel_error": self.all_max_abs,
             "source": self.source,
+            "scale": self.scale.to_json() if self.scale else None,
         }
 
 
@@ -169,14 +238,15 @@ def quantile(values: Sequence[float], q: float = QUANTILE) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def band(run: Traits, errors: Sequence[Held], source: str) -> ErrorBand | None:
+def band(run: Traits, errors: Sequence[Held], source: str, gpus: int | None = None) -> ErrorBand | None:
     """The band of the rows sharing the most of ``run``'s traits (``WIDENING``: at least ``MIN_ROWS`` of
-    them); ``None`` when there are no errors at all."""
+    them), with the rows of its GPU-count class when ``gpus`` is given; ``None`` when there are no errors
+    at all."""
     if not errors:
         return None
-    every = [abs(e) for _, e, _ in errors]
+    every = [abs(e) for _, e, _, _ in errors]
     for keep in WIDENING:
-        match = [(abs(e), src) for t, e, src in errors if all(t[i] == run[i] for i in keep)]
+        match = [(abs(e), src) for t, e, src, _ in errors if all(t[i] == run[i] for i in keep)]
         if len(match) >= MIN_ROWS or not keep:
             errs = [e for e, _ in match]
             return ErrorBand(
@@ -187,13 +257,14 @@ def band(run: Traits, errors: Sequence[Held], source: str) -> ErrorBand | None:
                 mean_abs=statistics.fmean(errs),
                 q90_abs=quantile(errs),
                 max_abs=max(errs),
-                family_rows=sum(t[0] == run[0] for t, _, _ in errors),
+                family_rows=sum(t[0] == run[0] for t, _, _, _ in errors),
                 all_rows=len(every),
-                all_sources=len({src for _, _, src in errors}),
+                all_sources=len({src for _, _, src, _ in errors}),
                 all_mean_abs=statistics.fmean(every),
                 all_q90_abs=quantile(every),
                 all_max_abs=max(every),
                 source=source,
+                scale=scale_band(gpus, errors) if gpus else None,
             )
     return None  # pragma: no cover (the last WIDENING step always returns)
 
@@ -221,20 +292,23 @@ def _held_out(file: str | None) -> tuple[Held, ...]:
         return ()
     scored = targets(load_rows(file))
     check_current(scored, folds, folds_file(baselines_file(file)).name)
-    return tuple((traits(t.inputs), e, src) for t, e, src in _stored_by_source(scored, folds))
+    return tuple(
+        (traits(t.inputs), e, src, t.inputs.layout.world_size) for t, e, src in _stored_by_source(scored, folds)
+    )
 
 
-def error_band(run: Traits, file: str | None = None) -> ErrorBand | None:
-    """The band for a run with traits ``run`` from the baselines file ``file`` (default: the shipped one)
-    and its stored fold fits; ``None`` when it has none. A broken or stale file is a one-line ``ValueError``."""
-    return band(run, _held_out(file), folds_file(baselines_file(file)).name)
+def error_band(run: Traits, file: str | None = None, gpus: int | None = None) -> ErrorBand | None:
+    """The band for a run with traits ``run`` (on ``gpus`` GPUs: the band adds its GPU-count class) from
+    the baselines file ``file`` (default: the shipped one) and its stored fold fits; ``None`` when it has
+    none. A broken or stale file is a one-line ``ValueError``."""
+    return band(run, _held_out(file), folds_file(baselines_file(file)).name, gpus)
 
 
 def model_error(cfg: RunConfig, file: str | None = None) -> tuple[ErrorBand | None, str | None]:
     """(the band of ``cfg``, why there is none): what ``plan`` and ``validate`` print under their
     predictions (``file``: the baselines file, default the shipped one)."""
     try:
-        found = error_band(run_traits(cfg), file)
+        found = error_band(run_traits(cfg), file, cfg.cluster.nodes * cfg.cluster.gpus_per_node)
     except ValueError as e:
         return None, str(e)
     if found is None:
@@ -250,7 +324,8 @@ def model_error_lines(found: ErrorBand | None, issue: str | None, indent: str = 
     """The band in words, as ``plan`` and ``validate`` print it."""
     if found is None:
         return [f"{indent}model error unknown: {issue}"]
-    return [indent + HEADER, f"{indent}  {found.summary()}"]
+    scale = [f"{indent}  {found.scale.summary()}"] if found.scale else []
+    return [indent + HEADER, f"{indent}  {found.summary()}", *scale]
 
 
 def model_error_json(found: ErrorBand | None, issue: str | None) -> dict[str, object]:

@@ -10,13 +10,13 @@ from kilocard.base.table import text_table
 from kilocard.commands import exits
 from kilocard.recipes import RecipeRow, catalog_rows, human
 
-HELP = "table of the recipes: model, params, GPUs, precision, baseline"
+HELP = "table of the recipes: model, params, GPUs, precision, baseline and its published figure"
 #: Shown under ``kilocard recipes --help`` (each parsed by tests/commands/test_cli_help.py).
 EXAMPLES = (
     "kilocard recipes",
     "kilocard recipes --format json",
 )
-HEADER = ("recipe", "family", "model", "params", "active", "GPUs", "cluster", "precision", "baseline")
+HEADER = ("recipe", "family", "model", "params", "active", "GPUs", "cluster", "precision", "baseline", "published")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +37,7 @@ def table_lines(rows: list[RecipeRow]) -> list[str]:
             r.cluster,
             r.precision,
             r.baseline or "-",
+            r.published,
         )
         for r in rows
     ]
