@@ -27,8 +27,8 @@ from multiprocessing import get_context
 
 from kilocard.calibration.baselines import baselines_file, compare_row, error_stats, load_rows
 from kilocard.calibration.crossval import fold_values, folds_file, load_fold_fits, source_group
-from kilocard.calibration.fit import HOPS, cold_fit, fit, loss, targets
-from kilocard.perf.efficiency import FITTED, with_values
+from kilocard.calibration.fit import HOPS, cold_fit, fit, free_values, loss, targets
+from kilocard.perf.efficiency import FITTED, PHYSICAL_RANGES, with_values
 
 
 def fold_fit(args: tuple[str | None, str]) -> tuple[str, dict]:
@@ -49,13 +49,16 @@ def fold_fit(args: tuple[str | None, str]) -> tuple[str, dict]:
 def refresh_fold(args: tuple[str | None, str]) -> tuple[str, dict]:
     """The stored fit of the fold that holds out ``group``, refreshed on the current rows: one coordinate
     search from its previous stored values (which never saw the held-out rows), as ``kilocard baselines``
-    refines a fold, to the cold fit's tolerance."""
+    refines a fold, to the cold fit's tolerance. Rows added to the other sources since join its training
+    set; a fold whose stored fit saw any row it now holds out (a new or regrouped source) is fitted cold."""
     file, group = args
     t0 = time.monotonic()
-    train = [t for t in targets([r for r in load_rows(file) if r.complete]) if source_group(t.row) != group]
+    scored = targets([r for r in load_rows(file) if r.complete])
+    train = [t for t in scored if source_group(t.row) != group]
+    held = {t.row.id for t in scored} - {t.row.id for t in train}
     stored = load_fold_fits(baselines_file(file)).get(group)
-    if stored is None or stored.trained_on != {t.row.id for t in train}:
-        return fold_fit(args)  # a new or regrouped source: no previous fit of these rows to refresh
+    if stored is None or not held or stored.trained_on & held or set(stored.values) != set(free_values()):
+        return fold_fit(args)  # no previous fit that never saw these rows: a cold fit
     values = fit(train, starts=1, start=fold_values(stored))
     train_loss = loss(values, train)
     print(
@@ -91,6 +94,14 @@ def write_folds(file: str | None, jobs: int, refresh: bool = False) -> int:
     return 0
 
 
+def range_line(name: str, value: float) -> str:
+    """``name = value`` with the physical range the fit kept it in, and whether it sits on a bound (the
+    rows ask for more of that effect than its range allows: docs/perf_model.md lists such parameters)."""
+    lo, hi = PHYSICAL_RANGES[name.split(".")[-1]]
+    bound = "  (at its lower bound)" if value <= lo else "  (at its upper bound)" if value >= hi else ""
+    return f"{name} = {value:.4g}  range [{lo:g}, {hi:g}]{bound}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--file", default=None)
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     values = warm if warm_loss <= cold_loss else cold
     params = with_values(FITTED, values)
     for name, v in sorted(values.items()):
-        print(f"{name} = {v:.4g}")
+        print(range_line(name, v))
     comps = [compare_row(r, {}, params) for r in rows]
     for c in comps:
         print(

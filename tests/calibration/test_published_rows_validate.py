@@ -33,7 +33,7 @@ def reports():
 
 
 def test_every_scored_row_validates_with_no_error(reports):
-    assert len(reports) == 114
+    assert len(reports) == len(ROWS) >= 130
     errors = {rid: [(i.code, i.message) for i in rep.issues if i.severity == ERROR] for rid, rep in reports.items()}
     assert not {k: v for k, v in errors.items() if v}
 
@@ -69,5 +69,5 @@ def test_baselines_prints_each_rows_estimate_against_its_gpus_memory(reports):
     tight = max(comps, key=lambda c: c.mem_bytes / c.hbm_bytes)
     assert "mem GiB / HBM GiB" in text.splitlines()[0]
     assert f"{tight.mem_bytes / 2**30:.1f} / {tight.hbm_bytes / 2**30:.1f}" in text
-    assert f"({tight.id}) over 114 rows" in text
+    assert f"({tight.id}) over {len(ROWS)} rows" in text
     assert '"mem_bytes"' in render_json(comps)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kilocard.calibration.unstated import DEFAULTS
 from kilocard.config.compose import recipe_catalog
 from kilocard.config.schema import RunConfig
 from kilocard.paths import data_dir
@@ -147,6 +148,11 @@ def test_layout_check_catches_a_broken_layout(all_recipes: dict[str, RunConfig])
     assert any("gbs" in s for s in layout_problems(bad_gbs))
 
 
+def filled(row: dict, field: str, value: object) -> object:
+    """A row's value of ``field``, or the policy's default when the row leaves an unstated fact empty."""
+    return DEFAULTS[field] if value is None and field in row.get("unstated", ()) else value
+
+
 def row_matches(row: dict, rc: RunConfig) -> bool:
     """Model, layout, batch, GPU count and precision of a recipe equal the row's (unverified fields skipped)."""
     m, p, t = rc.model, rc.parallel, rc.trainer
@@ -156,7 +162,7 @@ def row_matches(row: dict, rc: RunConfig) -> bool:
         "heads": (rm["heads"], m.num_attention_heads), "kv_heads": (rm["kv_heads"], m.num_query_groups),
         "ffn": (rm["ffn"], m.ffn_hidden_size), "gated": (rm["gated_mlp"], m.gated_linear_unit),
         "vocab": (rm["vocab"], m.vocab_size), "seq": (rm["seq"], m.seq_length),
-        "gbs": (rb["gbs"], t.global_batch_size), "mbs": (rb["mbs"], t.micro_batch_size),
+        "gbs": (rb["gbs"], t.global_batch_size), "mbs": (filled(row, "batch.mbs", rb["mbs"]), t.micro_batch_size),
         "gpus": (row["gpus"], world(rc)), "gpu": (row["gpu"], rc.cluster.gpu),
         "precision": (row["precision"], "fp8" if rc.precision.fp8 else "bf16" if rc.precision.bf16
                       else "fp16" if rc.precision.fp16 else "fp32"),
@@ -194,13 +200,14 @@ def test_every_recipe_with_a_baseline_reproduces_its_row_exactly(all_recipes: di
         assert rc.recipe.baseline_mfu == result.get("mfu")
         if row["flops_convention"] != "unverified":
             assert rc.recipe.baseline_flops_convention == row["flops_convention"]
-        if row["recompute"] == "full":
+        recompute = filled(row, "recompute", row.get("recompute"))
+        if recompute == "full":
             assert (
                 rc.parallel.recompute_granularity,
                 rc.parallel.recompute_method,
                 rc.parallel.recompute_num_layers,
             ) == ("full", "uniform", 1)
-        if row["recompute"] == "none":
+        if recompute == "none":
             assert rc.parallel.recompute_granularity is None
 
 

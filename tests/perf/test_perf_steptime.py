@@ -14,6 +14,7 @@ from kilocard.perf.predict import hardware_for, predict, predict_prepared, prepa
 from kilocard.perf.steptime import (
     Features,
     all_to_all_time,
+    chunk_queue_exposed,
     deepep_logical_ratio,
     dense_params_per_gpu,
     dp_bucket_params,
@@ -105,13 +106,15 @@ def test_overlaps_only_ever_help():
 
 
 def test_tp_across_nodes_is_slower_than_inside_nvlink():
+    """TP over two 4-GPU domains runs its rings over 4 NICs each, TP over four 2-GPU domains over 2: each
+    halving of the domain slows the collectives (the fitted NVLink rate, 0.48 of the link, is 4.6 NICs)."""
     inside = predict(_cfg(tensor_model_parallel_size=8, pipeline_model_parallel_size=1))
     narrow = replace(
         _cfg(tensor_model_parallel_size=8, pipeline_model_parallel_size=1),
         cluster=replace(H100, gpus_per_node=4, nodes=16, nvlink_domain_size=4),
     )
     narrower = replace(narrow, cluster=replace(H100, gpus_per_node=2, nodes=32, nvlink_domain_size=2))
-    assert predict(narrow).breakdown["tp_comm"] > 1.2 * inside.breakdown["tp_comm"]
+    assert predict(narrow).breakdown["tp_comm"] > 1.1 * inside.breakdown["tp_comm"]
     assert predict(narrower).breakdown["tp_comm"] > 1.9 * predict(narrow).breakdown["tp_comm"]
 
 
@@ -138,7 +141,7 @@ def test_expert_all_to_all_inside_an_nvl72_domain_is_nvlink_only():
     inside = all_to_all_time(volume, 1, 16, hw72, FITTED)
     assert inside == pytest.approx(volume * 15 / 16 / (hw8.nvlink_bandwidth * FITTED.network.nvlink_efficiency))
     assert across == pytest.approx(volume * 8 / 16 / (hw8.network_bandwidth * FITTED.network.network_efficiency))
-    assert across > 2.5 * inside
+    assert across > 2.0 * inside  # half the tokens over NICs, each 1/4.6 of the fitted NVLink rate
 
 
 def test_fp8_is_faster_but_lower_mfu_against_fp8_peak():
@@ -243,6 +246,21 @@ def test_one_gradient_bucket_stays_exposed_and_grows_with_dp():
         exposed.append(dp_comm(n_params, lay, ft, hw, FITTED, 1e3) / full)  # a long backward hides all it can
     assert exposed[0] == pytest.approx(dp_bucket_params(8) / n_params)
     assert exposed[1] == pytest.approx(dp_bucket_params(512) / n_params) and exposed[1] > 10 * exposed[0]
+
+
+def test_each_model_chunks_collective_hides_behind_the_passes_after_it():
+    """Interleaved 1F1B: chunk c's gradients are ready c x PP chunk-passes before the first stage's last
+    backward (its weights needed as long after its first forward), and the chunks' collectives queue on one
+    communicator. One chunk: the work less one micro-batch's pass, as without interleaving."""
+    assert chunk_queue_exposed(1.0, 0.4, chunks=1, pp=4) == pytest.approx(0.6)
+    assert chunk_queue_exposed(0.3, 0.4, chunks=1, pp=4) == 0.0
+    # 8 chunks on PP 6: chunk 7 starts 42 chunk-passes (5.25 micro-batch passes) early; 1.0 s of work over a
+    # 0.4 s pass is late only by what chunk 0 (the last to run) cannot hide: 1/8 s less 0.05 s
+    assert chunk_queue_exposed(1.0, 0.4, chunks=8, pp=6) == pytest.approx(0.125 - 0.05)
+    # work beyond everything the passes offer stays exposed: 8 s against 7 chunks x 6 x 0.05 s + 0.05 s
+    assert chunk_queue_exposed(8.0, 0.4, chunks=8, pp=6) == pytest.approx(8.0 - 7 * 6 * 0.05)
+    more = [chunk_queue_exposed(2.0, 0.4, chunks=v, pp=4) for v in (1, 2, 4, 8)]
+    assert more == sorted(more, reverse=True) and more[0] > 2 * more[-1]  # deeper interleaving hides more
 
 
 def test_output_layer_stays_in_bf16_in_fp8_runs():

@@ -52,21 +52,13 @@ def test_mfu_falls_smoothly_as_data_parallelism_grows(recipe):
         assert a - b < 0.015, series  # no jump of 1.5 MFU points between neighbouring DP degrees
 
 
-@pytest.mark.parametrize(
-    "recipe",
-    [
-        "llama3_8b",
-        pytest.param(
-            "llama3_70b",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known: DP 2 -> 96 costs 5.5 MFU points at TP4 PP4 CP2 where no published series lost "
-                "more than 3.8 (docs/perf_model.md, Limits: strong scaling)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("recipe", ["llama3_8b", "llama3_70b"])
 def test_mfu_drop_is_within_what_published_strong_scaling_shows(recipe, published_largest_drop):
+    """Llama 3 70B (TP4 PP4 CP2) from DP 2 to 96 lost 5.5 MFU points when the data-parallel collectives of
+    an interleaved pipeline could hide only behind the last micro-batch's pass; Megatron-Core reduces (and
+    gathers) each model chunk as its last backward ends (first forward begins), so the later chunks' share
+    hides behind the passes of the others (``steptime.chunk_queue_exposed``), and the drop is now inside
+    the published ones (Megatron-LM's 177B strong scaling: 5 points from 96 to 4,608 GPUs)."""
     series = mfu_series(recipe)
     drop = series[0][1] - series[-1][1]
     assert 0 < drop <= published_largest_drop + 0.005, (drop, published_largest_drop)

@@ -43,7 +43,6 @@ FREE: Groups = (
     ("network.p2p_latency_s",),
     ("network.expert_overhead_s",),
     ("network.ep_overlap",),
-    ("network.gpu_speed_spread",),
     ("network.layer_overhead_s",),
     ("network.attn_overhead_share",),
 )

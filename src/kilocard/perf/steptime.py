@@ -788,7 +788,13 @@ def dp_comm(
     n_params: float, lay: Layout, ft: Features, hw: Hardware, params: PerfModelParams, t_microbatch: float
 ) -> float:
     """Exposed gradient reduce (and parameter all-gather) over DP x CP ranks; none without a trained parameter
-    (LoRA whose targets name no module)."""
+    (LoRA whose targets name no module).
+
+    ``t_microbatch`` is one micro-batch through the stage (forward + backward). Without overlap the whole
+    collective is exposed. With ``overlap_grad_reduce`` / ``overlap_param_gather`` each model chunk's share
+    hides behind the compute that runs after its gradients are ready (before its weights are needed):
+    ``chunk_queue_exposed``. At least one bucket of the first chunk is always exposed: the last to reduce,
+    the first to gather."""
     group = lay.dp_cp
     if group == 1 or n_params <= 0:
         return 0.0
@@ -799,14 +805,40 @@ def dp_comm(
         gather = frac * n_params * ACT_BYTES / bw
     else:
         reduce, gather = 2 * frac * n_params * ft.grad_bytes / bw, 0.0
-    net = params.network
-    # One bucket of the first model chunk is always exposed: the last to reduce, the first to gather.
-    edge = min(1.0, dp_bucket_params(group) / (n_params / lay.virtual_stages))
-    window = net.dp_overlap * t_microbatch * 2 / 3  # the last micro-batch's backward
-    exposed_reduce = max(edge * reduce, reduce - window) if ft.overlap_grad_reduce else reduce
-    gather_window = net.dp_overlap * t_microbatch / 3  # the first micro-batch's forward
-    exposed_gather = max(edge * gather, gather - gather_window) if ft.overlap_param_gather else gather
+    overlap = params.network.dp_overlap
+    edge = min(dp_bucket_params(group), n_params / lay.virtual_stages) / n_params
+    exposed_reduce = reduce
+    if ft.overlap_grad_reduce:
+        queue = chunk_queue_exposed(reduce, overlap * t_microbatch * 2 / 3, lay.virtual_stages, lay.pp)
+        exposed_reduce = max(edge * reduce, queue)
+    exposed_gather = gather
+    if ft.overlap_param_gather:
+        queue = chunk_queue_exposed(gather, overlap * t_microbatch / 3, lay.virtual_stages, lay.pp)
+        exposed_gather = max(edge * gather, queue)
     return exposed_reduce + exposed_gather
+
+
+def chunk_queue_exposed(work: float, window: float, chunks: int, pp: int) -> float:
+    """Exposed part of a DP collective of ``work`` seconds on the first pipeline stage, overlapped chunk
+    by chunk with the passes (``window``: the hideable part of one micro-batch's backward, or forward,
+    through the whole stage).
+
+    The first pipeline stage finishes its backward last and starts its forward first, so its collectives
+    are the ones on the critical path (Megatron-Core buckets only the first stage's gradients for this
+    reason: ``DistributedDataParallel.__init__`` at core_v0.8.0, "data-parallel communication on these
+    stages is not on the critical path"). Interleaved 1F1B runs each chunk for a group of ``pp``
+    micro-batches in turn (``microbatch_group_size_per_vp_stage``, default PP): chunk ``c``'s last backward
+    ends ``c · pp`` chunk-passes before the step's last one, and its reduce-scatter starts then
+    (``register_grad_ready`` -> ``start_grad_sync`` per bucket; later chunks are one bucket each at
+    core_v0.8.0, bucketed like the first today); chunk ``c``'s first forward starts ``c · pp``
+    chunk-passes after the first, and its all-gather must be done by then (forward pre-hooks wait on
+    each bucket's handle). The chunks' collectives run one after another on the DP communicator, a
+    queue: the exposed time is the queue's worst lateness, ``max_c((c + 1) · w − c · pp · t)`` with
+    ``w = work / chunks`` and ``t = window / chunks`` (chunk 0's own bucketed overlap gives it ``t``).
+    Without interleaving (one chunk) that is the work less one micro-batch's pass."""
+    w, t = work / chunks, window / chunks
+    lateness = [(c + 1) * w - (c * pp * t if c else t) for c in range(chunks)]
+    return max(0.0, *lateness)
 
 
 def dp_comm_fsdp(
