@@ -34,3 +34,12 @@ def test_a_finished_run_whose_last_step_lost_a_file_is_not_complete(tmp_path):
     cfg, root = _run(tmp_path / "truncated")
     (ck.step_dir(root, 4) / "__0_0.distcp").write_bytes(b"x")
     assert ck.completed_step(tmp_path / "truncated", cfg) is None
+
+
+def test_a_corrupted_or_foreign_last_step_is_not_complete(tmp_path):
+    cfg, root = _run(tmp_path)
+    (ck.step_dir(root, 4) / "__0_0.distcp").write_bytes(b"y" * 104)  # same size, other bytes
+    assert ck.completed_step(tmp_path, cfg) is None
+    cfg, root = _run(tmp_path / "a")
+    (root / "owner.json").write_text('{"run": "/somewhere/else"}')
+    assert ck.completed_step(tmp_path / "a", cfg) is None

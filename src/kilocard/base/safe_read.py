@@ -108,8 +108,8 @@ def _refuse_leaving_symlink(p: Path) -> None:
     """A symlink whose target lies outside the folder it sits in (a ``tokenizer_config.json`` linked to
     ``~/.netrc``) is refused: a folder given to kilocard means its files. The Hugging Face cache's links
     from a snapshot to its repository's blobs are the one exception."""
-    if not p.is_symlink():
-        return
+    if not p.is_symlink() or p.is_dir():
+        return  # a linked folder is a folder: its files are judged against it
     real, folder = os.path.realpath(p), os.path.realpath(p.parent)
     if Path(real).is_relative_to(folder) or _hf_blob(real, folder):
         return

@@ -39,7 +39,7 @@ def find_file(name: str) -> Path | None:
     for c in _candidates(name):
         if c.is_file():
             return c.resolve()
-        if c.is_symlink() or (c.exists() and not c.is_dir()):
+        if not c.is_dir() and (c.is_symlink() or c.exists()):  # a folder (linked or not) is looked into elsewhere
             try:
                 require_regular(c)
             except FileReadError as e:

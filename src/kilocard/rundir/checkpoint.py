@@ -66,13 +66,16 @@ def checkpoint_root(run_dir: Path, run_cfg: RunConfig) -> Path:
 
 def completed_step(run_dir: Path, run_cfg: RunConfig) -> int | None:
     """The run's committed step when it reached ``trainer.train_iters`` (the run is complete: a resume trains
-    nothing), else ``None`` (also when its tracker cannot be read: the ranks say why)."""
+    nothing), else ``None``: also when its tracker cannot be read, its last step fails its manifest, or the
+    checkpoints belong to another run (the ranks then fall back, or refuse and say why)."""
     root = checkpoint_root(run_dir, run_cfg)
     try:
         step = latest_committed(root)
         if step is None or step < run_cfg.trainer.train_iters:
             return None
-        check_files(step_dir(root, step))  # a damaged last step is not a finished run: the ranks fall back or refuse
+        if read_owner(root) not in (None, run_id(run_dir)):
+            return None  # another run's checkpoints: the ranks refuse them (BAD_CONFIG)
+        verify_step(step_dir(root, step))  # a damaged last step is not a finished run: the ranks fall back or refuse
     except CheckpointError:
         return None
     return step
