@@ -145,7 +145,7 @@ def test_a_bf16_run_from_the_import_trains_the_imported_weights(tmp_path, kiloca
         ["mcore-to-hf", str(tmp_path / "ck"), str(tmp_path / "back")],
     ) == [0, 0]
     back, before = hf_tensors(tmp_path / "back"), original.state_dict()
-    for name, t in back.items():  # bf16 in, bf16 out, bit for bit (the fp32 torch norms are cast back down)
+    for name, t in back.items():  # bf16 in, bf16 out, bit for bit
         assert t.dtype == torch.bfloat16 and torch.equal(t, before[name]), name
     code, out, run_dir = kilocard_run(
         "recipe=tiny_llama", *bf16, "trainer.train_iters=1", f"checkpoint.load={tmp_path / 'ck'}", "--nproc", "1"

@@ -9,6 +9,7 @@ run starts in the background as the module starts: it mostly waits, beside the o
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import re
@@ -302,31 +303,37 @@ def test_disk_full_stops_the_run_and_keeps_the_committed_step(small_tmpfs, kiloc
     assert ck.committed_steps(ckpts)[0] == committed
 
 
-@pytest.mark.xfail(
-    run=False,
-    reason="the domain table now refuses optim.lr above 10 before launch, the config this test used to make step "
-    "2's loss NaN; lr 10 without clipping stays finite on tiny_gpt. The guard is unchanged; the test needs another "
-    "trigger",
-)
 def test_non_finite_loss_crashes_and_is_never_committed(kilocard_run):
-    """A learning rate of 1e12 with no warm-up makes step 2's loss NaN. Step 1 is committed; step 2
-    (a save step too: checkpoint.save_interval=1) must not be: the loss of a step is read back and
-    checked before that step is saved, even though the loop reads losses one step late. The run
-    exits CRASH (1) naming the step and the fix (no traceback), and its metrics hold only finite losses."""
+    """fp16 with the highest learning rate the domain table allows (10, no warm-up): the dynamic loss
+    scale skips the first steps (their gradients overflow), then the first real update makes the next
+    forward pass overflow fp16 and its loss NaN. Every step is a save step (checkpoint.save_interval=1):
+    the step before is committed and intact, the NaN step is not (the loss of a step is read back and
+    checked before that step is saved, even though the loop reads losses one step late). The run exits
+    CRASH (1) naming the step and the fix (no traceback), and its metrics hold only finite losses."""
     code, out, run_dir = kilocard_run(
         "--nproc",
         "2",
         "recipe=tiny_gpt",
-        "trainer.train_iters=6",
+        "precision=fp16",
+        "trainer.train_iters=40",
         "checkpoint.save_interval=1",
+        "checkpoint.keep_last=2",
         "trainer.tensorboard=false",
-        "optim.lr=1e12",
+        "optim.lr=10",
         "optim.min_lr=0",
         "optim.lr_warmup_iters=0",
     )
     assert code == exitcodes.CRASH, out[-3000:]
-    assert "error: step 2: loss is nan; lower optim.lr or check the data" in out + train_log(run_dir)
+    text = out + train_log(run_dir)
+    bad = re.search(r"error: step (\d+): loss is nan; lower optim\.lr or check the data", text)
+    assert bad is not None, text[-3000:]
+    step = int(bad.group(1))
+    assert 1 < step < 40
+    assert re.search(r"^exit +1 CRASH$", out, re.M) and re.search(rf"^last committed step +{step - 1}$", out, re.M)
     assert "kilocard/train/trainer.py" not in train_log(run_dir)  # no rank traceback (torchrun prints its own)
-    assert tracker(run_dir) == 1
-    assert ck.committed_steps(run_dir / "checkpoints") == [1]
-    assert [s for s, _ in losses(run_dir)] == [1]
+    ckpts = run_dir / "checkpoints"
+    assert tracker(run_dir) == step - 1
+    assert ck.committed_steps(ckpts)[0] == step - 1 and not ck.step_dir(ckpts, step).exists()
+    ck.verify_step(ck.step_dir(ckpts, step - 1))
+    curve = losses(run_dir)
+    assert [s for s, _ in curve] == list(range(1, step)) and all(math.isfinite(v) for _, v in curve)

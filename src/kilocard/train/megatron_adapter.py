@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kilocard.backends import Backend
-from kilocard.config.dtypes import main_grads_fp32, param_dtype
+from kilocard.config.dtypes import main_grads_fp32, mixed_precision, param_dtype
 from kilocard.config.megatron import megatron_kwargs
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout, megatron_sizes
@@ -286,8 +286,19 @@ def build_model_chunks(run_cfg: RunConfig, config: Any, backend: Backend) -> lis
         )
         if backend.is_cuda:
             model.cuda(torch.cuda.current_device())
-        chunks.append(model)
+        chunks.append(in_mixed_precision(model, run_cfg))
     return chunks
+
+
+def in_mixed_precision(model: Any, run_cfg: RunConfig) -> Any:
+    """``model`` with every floating parameter in bf16/fp16 under mixed precision, as Megatron-LM's
+    ``Float16Module`` casts it: the local layer spec makes its norms in fp32 whatever ``params_dtype``
+    says, and Megatron-Core's fp16/bf16 optimizer keeps such a parameter outside the groups its
+    checkpoint maps (a save with optimizer state would stop on ``Param id .. does not match``)."""
+    if not mixed_precision(run_cfg.precision):
+        return model
+    dtype = _DTYPES[param_dtype(run_cfg.precision)]
+    return model.to(dtype=dtype)
 
 
 def apply_peft(run_cfg: RunConfig, config: Any, chunks: list[Any]) -> None:
