@@ -15,12 +15,16 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
+import bad_files
 from kilocard.config.schema import PeftConfig
 from kilocard.data.record import DataRecord, read_record
 from kilocard.paths import data_dir
 from kilocard.rundir.checkpoint import TrainerState, load_model_issues, step_dir
 from kilocard.rundir.names import MANIFEST, STATE, TRACKER
 from kilocard.validate.datarecord import data_record_issues, template_issues, too_long_issues, truncated_issues
+from kilocard.validate.inputpaths import input_path_issues
 from run_configs import cfg_of
 
 CHAT = data_dir("conf").parent / "data" / "tiny_chat"
@@ -192,6 +196,20 @@ def test_the_tokenizer_folder_must_hold_the_template_the_data_was_rendered_with(
         json.loads((CHAT / "tokenizer_config.json").read_text())["chat_template"]
     )
     assert template_issues(_sft(folder, prefix), [(str(prefix), record)]) == []  # transformers reads the file too
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "broken", "binary", "latin1", "empty", "secret_json"])
+def test_a_bad_tokenizer_config_is_reported_once(tmp_path: Path, kind: str) -> None:
+    """The tokenizer and the chat-template checks both read tokenizer_config.json: a file that cannot be
+    read is one issue, with the file and what it is, not one per reader."""
+    folder = tmp_path / "chat"
+    shutil.copytree(CHAT, folder)
+    (folder / "tokenizer_config.json").unlink()
+    bad_files.make(kind, folder / "tokenizer_config.json")
+    issues = bad_files.finishes(lambda: input_path_issues(_sft(folder, folder / PREFIX)))["value"]
+    about = [i for i in issues if "tokenizer_config.json" in i.message]
+    assert len(about) == 1, [i.to_json() for i in issues]
+    assert about[0].severity == "error" and bad_files.SECRET not in about[0].message
 
 
 def test_the_shipped_chat_set_passes_and_a_short_sequence_is_counted(tmp_path: Path) -> None:

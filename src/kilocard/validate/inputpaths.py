@@ -47,7 +47,19 @@ def input_path_issues(cfg: RunConfig, skip_paths: bool = False) -> list[Issue]:
     found = checkpoint_load_issues(cfg.checkpoint) + tokenizer_issues(cfg)
     if not issues:  # a malformed blend is reported once, by blend_issues
         found += check_paths(cfg) + data_record_issues(cfg)
-    return [*issues, *found]
+    return once([*issues, *found])
+
+
+def once(issues: list[Issue]) -> list[Issue]:
+    """``issues`` without a repeat of an earlier issue's field and message: two checks that read the same file
+    (the tokenizer and its chat template both read ``tokenizer_config.json``) say its fault once, the first's way."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for i in issues:
+        if (i.field, i.message) not in seen:
+            seen.add((i.field, i.message))
+            out.append(i)
+    return out
 
 
 def input_paths(cfg: RunConfig) -> dict[str, str]:
