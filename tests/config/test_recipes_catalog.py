@@ -232,6 +232,8 @@ def test_every_baseline_id_names_a_published_row(all_recipes: dict[str, RunConfi
         ("qwen3_8b", 8.2e9, None),  # Qwen3 technical report, arXiv:2505.09388, Table 1 / model cards
         ("bridge260401_h100_qwen3_30b_fp8", 30.5e9, 3.3e9),
         ("bridge260401_h100_qwen3_235b_fp8", 235e9, 22e9),
+        # OpenAI's gpt-oss model card: 116.83B total, 5.13B active without the 0.58B input embedding
+        ("gpt_oss_120b", 116.83e9, 5.13e9 + 201088 * 2880),
     ],
 )
 def test_parameter_counts_match_the_published_figures(

@@ -90,8 +90,9 @@ def _small_moe_mla() -> RunConfig:
     return RunConfig(model=m)
 
 
-def _qwen3(model: str, gbs: int) -> RunConfig:
-    """A shipped Qwen3 model file (qk_layernorm, head_dim 128 wider than hidden / heads; MoE: 128 experts, top-8)."""
+def _shipped_model(model: str, gbs: int) -> RunConfig:
+    """A shipped model file: Qwen3 (qk_layernorm, head_dim 128 wider than hidden / heads; MoE: 128 experts,
+    top-8), GPT-OSS-120B (quick-GeGLU experts, a sliding window on every other layer, biases)."""
     import dataclasses
 
     import yaml
@@ -108,8 +109,9 @@ CASES = [
     _llama3_70b(),
     _deepseek_v3_like(),
     _small_moe_mla(),
-    _qwen3("qwen3_8b", 32),
-    _qwen3("qwen3_30b_a3b", 512),
+    _shipped_model("qwen3_8b", 32),
+    _shipped_model("qwen3_30b_a3b", 512),
+    _shipped_model("gpt_oss_120b", 512),
 ]
 
 
@@ -178,7 +180,7 @@ def test_qk_layernorm_counts_only_in_six_n(model):
     change none of its conventions; ``six_n`` counts parameters, and they are 2 x head_dim per layer."""
     import dataclasses
 
-    rc = _qwen3(model, 8)
+    rc = _shipped_model(model, 8)
     off = dataclasses.replace(rc, model=dataclasses.replace(rc.model, qk_layernorm=False))
     for convention in ("megatron_sc21", "megatron_legacy", "megatron_current"):
         assert flops_per_iteration(rc, convention) == flops_per_iteration(off, convention)
@@ -193,7 +195,9 @@ def test_unknown_convention_names_the_valid_ones():
 
 
 @pytest.mark.parametrize(
-    "rc", CASES, ids=["tiny", "gpt3_175b", "llama3_70b", "deepseek_v3", "moe_mla_mtp", "qwen3_8b", "qwen3_30b_a3b"]
+    "rc",
+    CASES,
+    ids=["tiny", "gpt3_175b", "llama3_70b", "deepseek_v3", "moe_mla_mtp", "qwen3_8b", "qwen3_30b_a3b", "gpt_oss_120b"],
 )
 def test_current_equals_megatron_lm_num_floating_point_operations(rc, megatron_flops):
     expected = megatron_flops(megatron_args(rc), rc.trainer.global_batch_size)
@@ -253,6 +257,8 @@ def _random_run_config(draw) -> RunConfig:
         seq_length=draw(st.sampled_from([16, 128, 1000])),
         vocab_size=draw(st.integers(50, 5000)),
         gated_linear_unit=draw(st.booleans()),
+        activation=draw(st.sampled_from(["gelu", "swiglu", "quick_gelu"])),
+        window_size=draw(st.sampled_from([None, [8, 0], [2000, 0]])),
         num_moe_experts=experts,
         moe_router_topk=draw(st.integers(1, 2)),
         moe_layer_freq=freq,
@@ -285,3 +291,71 @@ def test_current_equals_megatron_lm_on_random_models(megatron_flops):
         )
 
     check()
+
+
+def test_megatron_counts_take_gpt_oss_quick_geglu_as_two_matrices():
+    """Megatron-LM parses GPT-OSS's ``--quick-geglu`` with ``args.swiglu`` False, and both its counts give the
+    gated MLP's third matrix only under ``args.swiglu``: the experts count as two matrices, a SwiGLU twin's as three."""
+    import dataclasses
+
+    rc = _shipped_model("gpt_oss_120b", 1)
+    args = megatron_args(rc)
+    assert (args.swiglu, args.quick_geglu) == (False, True)
+    swiglu = dataclasses.replace(rc, model=dataclasses.replace(rc.model, activation="swiglu"))
+    m, tokens = rc.model, rc.model.seq_length
+    third_matrix = 6 * m.hidden_size * m.moe_ffn_hidden_size * m.moe_router_topk * m.num_layers * tokens
+    for convention in ("megatron_legacy", "megatron_current"):
+        assert flops_per_iteration(swiglu, convention) - flops_per_iteration(rc, convention) == pytest.approx(
+            third_matrix, rel=1e-12
+        )
+
+
+def test_megatron_counts_ignore_the_sliding_window():
+    """No Megatron-LM count knows a window: every layer's core is counted over the whole causal sequence."""
+    import dataclasses
+
+    rc = _shipped_model("gpt_oss_120b", 4)
+    full = dataclasses.replace(rc, model=dataclasses.replace(rc.model, window_size=None, window_attn_skip_freq=None))
+    for convention in ("megatron_sc21", "megatron_legacy", "megatron_current", "six_n"):
+        assert flops_per_iteration(rc, convention) == flops_per_iteration(full, convention)
+
+
+GPT_OSS_ROWS = tuple(f"bridge2511-{gpu}-gptoss-120b-bf16" for gpu in ("h100", "b200", "gb200"))
+
+
+@pytest.mark.parametrize("row_id", GPT_OSS_ROWS)
+def test_gpt_oss_rows_reproduce_their_published_flops_per_token(row_id):
+    """Megatron-Bridge 25.11 publishes TFLOP/s and tokens/s per GPU; their ratio is its count's FLOPs per token
+    (27.2 G at 4096 tokens, 30.7 G at 8192), and the row's convention gives it within 1%. Counting the experts'
+    third matrix (as the kernels run them) would miss by more than 15%."""
+    import dataclasses
+
+    from kilocard.calibration.baselines import flops_per_token, load_rows, row_run_config
+
+    (row,) = [r for r in load_rows() if r.id == row_id]
+    res, cfg = row.raw["result"], row_run_config(row)
+    published = res["tflops_per_gpu"] * 1e12 / res["tokens_per_s_per_gpu"]
+    ours = flops_per_token(cfg, row.raw["flops_convention"])
+    assert ours == pytest.approx(published, rel=0.01)
+    gated = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, activation="swiglu"))
+    assert flops_per_token(gated, row.raw["flops_convention"]) > 1.15 * published
+
+
+def test_attended_keys_count_the_window_band_and_the_full_sequence_beyond_it():
+    """Keys per query: s/2 under the causal mask; W(1 - W/2s) with W = window + 1 on the windowed layers; the
+    full count again once the window spans the sequence."""
+    import dataclasses
+
+    rc = _shipped_model("gpt_oss_120b", 1)
+    shape = shape_from_model(rc.model)
+    s, w = 4096, 129
+    assert (shape.window, shape.windowed_layers, shape.layers) == (128, 18, 36)
+    assert shape.attended_keys == pytest.approx((18 * s / 2 + 18 * w * (1 - w / (2 * s))) / 36, rel=1e-12)
+    for window in (s - 1, s, 10 * s):
+        wide = dataclasses.replace(rc.model, window_size=[window, 0])
+        assert shape_from_model(wide).attended_keys == s / 2
+    every = dataclasses.replace(rc.model, window_attn_skip_freq=None)
+    assert shape_from_model(every).windowed_layers == 36
+    listed = dataclasses.replace(rc.model, window_attn_skip_freq=[1, 0, 0] * 12)
+    assert shape_from_model(listed).windowed_layers == 12
+    assert shape_from_model(dataclasses.replace(rc.model, window_size=None)).attended_keys == s / 2

@@ -358,6 +358,24 @@ def test_flash_attention_2_runs_at_its_ratio_of_the_fused_kernels():
     assert FITTED.gpu["ampere"].fa2_attention_ratio == 1.0
 
 
+def test_sliding_window_shortens_the_attention_core_by_its_band():
+    """A window on half the layers (GPT-OSS: 128 tokens on every other layer) leaves the fused attention
+    core the keys the kernels compute: the full layers' s/2 per query, the windowed ones' band; the GEMMs
+    and the convention's FLOPs stay. A window as long as the sequence is full attention."""
+    base = _cfg()
+    s = base.model.seq_length
+    half = replace(base, model=replace(base.model, window_size=[128, 0], window_attn_skip_freq=2))
+    full, windowed = predict(base), predict(half)
+    band = 129 * (1 - 129 / (2 * s))
+    ratio = (s / 2 + band) / 2 / (s / 2)
+    assert windowed.breakdown["attention"] == pytest.approx(full.breakdown["attention"] * ratio, rel=1e-9)
+    assert windowed.breakdown["gemm"] == full.breakdown["gemm"]
+    assert windowed.step_time_s < full.step_time_s
+    assert flops_per_iteration(half) == flops_per_iteration(base)
+    spanning = replace(base, model=replace(base.model, window_size=[s, 0]))
+    assert predict(spanning).step_time_s == full.step_time_s
+
+
 def test_cuda_graphs_remove_the_launch_overhead_of_what_they_capture():
     """Megatron-Core's ``cuda_graph_impl``/``cuda_graph_scope``: a local (whole-layer or whole-step) graph
     removes a layer pass's fixed overhead, a Transformer Engine graph of ``attn`` the attention block's

@@ -185,7 +185,8 @@ def check_cluster(raw: dict[str, Any], where: str) -> None:
 
 def row_model(raw: dict[str, Any], era_2021: bool) -> ModelConfig:
     """The row's architecture: GPT-style (learned positions, tied embeddings, biases) unless gated
-    (Llama-style: RoPE, untied, no biases); a row's ``rope``/``tied_embeddings``/``bias`` say otherwise."""
+    (Llama-style: RoPE, untied, no biases, SwiGLU); a row's ``rope``/``tied_embeddings``/``bias``/``activation``
+    say otherwise, and its ``window_size``/``window_attn_skip_freq`` give sliding-window attention."""
     m = raw["model"]
     gated = bool(m["gated_mlp"])
     rope = bool(m.get("rope", gated))
@@ -202,7 +203,7 @@ def row_model(raw: dict[str, Any], era_2021: bool) -> ModelConfig:
         max_position_embeddings=int(m["seq"]),
         vocab_size=int(m["vocab"]),
         gated_linear_unit=gated,
-        activation="swiglu" if gated else "gelu",
+        activation=str(m.get("activation") or ("swiglu" if gated else "gelu")),
         normalization="RMSNorm" if gated else "LayerNorm",
         add_bias_linear=bool(m.get("bias", not gated)),
         position_embedding_type="rope" if rope else "learned_absolute",
@@ -215,6 +216,8 @@ def row_model(raw: dict[str, Any], era_2021: bool) -> ModelConfig:
         moe_layer_freq=_moe_layer_freq(m),
         moe_grouped_gemm=bool(experts),
         mtp_num_layers=m.get("mtp") or None,
+        window_size=list(m["window_size"]) if m.get("window_size") else None,
+        window_attn_skip_freq=m.get("window_attn_skip_freq"),
         **_mla(m),
         hidden_dropout=0.1 if era_2021 else 0.0,
         attention_dropout=0.1 if era_2021 else 0.0,

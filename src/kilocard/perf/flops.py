@@ -15,6 +15,12 @@ kilocard prints names its convention:
 ``megatron_current``
     Megatron-LM ``megatron/training/training.py`` ``num_floating_point_operations`` (2025-03 on):
     causal attention halved, gated MLP, GQA, dense/MoE layer pattern, shared experts, MLA, MTP.
+
+Both Megatron-LM counts give a gated MLP its third matrix only when it is SwiGLU (``args.swiglu``):
+GPT-OSS's quick-GeGLU is counted as an ungated MLP, and no count knows sliding-window attention (every
+layer's core is counted over the whole causal sequence). Megatron-Bridge's ``flop_utils.py`` (release
+0.2.0, the 25.11 container) counts the same way. The step-time model charges the work the kernels do
+instead: three matrices, and the window's band (``ModelShape.attended_keys``).
 ``six_n``
     ``6·N·T + 12·L·H·Q·s·T`` (nanoGPT, PaLM appendix B, torchtitan): N the parameters a token
     passes through, without the input embedding (MoE: routed experts counted top-k times), plus
@@ -32,7 +38,15 @@ from types import SimpleNamespace
 
 from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.perf.megatron_lm import megatron_lm_args
-from kilocard.perf.params import count_parameters, is_gated, moe_count, moe_layer_pattern, padded_vocab_size
+from kilocard.perf.params import (
+    count_parameters,
+    is_gated,
+    is_swiglu,
+    moe_count,
+    moe_layer_pattern,
+    padded_vocab_size,
+    windowed_layers,
+)
 
 CURRENT = "megatron_current"
 """The convention kilocard reports its own figures in (Megatron-LM's ``num_floating_point_operations``)."""
@@ -57,7 +71,7 @@ class ModelShape:
     ffn: int
     """Dense MLP hidden size F."""
     gated: bool
-    """Gated MLP (SwiGLU): three projections instead of two."""
+    """Gated MLP (SwiGLU, GPT-OSS's quick-GeGLU): three projections instead of two."""
     vocab: int
     """Vocabulary size as the formula counts it (Megatron: padded)."""
     seq: int
@@ -79,11 +93,36 @@ class ModelShape:
     """Parameters a token passes through, input embedding excluded (``six_n``); ``None``: derived."""
     tied_embeddings: bool = True
     """Input embedding and output layer share one matrix (``share_embeddings_and_output_weights``)."""
+    swiglu: bool | None = None
+    """Megatron-LM's ``args.swiglu``: its counts give a gated MLP three matrices only then
+    (``kilocard.perf.params.is_swiglu``); ``None``: as ``gated``."""
+    window: int = 0
+    """Sliding-window attention: tokens each query sees besides itself (``window_size[0]``); 0: none."""
+    windowed_layers: int = 0
+    """Layers that run the window (``kilocard.perf.params.windowed_layers``); the others attend in full."""
 
     @property
     def is_moe(self) -> bool:
         """Whether any layer is an MoE layer."""
         return moe_count(self.moe_layers) > 0
+
+    @property
+    def counted_gated(self) -> bool:
+        """Whether Megatron-LM's FLOPs counts give the MLP three matrices (``swiglu``, else ``gated``)."""
+        return self.gated if self.swiglu is None else self.swiglu
+
+    @property
+    def attended_keys(self) -> float:
+        """Keys a query attends to, averaged over positions and layers: ``s/2`` under the causal mask (the
+        count Megatron-LM halves ``s`` to), ``W·(1 - W/(2s))`` under a window of ``W = min(window + 1, s)``
+        keys (the band's area over ``s``; ``s/2`` again once the window spans the sequence)."""
+        full = self.seq / 2
+        if not self.window or not self.windowed_layers:
+            return full
+        w = min(self.window + 1, self.seq)
+        band = w * (1 - w / (2 * self.seq))
+        windowed = min(self.windowed_layers, self.layers)
+        return (full * (self.layers - windowed) + band * windowed) / self.layers
 
 
 def shape_from_model(m: ModelConfig, tp: int = 1) -> ModelShape:
@@ -122,6 +161,9 @@ def shape_from_model(m: ModelConfig, tp: int = 1) -> ModelShape:
         - emb_in
         + (0 if not m.share_embeddings_and_output_weights else padded_vocab_size(m) * m.hidden_size),
         tied_embeddings=m.share_embeddings_and_output_weights,
+        swiglu=is_swiglu(m),
+        window=m.window_size[0] if m.window_size else 0,
+        windowed_layers=windowed_layers(m),
     )
 
 
@@ -137,7 +179,7 @@ def sc21_flops(s: ModelShape, batch: float) -> float:
 def legacy_flops(s: ModelShape, batch: float) -> float:
     """Megatron-LM before 2025-03: ``12·B·s·L·h²·[(1+g/n+s/h)(q/h) + (F/h)k·m + (F_sh/h)m + V/(2Lh)]``."""
     h, L = s.hidden, s.layers
-    m = 1.5 if s.gated else 1.0
+    m = 1.5 if s.counted_gated else 1.0
     k = s.topk if s.is_moe else 1
     ffn = (s.moe_ffn or s.ffn) if s.is_moe else s.ffn
     q_ratio = s.kv_channels * s.heads / h
@@ -180,7 +222,7 @@ def current_flops(s: ModelShape, batch: float) -> float:
     n_dense += (1 - last_moe) * s.mtp_layers
     n_layers = s.layers + s.mtp_layers
     k = s.topk if s.moe_layers else 0
-    f = 3 if s.gated else 2
+    f = 3 if s.counted_gated else 2
     moe_ffn = s.moe_ffn or s.ffn
     attn_linear, attn_core = _attention_terms(s)
     tokens = batch * s.seq

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from kilocard.config.megatron import megatron_fields
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.perf.params import is_gated, padded_vocab_size
+from kilocard.perf.params import is_gated, is_swiglu, padded_vocab_size
 
 
 def megatron_lm_args(cfg: RunConfig, tp: int | None = None) -> SimpleNamespace:
@@ -47,7 +47,10 @@ def _derived(m: ModelConfig) -> dict[str, object]:
         "group_query_attention": gqa,
         "num_query_groups": m.num_query_groups if gqa else m.num_attention_heads,
         "num_experts": m.num_moe_experts or None,
-        "swiglu": is_gated(m),
+        # --swiglu (SiLU gate) and --quick-geglu (GPT-OSS) are Megatron-LM's two gated MLPs; its parse
+        # keeps swiglu False under --quick-geglu (arguments.py: ``assert not args.swiglu``).
+        "swiglu": is_swiglu(m),
+        "quick_geglu": is_gated(m) and m.activation == "quick_gelu",
         "moe_layer_freq": freq,
         "moe_ffn_hidden_size": (m.moe_ffn_hidden_size or ffn) if m.num_moe_experts else None,
     }

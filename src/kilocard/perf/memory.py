@@ -26,6 +26,8 @@ Where kilocard goes further (each term is zero, or the identity, on Megatron's o
   (momentum, plus a master copy under mixed precision); fp32 activations count 4 bytes, not 2;
 * biases (``add_bias_linear``/``add_qkv_bias``) and learned absolute position embeddings, which
   the formula leaves out;
+* a gated MLP with another gate than SiLU (GPT-OSS's quick-GeGLU) has its three matrices: Megatron's
+  formula counts the third only under ``args.swiglu``;
 * uneven pipeline stages: the first stage's own layer count replaces ``num_layers / PP`` and the
   last stage (output layer when untied) is checked too; the larger one counts;
 * MoE activations: an MoE layer's MLP term uses the tokens each rank computes, ``topk *
@@ -117,7 +119,8 @@ def megatron_memory_args(cfg: RunConfig, layout: Layout | None = None) -> Simple
     On a dense model with CP = 1 and an even pipeline split these are exactly Megatron-LM's
     arguments for the same run. Extensions: ``seq_length`` is the per-rank sequence (/ CP),
     ``data_parallel_size`` is the optimizer-sharding group (DP * CP), ``num_layers`` is the first
-    stage's layers * PP, and ``ffn_hidden_size`` is the token-averaged MLP width of an MoE model.
+    stage's layers * PP, ``ffn_hidden_size`` is the token-averaged MLP width of an MoE model, and
+    ``swiglu`` is true for every gated MLP (three matrices), not only a SiLU-gated one.
     """
     m = cfg.model
     lay = layout or compute_layout(cfg)
@@ -131,6 +134,9 @@ def megatron_memory_args(cfg: RunConfig, layout: Layout | None = None) -> Simple
         activation_num_layers=(_inflight_layers(lay) if first is not None else m.num_layers) - _offloaded_layers(cfg),
         activation_ffn_hidden_size=_effective_ffn(m),
         fp8_linear_inputs=cfg.precision.fp8 is not None or cfg.precision.fp4 is not None,
+        # Three matrices in every gated MLP: Megatron-LM's formula reads args.swiglu, False for GPT-OSS's
+        # quick-GeGLU, whose third matrix is there all the same.
+        swiglu=is_gated(m),
     )
     return args
 

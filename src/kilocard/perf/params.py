@@ -72,6 +72,28 @@ def is_gated(m: ModelConfig) -> bool:
     return bool(m.gated_linear_unit or m.activation == "swiglu")
 
 
+def is_swiglu(m: ModelConfig) -> bool:
+    """Whether the MLP is SwiGLU (a SiLU gate): Megatron-LM's ``args.swiglu`` (``--swiglu``). Its FLOPs count
+    gives a gated MLP its third matrix only then (Megatron-LM ``training.py`` ``gated_linear_multiplier``;
+    Megatron-Bridge ``flop_utils.py``: ``gated_linear_unit and activation_func == F.silu``), so GPT-OSS's
+    quick-GeGLU (``--quick-geglu``) is counted as two matrices."""
+    return m.activation == "swiglu"
+
+
+def windowed_layers(m: ModelConfig) -> int:
+    """Layers that run sliding-window attention (Megatron-Core ``is_layer_window_attention``: with
+    ``window_size`` set, every layer unless ``window_attn_skip_freq`` is an int k, which keeps layers
+    k, 2k, ... (1-based) full, or a 0/1 list, 1 = windowed); 0 without a window."""
+    if m.window_size is None:
+        return 0
+    skip = m.window_attn_skip_freq
+    if skip is None:
+        return m.num_layers
+    if isinstance(skip, int):
+        return m.num_layers - (m.num_layers // skip if skip > 0 else 0)
+    return sum(1 for x in list(skip) if x)
+
+
 def kv_channels(m: ModelConfig) -> int:
     """Per-head projection size."""
     return m.kv_channels or m.hidden_size // m.num_attention_heads

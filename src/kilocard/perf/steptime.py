@@ -10,7 +10,8 @@ Per micro-batch and layer the model charges:
 
 * GEMMs: per-GPU FLOPs over ``peak * gemm_efficiency``, each of M, N, K adding ``knee / dim``;
 * the attention core: flash kernels at ``flash_attention_efficiency`` (FlashAttention-2's at
-  ``fa2_attention_ratio`` of that), or (``local``/``unfused``
+  ``fa2_attention_ratio`` of that) over the keys each query attends to (half the sequence under the
+  causal mask, the window's band on sliding-window layers), or (``local``/``unfused``
   backends) two batched GEMMs plus the s x s score traffic at HBM bandwidth;
 * elementwise work (norms, residuals, dropout, activations, RoPE, FP8 casts) at HBM bandwidth,
   replicated over TP ranks unless sequence parallelism shards it;
@@ -320,7 +321,9 @@ def attention_forward(
     d = shape.kv_channels
     if shape.mla is not None:
         d = (shape.mla.qk_head_dim + shape.mla.qk_pos_emb_head_dim + shape.mla.v_head_dim) / 2
-    causal_flops = 2.0 * tok * shape.seq * heads * d  # QK^T and PV, half the s x s under the causal mask
+    # QK^T and PV over the keys each query attends to: half the s x s under the causal mask, the band of
+    # a sliding window on its layers (the fused kernels skip the tiles outside it)
+    causal_flops = 4.0 * tok * shape.attended_keys * heads * d
     if ft.flash_attention:
         fa2 = eff.fa2_attention_ratio if ft.attention_backend == "flash" else 1.0
         return causal_flops / (hw.peak_flops["bf16"] * eff.flash_attention_efficiency * fa2), 0.0
