@@ -272,6 +272,28 @@ def test_hostile_files_anywhere_a_verb_reads(slot, kind):
     check(slot, kind)
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dir", "broken", "binary", "latin1"])
+@pytest.mark.parametrize("name", ["events.jsonl", "metrics.jsonl", "config.sha256", "checkpoints/latest_committed.txt"])
+def test_runs_lists_the_readable_runs_of_a_root_beside_a_damaged_one(tmp_path, capsys, name, kind):
+    """``kilocard runs ROOT``: a run that cannot be read is one ``skipped`` line on stderr and the others are
+    listed (exit 0), whatever file of it is damaged; the damaged run alone is refused in one line (exit 2)."""
+    _frozen(tmp_path / "root" / "good")
+    bad = _frozen(tmp_path / "root" / "bad")
+    (bad / "checkpoints").mkdir()
+    (bad / "checkpoints" / "latest_committed.txt").write_text("1\n")
+    _replace(bad / name, kind)
+    capsys.readouterr()
+    code = finishes(lambda: main(["runs", str(tmp_path / "root"), "--format", "json"]))["value"]
+    out, err = capsys.readouterr()
+    listed = [Path(r["run_dir"]).name for r in json.loads(out)]
+    skipped = [line for line in err.splitlines() if line.startswith(f"kilocard runs: skipped {bad}: ")]
+    assert code == exits.OK and "good" in listed, (code, out, err)
+    assert "bad" in listed or len(skipped) == 1, err
+    code = finishes(lambda: main(["runs", str(bad)]))["value"]
+    err = capsys.readouterr().err
+    assert code in (exits.OK, exits.USAGE) and "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+
+
 PATH_TEXT = st.builds(
     "".join,
     st.lists(

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kilocard import exitcodes
-from kilocard.base.safe_read import is_regular, read_json, read_text
+from kilocard.base.safe_read import FileReadError, is_regular, read_json, read_text
 from kilocard.config.schema import RunConfig
 from kilocard.launch.logs import live_local_holder
 from kilocard.launch.sbatch import SCRIPT_FILE
@@ -124,8 +124,8 @@ def read_run(run_dir: Path, queue: dict[int, tuple[str, str]] | None = None, now
         return _read(run_dir, queue, time.time() if now is None else now)
     except BadRunDir:
         raise
-    except (FrozenConfigError, events.BadRecord, ck.CheckpointError, OSError, ValueError) as e:
-        raise BadRunDir(str(e)) from None  # FileReadError is a ValueError
+    except (FrozenConfigError, events.BadRecord, ck.CheckpointError, FileReadError, OSError, ValueError) as e:
+        raise BadRunDir(str(e)) from None
 
 
 def _read(run_dir: Path, queue: dict[int, tuple[str, str]] | None, now: float) -> RunInfo:
