@@ -2,7 +2,8 @@
 model in several layouts and write the logits' max difference from transformers' reference.
 
 ``python -m torch.distributed.run --nproc-per-node 2 mcore_forward.py PLAN.json OUT_DIR``; PLAN is a
-list of cases ``{"name", "ckpt", "tp", "pp", "ep", "tokens", "reference"}`` (``.pt`` files). Every case
+list of cases ``{"name", "ckpt", "tp", "pp", "ep", "tokens", "reference"}`` (``.pt`` files; optionally ``"etp"``,
+the expert tensor-parallel size, TP's by default). Every case
 re-initialises Megatron-Core's parallel state in the same two-rank group, builds the model with
 ``train.megatron_adapter`` (as the trainer does), loads ``ckpt/step_0000000`` with
 ``dist_checkpointing`` (resharding onto the layout), and runs the forward-only pipeline schedule.
@@ -35,9 +36,11 @@ def run_case(case: dict, out_dir: Path, backend) -> None:
         tensor_model_parallel_size=case["tp"],
         pipeline_model_parallel_size=case["pp"],
         expert_model_parallel_size=case["ep"],
+        expert_tensor_parallel_size=case.get("etp"),
     )
     run_cfg = dataclasses.replace(RunConfig(), model=ModelConfig(**saved), parallel=parallel)
-    ma.init_parallel_state(of_sizes(dist.get_world_size(), case["tp"], case["pp"], ep=case["ep"]), timeout_minutes=5)
+    lay = of_sizes(dist.get_world_size(), case["tp"], case["pp"], ep=case["ep"], etp=case.get("etp"))
+    ma.init_parallel_state(lay, timeout_minutes=5)
     ma.seed_all(1234)
     config = ma.transformer_config(run_cfg, backend)
     (model,) = ma.build_model_chunks(run_cfg, config, backend)

@@ -8,24 +8,15 @@ import json
 
 import pytest
 import torch
-from tiny_hf import assert_logits_match, convert_all, forward_plan, hf_tensors, make, model_class, run_forward
+from tiny_hf import TOLERANCE, assert_logits_match, forward_plan, hf_tensors, model_class, round_trip, run_forward
 
 #: Also run on every other supported megatron-core release (scripts/test.sh, second pass).
 pytestmark = pytest.mark.mcore_range
 
-TOLERANCE = 1e-4
-"""Largest |logit difference| allowed between Megatron-Core and transformers in fp32 (the other families')."""
-
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("deepseek")
-    model = make("deepseek_v3", root / "hf")
-    codes = convert_all(
-        ["hf-to-mcore", str(root / "hf"), str(root / "ck")], ["mcore-to-hf", str(root / "ck"), str(root / "back")]
-    )
-    assert codes == [0, 0]
-    return root, model
+    return round_trip("deepseek_v3", tmp_path_factory.mktemp("deepseek"))
 
 
 def test_the_import_derives_the_model_and_the_export_is_bit_identical(converted) -> None:

@@ -1,9 +1,9 @@
 """Tiny random Hugging Face models twinned with the tiny_llama / tiny_mixtral / tiny_qwen2 / tiny_qwen3 /
-tiny_qwen3_moe recipes.
+tiny_qwen3_moe / tiny_deepseek_v3 / tiny_gpt_oss recipes.
 
 Made with ``transformers`` in the test (no download) and saved with ``save_pretrained`` in small
-safetensors shards, so the index path is the one exercised. Norm weights and biases are perturbed:
-a wrong norm or bias mapping would otherwise hide behind their default ones/zeros.
+safetensors shards, so the index path is the one exercised. Norm weights, biases and attention sinks are
+perturbed: a wrong norm, bias or sink mapping would otherwise hide behind their default ones/zeros.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,6 +53,8 @@ def hf_config(kind: str, **changes):
         return Qwen3MoeConfig(**{**c, "router_aux_loss_coef": 0.001, **changes})
     if kind == "deepseek_v3":
         return deepseek_v3_config(c, changes)
+    if kind == "gpt_oss":
+        return gpt_oss_config(c, changes)
     c.update(intermediate_size=160, rms_norm_eps=1e-6, tie_word_embeddings=True)
     c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     return Qwen2Config(**{**c, **changes})
@@ -70,12 +73,24 @@ def deepseek_v3_config(c: dict, changes: dict):
     return DeepseekV3Config(**{**c, **changes})
 
 
+def gpt_oss_config(c: dict, changes: dict):
+    """A tiny GPT-OSS: 4 layers, windowed (8 tokens, the query included) and full in turn, head_dim 16, 4 experts
+    (top-2) of 32, plain RoPE (``GptOssConfig`` defaults to YaRN, which kilocard refuses) and a SwiGLU limit of
+    0.3, low enough that the clamp cuts a share of the tiny model's expert inputs (7.0 would cut none)."""
+    from transformers import GptOssConfig
+
+    c = {**c, "num_hidden_layers": 4, "head_dim": 16, "intermediate_size": 32, "num_local_experts": 4}
+    c.update(num_experts_per_tok=2, sliding_window=8, swiglu_limit=0.3, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    c.update(rope_parameters={"rope_type": "default", "rope_theta": 150000.0}, router_aux_loss_coef=0.01)
+    return GptOssConfig(**{**c, **changes})
+
+
 def model_class(kind: str):
     """The transformers CausalLM class of ``kind``."""
     import transformers
 
     names = {"llama": "Llama", "llama31": "Llama", "mixtral": "Mixtral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
-    name = {**names, "qwen3_moe": "Qwen3Moe", "deepseek_v3": "DeepseekV3"}[kind]
+    name = {**names, "qwen3_moe": "Qwen3Moe", "deepseek_v3": "DeepseekV3", "gpt_oss": "GptOss"}[kind]
     return getattr(transformers, f"{name}ForCausalLM")
 
 
@@ -87,6 +102,8 @@ def make(kind: str, path: Path, dtype: torch.dtype = torch.float32, seed: int = 
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
+            if name.endswith("sinks"):  # GPT-OSS's sink logits: their 0.02 initialisation would barely show
+                p.add_(torch.randn_like(p))
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's expert bias: zeros would hide a wrong map
                 b.copy_(0.1 * torch.randn_like(b))
@@ -119,6 +136,21 @@ def convert_all(*argvs: list[str], timeout: int = 600) -> list[int]:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+TOLERANCE = 1e-4
+"""Largest |logit difference| allowed between Megatron-Core and transformers in fp32 (every family's)."""
+
+
+def round_trip(kind: str, root: Path) -> tuple[Path, Any]:
+    """Make a tiny ``kind`` model in ``root/hf``, import it without a recipe into ``root/ck`` and export that to
+    ``root/back`` (one interpreter, both exiting 0); return ``root`` and the transformers model."""
+    model = make(kind, root / "hf")
+    codes = convert_all(
+        ["hf-to-mcore", str(root / "hf"), str(root / "ck")], ["mcore-to-hf", str(root / "ck"), str(root / "back")]
+    )
+    assert codes == [0, 0]
+    return root, model
 
 
 def hf_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -180,7 +180,7 @@ def cast(t: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
 def fill(model: Any, slots: list[Slot], files: list[Path], m: ModelConfig) -> None:
     """Stream every Hugging Face tensor into its place in ``model``; vocabulary padding rows become zero."""
     params = {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
-    uncovered = sorted(set(params) - {s.mcore for s in slots})
+    uncovered = sorted(set(params) - {name for s in slots for name in maps.mcore_names(s)})
     if uncovered:  # a map that misses a Megatron-Core tensor is a kilocard bug, not bad input
         raise RuntimeError(f"the {m.name} map does not cover Megatron-Core tensors {uncovered}")
     by_name = {s.hf: s for s in slots}
@@ -190,8 +190,7 @@ def fill(model: Any, slots: list[Slot], files: list[Path], m: ModelConfig) -> No
                 params[s.mcore][s.shape[0] :].zero_()
         for name, tensor in st_io.stream(files, set(by_name)):
             s = by_name[name]
-            target = params[s.mcore]
-            maps.put(target, s, m, cast(tensor, target.dtype, name))
+            maps.put(params, s, m, cast(tensor, params[maps.mcore_names(s)[0]].dtype, name))
 
 
 def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
@@ -303,7 +302,7 @@ def mcore_to_hf(
         st_io.write_sharded(
             tmp,
             list(by_name),
-            lambda n: maps.take(tensors[by_name[n].mcore], by_name[n], m).to(dtype),
+            lambda n: maps.take(tensors, by_name[n], m).to(dtype),
             lambda n: by_name[n].shape,
             dtype.itemsize,
             max_shard_bytes,

@@ -71,9 +71,18 @@ HF_WHOLE = (
     "max_position_embeddings",
     "num_local_experts",
     "num_experts_per_tok",
+    "sliding_window",
 )
 """``config.json`` keys a model is derived from that hold whole numbers (their ranges: the schema's domains)."""
-HF_REAL = ("rms_norm_eps", "router_aux_loss_coef", "rope_theta", "rope_parameters.rope_theta", "rope_parameters.factor")
+HF_REAL = (
+    "rms_norm_eps",
+    "router_aux_loss_coef",
+    "rope_theta",
+    "rope_parameters.rope_theta",
+    "rope_parameters.factor",
+    "swiglu_limit",
+    "swiglu_alpha",
+)
 """``config.json`` keys that hold finite real numbers."""
 
 
@@ -137,9 +146,16 @@ def _lookup(c: dict[str, Any], key: str) -> Any:
     return node
 
 
+def family_view(hf_config: dict[str, Any], family: str) -> dict[str, Any]:
+    """``config.json`` as ``family`` reads it: its transformers class's defaults, then ``normalized``, then the
+    family's own spellings."""
+    fam = families.get(family)
+    return fam.normalized(normalized(fam.with_defaults(hf_config)))
+
+
 def check_config(hf_config: dict[str, Any], family: str, m: ModelConfig, recipe: str) -> None:
     """Refuse a ``config.json`` that disagrees with the recipe's model, naming every differing field at once."""
-    c = families.get(family).normalized(normalized(hf_config))
+    c = family_view(hf_config, family)
     fixed, fields = [], []
     for e in expected_config(family, m):
         got = _lookup(c, e.key)
@@ -164,9 +180,8 @@ def check_config(hf_config: dict[str, Any], family: str, m: ModelConfig, recipe:
 def model_from_config(hf_config: dict[str, Any], family: str) -> dict[str, Any]:
     """The ``model.*`` fields a ``config.json`` of ``family`` decides (what ``expected_config`` compares),
     as Megatron-Bridge's AutoBridge derives a model from it; ``seq_length`` is the context, at most 8192."""
-    fam = families.get(family)
     try:
-        return fam.model_from_config(fam.normalized(normalized(hf_config)))
+        return families.get(family).model_from_config(family_view(hf_config, family))
     except KeyError as e:
         raise ConvertError(f"config.json has no {e.args[0]}, which a {family} model is derived from") from None
 
@@ -198,11 +213,17 @@ def slots(family: str, m: ModelConfig) -> list[Slot]:
 
 
 def region(t: torch.Tensor, slot: Slot, m: ModelConfig) -> torch.Tensor:
-    """The view of Megatron-Core tensor ``t`` that holds ``slot``'s Hugging Face tensor (grouped shape for q/k/v)."""
+    """The view of Megatron-Core tensor ``t`` that holds ``slot``'s Hugging Face tensor (of one expert, for a slot
+    of stacked experts; grouped shape for q/k/v, ``[columns, F, 2]`` for an interleaved gate/up)."""
     if slot.part == "all":
         return t
     if slot.part == "rows":
         return t[: slot.shape[0]]
+    if slot.part == "t":
+        return t.t()
+    if slot.part == "interleaved":  # row g * F + f of [gate; up] is Hugging Face column 2 f + g
+        halves = t.view(2, t.shape[0] // 2, *t.shape[1:])
+        return halves.permute(*reversed(range(halves.dim())))
     if slot.part in ("gate", "up"):
         return t.chunk(2, dim=0)[slot.part == "up"]
     groups = m.num_query_groups or m.num_attention_heads
@@ -211,12 +232,24 @@ def region(t: torch.Tensor, slot: Slot, m: ModelConfig) -> torch.Tensor:
     return {"q": x[:, :per], "k": x[:, per], "v": x[:, per + 1]}[slot.part]
 
 
-def put(t: torch.Tensor, slot: Slot, m: ModelConfig, hf: torch.Tensor) -> None:
-    """Copy Hugging Face tensor ``hf`` (already of ``t``'s dtype) into its place in ``t``."""
-    view = region(t, slot, m)
-    view.copy_(hf.view(view.shape))
+def mcore_names(slot: Slot) -> list[str]:
+    """The Megatron-Core tensors ``slot``'s Hugging Face tensor lives in (one per expert of a stacked slot)."""
+    if not slot.experts:
+        return [slot.mcore]
+    return [slot.mcore.format(e=e) for e in range(slot.experts)]
 
 
-def take(t: torch.Tensor, slot: Slot, m: ModelConfig) -> torch.Tensor:
-    """The Hugging Face tensor of ``slot``, cut from Megatron-Core tensor ``t`` (contiguous)."""
-    return region(t, slot, m).reshape(slot.shape).contiguous()
+def put(sd: dict[str, torch.Tensor], slot: Slot, m: ModelConfig, hf: torch.Tensor) -> None:
+    """Copy Hugging Face tensor ``hf`` (already of the Megatron-Core tensors' dtype) into its place in the state
+    dict ``sd``."""
+    parts = hf.unbind(0) if slot.experts else (hf,)
+    for name, piece in zip(mcore_names(slot), parts, strict=True):
+        view = region(sd[name], slot, m)
+        view.copy_(piece.reshape(view.shape))
+
+
+def take(sd: dict[str, torch.Tensor], slot: Slot, m: ModelConfig) -> torch.Tensor:
+    """The Hugging Face tensor of ``slot``, cut from the state dict ``sd`` (contiguous)."""
+    one = slot.shape[1:] if slot.experts else slot.shape
+    pieces = [region(sd[name], slot, m).reshape(one) for name in mcore_names(slot)]
+    return (torch.stack(pieces) if slot.experts else pieces[0]).contiguous()

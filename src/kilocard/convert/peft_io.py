@@ -56,6 +56,11 @@ def adapter_tensors(sd: dict[str, torch.Tensor], m: ModelConfig, peft: PeftConfi
         target = s.mcore.rsplit(".", 2)[-2]
         if not s.mcore.endswith(".weight") or target not in peft.target_modules:
             continue
+        if s.experts:  # one Hugging Face tensor holds every expert: PEFT has no adapter name for one of them
+            raise ConvertUsageError(
+                f"--adapter-only: {s.hf} holds all {s.experts} experts in one tensor, PEFT has no "
+                f"adapter for one expert's part; export the merged model (without --adapter-only)"
+            )
         prefix = s.mcore.removesuffix("weight") + "adapter."
         name = PEFT_PREFIX + s.hf.removesuffix(".weight")
         out[f"{name}.lora_A.weight"] = sd[prefix + "linear_in.weight"]  # shared: cloned below

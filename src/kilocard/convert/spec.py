@@ -41,6 +41,12 @@ class Slot:
     mcore: str
     """Megatron-Core (single-rank) state-dict name."""
     part: str
-    """``all``, ``q``, ``k``, ``v`` (of linear_qkv), ``gate``, ``up`` (of linear_fc1) or ``rows`` (unpadded vocab)."""
+    """``all``, ``q``, ``k``, ``v`` (of linear_qkv), ``gate``, ``up`` (of linear_fc1), ``rows`` (unpadded vocab),
+    ``t`` (the transpose: a Hugging Face ``x @ W`` matrix) or ``interleaved`` (a whole ``[gate; up]`` linear_fc1
+    weight or bias whose Hugging Face columns alternate gate, up, gate, ..., a matrix also transposed)."""
     shape: tuple[int, ...]
     """The Hugging Face tensor's shape."""
+    experts: int = 0
+    """A Hugging Face tensor of this many experts stacked on its first dimension (GPT-OSS's fused experts):
+    ``mcore`` then names expert ``{e}``'s tensor, and ``part`` says where each expert's slice lives in it;
+    0: one Megatron-Core tensor."""

@@ -124,6 +124,11 @@ class Family:
         """The family's own ``config.json`` values (Llama: no attention or MLP bias)."""
         return [Expect("attention_bias", False, "add_qkv_bias"), Expect("mlp_bias", False, "add_bias_linear")]
 
+    def with_defaults(self, c: dict[str, Any]) -> dict[str, Any]:
+        """The raw ``config.json`` ``c`` with the values the family's transformers config class gives keys it lacks,
+        where they differ from those ``maps.normalized`` then assumes (none here)."""
+        return c
+
     def normalized(self, c: dict[str, Any]) -> dict[str, Any]:
         """``c`` (already ``maps.normalized``) with the family's own defaults and spellings made explicit."""
         return c
@@ -200,6 +205,12 @@ class Family:
         p, t = f"model.layers.{i}.", f"decoder.layers.{i}."
         norm = Slot(p + "post_attention_layernorm.weight", t + "pre_mlp_layernorm.weight", "all", (m.hidden_size,))
         return [*self.attention_slots(m, p, t), norm, *self.mlp_slots(m, p, t)]
+
+
+def moe_fields(c: dict[str, Any], ffn: str, experts: str) -> dict[str, Any]:
+    """The routed experts' ``model.*`` fields of ``config.json`` ``c``, whose keys for the expert size and count are
+    ``ffn`` and ``experts`` (the top-k is ``num_experts_per_tok`` in every family)."""
+    return {"moe_ffn_hidden_size": c[ffn], "num_moe_experts": c[experts], "moe_router_topk": c["num_experts_per_tok"]}
 
 
 def expert_slots(m: ModelConfig, t: str, router: str, experts: str, names: tuple[str, str, str]) -> list[Slot]:

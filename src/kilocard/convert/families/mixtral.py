@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kilocard.config.schema import ModelConfig
-from kilocard.convert.families.base import Family, expert_slots
+from kilocard.convert.families.base import Family, expert_slots, moe_fields
 from kilocard.convert.spec import Expect, Slot
 
 
@@ -30,10 +30,7 @@ class Mixtral(Family):
         return []
 
     def model_from_config(self, c: dict[str, Any]) -> dict[str, Any]:
-        out = super().model_from_config(c)
-        out["moe_ffn_hidden_size"] = c["intermediate_size"]
-        out["num_moe_experts"] = c["num_local_experts"]
-        out["moe_router_topk"] = c["num_experts_per_tok"]
+        out = {**super().model_from_config(c), **moe_fields(c, "intermediate_size", "num_local_experts")}
         return out
 
     def mlp_slots(self, m: ModelConfig, p: str, t: str) -> list[Slot]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kilocard.config.schema import ModelConfig
-from kilocard.convert.families.base import Family, expert_slots
+from kilocard.convert.families.base import Family, expert_slots, moe_fields
 from kilocard.convert.families.qwen3 import Qwen3
 from kilocard.convert.spec import Expect, Slot
 
@@ -49,10 +49,7 @@ class Qwen3Moe(Qwen3):
         return out
 
     def model_from_config(self, c: dict[str, Any]) -> dict[str, Any]:
-        out = super().model_from_config(c)
-        out["moe_ffn_hidden_size"] = c["moe_intermediate_size"]
-        out["num_moe_experts"] = c["num_experts"]
-        out["moe_router_topk"] = c["num_experts_per_tok"]
+        out = {**super().model_from_config(c), **moe_fields(c, "moe_intermediate_size", "num_experts")}
         out["moe_router_pre_softmax"] = not c["norm_topk_prob"]
         return out
 
