@@ -96,8 +96,8 @@ class ModelConfig:
     ``unfused`` or ``local``; ``local``/``unfused`` materialise the s x s scores (the step-time model
     charges their memory traffic)."""
     window_size: list[int] | None = None
-    """Sliding-window attention: ``[left, right]`` tokens each query sees besides itself (GPT-OSS: ``[128, 0]``,
-    causal); ``None``: full attention."""
+    """Sliding-window attention: ``[left, right]`` tokens each query sees besides itself (GPT-OSS: ``[127, 0]``,
+    causal: its 128-token window counts the query); ``None``: full attention."""
     window_attn_skip_freq: Any = None
     """Which layers keep full attention under ``window_size``: an int ``k`` (every k-th layer full, GPT-OSS: 2)
     or one 0/1 per layer (1 = windowed); ``None``: every layer windowed."""

@@ -23,7 +23,7 @@ def rule_window(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         yield error(
             "WINDOW", "model.window_size", w,
             "window_size must be [left, 0] with left >= 1: causal attention over the left tokens only",
-            "set model.window_size=[128,0] (GPT-OSS), or null for full attention",
+            "set model.window_size=[127,0] (GPT-OSS), or null for full attention",
         )  # fmt: skip
     if skip is not None and w is None:
         yield error(
