@@ -129,3 +129,26 @@ def test_rows_of_another_device_never_move_a_gpus_parameters(tmp_path, monkeypat
     assert site == shipped
     tiny = to_run_config(compose(["recipe=tiny_gpt"]))
     assert predict(tiny, params=fit.params_for("cpu")).tflops_per_gpu < 0.8 * predict(tiny).tflops_per_gpu
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("x\n", "has no 'rows:' list"),
+        ("rows:\n  - 5\n", "row 0 of site.yaml has no 'id'"),
+        ("rows: [{id: a}]\n", "row a of site.yaml has no 'source'"),
+    ],
+)
+def test_a_malformed_site_file_is_named_by_the_field_that_named_it(tmp_path, text, says):
+    """The site file is read with the published file's loader: its faults name ``perf.site_baselines`` (validate,
+    plan) or ``--site`` (baselines --add), never the loader's own ``--file``, which the user did not give."""
+    site = tmp_path / "site.yaml"
+    site.write_text(text)
+    with pytest.raises(ValueError) as refit:
+        site_fit(str(site))
+    assert str(refit.value).startswith("perf.site_baselines: ") and says in str(refit.value), refit.value
+    assert "--file" not in str(refit.value)
+    with pytest.raises(ValueError) as add:
+        append_row(site, {"id": "site-x"})
+    assert str(add.value).startswith("--site: ") and says in str(add.value) and "--file" not in str(add.value)
+    assert site.read_text() == text

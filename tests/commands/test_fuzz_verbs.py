@@ -133,6 +133,11 @@ SLOTS: dict[str, Callable[[Path, str | bytes], list[str]]] = {
         "--add",
         str(_steady(w / "rd")),
     ],
+    "validate site baselines": lambda w, k: [
+        "validate",
+        "recipe=tiny_gpt",
+        f"perf.site_baselines={_replace(w / 'site.yaml', k)}",
+    ],
     "report plot": lambda w, k: ["report", str(_steady(w / "rd")), "--plot", str(_replace(w / "p.png", k))],
     "budget plot": lambda w, k: [
         "budget",

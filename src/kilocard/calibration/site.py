@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from kilocard.base.safe_read import FileReadError, decode, read_bytes, read_json, read_yaml
-from kilocard.calibration.baselines import _row, baselines_file, load_rows, row_cluster, row_run_config
+from kilocard.calibration.baselines import Row, _row, baselines_file, load_rows, row_cluster, row_run_config
 from kilocard.calibration.fit import FREE, Target, coordinate_search, fit, targets
 from kilocard.config.schema import RunConfig
 from kilocard.paths import cache_dir
@@ -173,15 +173,23 @@ def _identity(raw: Any) -> tuple[str, ...]:
     return ("dir", str(prov.get("run_dir")), str(prov.get("config_sha256")))
 
 
+def site_rows(file: Path, name: str, then: str = "") -> list[Row]:
+    """The rows of a site baselines ``file`` (the published file's loader), a fault of it said under ``name``,
+    the option or field that named the file (``--site``, ``perf.site_baselines``), not the loader's ``--file``."""
+    try:
+        return load_rows(str(file))
+    except ValueError as e:
+        raise ValueError(f"{name}: {str(e).removeprefix('--file: ')}{then}") from None
+
+
 def _existing_rows(file: Path) -> tuple[str, list[Any]]:
     """The text of the site ``file`` and its rows, after the loader ``perf.site_baselines`` uses accepted them: a
     row is never appended to a file that the refit would then refuse."""
     try:
         text = decode(file, read_bytes(file))
-        load_rows(str(file))
-    except (FileReadError, ValueError) as e:
-        problem = str(e).removeprefix("--file: ")
-        raise ValueError(f"--site: {problem}; fix the file first (perf.site_baselines refuses it too)") from None
+    except FileReadError as e:
+        raise ValueError(f"--site: {e}; fix the file first (perf.site_baselines refuses it too)") from None
+    site_rows(file, "--site", "; fix the file first (perf.site_baselines refuses it too)")
     doc = read_yaml(file, dict)
     return text, doc["rows"]
 
@@ -302,7 +310,7 @@ def site_fit(site_file: str, published_file: str | None = None) -> SiteFit:
     site, published = Path(site_file), baselines_file(published_file)
     if not site.is_file():
         raise ValueError(f"perf.site_baselines: {site_file} is not a file (write one with kilocard baselines --add)")
-    rows = targets(load_rows(str(site)))
+    rows = targets(site_rows(site, "perf.site_baselines"))
     if not rows:
         raise ValueError(f"perf.site_baselines: {site_file} holds no scored row")
     key = _key(published, site)
