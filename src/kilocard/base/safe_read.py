@@ -27,6 +27,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,6 +41,9 @@ TEXT_LIMIT = 64 * MiB
 """The default bound of a text file (config, JSON, tokenizer file; a Llama 3 tokenizer.json is 9 MiB)."""
 RECORDS_LIMIT = 4 * GiB
 """The bound of a run's record files (``metrics.jsonl``, ``events.jsonl``): a million steps fit."""
+LINE_LIMIT = 1 * MiB
+"""The bound of one line of a record file (a record is a few hundred bytes): a longer one is damage."""
+_CHUNK = 1 * MiB
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _KINDS = {
@@ -170,6 +174,36 @@ def read_bytes(path: str | os.PathLike[str], limit: int = TEXT_LIMIT) -> bytes:
     return data
 
 
+def read_lines(
+    path: str | os.PathLike[str], limit: int = RECORDS_LIMIT, line_limit: int = LINE_LIMIT
+) -> Iterator[tuple[int, str | None]]:
+    """``(n, text)`` of each whole line of a regular file of at most ``limit`` bytes, streamed: a record file
+    is never held whole in memory. Bad UTF-8 is replaced (the reader judges the line); a line longer than
+    ``line_limit`` bytes is ``(n, None)`` and is never buffered; the text after the last newline (a write
+    never finished) is not a line."""
+    with open_regular(path, limit) as f:
+        n, seen, buf, over = 0, 0, bytearray(), False
+        while chunk := _chunk(f, path):
+            seen += len(chunk)
+            if seen > limit:
+                raise FileReadError(path, f"grew past the {limit} bytes such a file may hold while it was read")
+            *whole, tail = chunk.split(b"\n")
+            for part in whole:
+                n += 1
+                long = over or len(buf) + len(part) > line_limit
+                yield n, None if long else (bytes(buf) + part).decode("utf-8", errors="replace")
+                buf, over = bytearray(), False
+            over = over or len(buf) + len(tail) > line_limit
+            buf = bytearray() if over else buf + tail
+
+
+def _chunk(f: IO[bytes], path: str | os.PathLike[str]) -> bytes:
+    try:
+        return f.read(_CHUNK)
+    except OSError as e:
+        raise FileReadError(path, f"cannot be read ({e.strerror or type(e).__name__})") from None
+
+
 def read_tail(path: str | os.PathLike[str], most: int) -> str:
     """The last ``most`` bytes of a regular file (a log of any size) as text, bad UTF-8 replaced."""
     with open_regular(path, limit=None) as f:
@@ -251,6 +285,7 @@ def read_yaml(path: str | os.PathLike[str], expect: type | tuple[type, ...] = di
 
 
 __all__ = [
+    "LINE_LIMIT",
     "GiB",
     "MiB",
     "RECORDS_LIMIT",
@@ -264,6 +299,7 @@ __all__ = [
     "parse_json",
     "read_bytes",
     "read_json",
+    "read_lines",
     "read_tail",
     "read_text",
     "read_yaml",

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kilocard.base.safe_read import RECORDS_LIMIT, read_text, type_name
+from kilocard.base.safe_read import LINE_LIMIT, read_lines, type_name
 from kilocard.rundir.names import EVENTS_FILE
 
 PERSISTENT = "persistent"
@@ -72,10 +72,12 @@ def json_lines(
     if not path.exists() and not path.is_symlink():
         return []
     records = []
-    for n, line in enumerate(read_text(path, RECORDS_LIMIT, errors="replace").split("\n")[:-1], start=1):
-        if not line.strip():
+    for n, line in read_lines(path):
+        if line is not None and not line.strip():
             continue
         try:
+            if line is None:
+                raise BadRecord(f"{path} line {n}: longer than {LINE_LIMIT} bytes; the file was edited or damaged")
             record = _record(path, n, line, required)
             why = check(record) if check is not None else None
             if why is not None:
