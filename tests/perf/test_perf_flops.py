@@ -320,14 +320,17 @@ def test_megatron_counts_ignore_the_sliding_window():
         assert flops_per_iteration(rc, convention) == flops_per_iteration(full, convention)
 
 
-GPT_OSS_ROWS = tuple(f"bridge2511-{gpu}-gptoss-120b-bf16" for gpu in ("h100", "b200", "gb200"))
+GPT_OSS_ROWS = (
+    *(f"bridge2511-{gpu}-gptoss-120b-bf16" for gpu in ("h100", "b200", "gb200")),
+    "bridge260401-b200-gptoss-120b-bf16",
+)
 
 
 @pytest.mark.parametrize("row_id", GPT_OSS_ROWS)
 def test_gpt_oss_rows_reproduce_their_published_flops_per_token(row_id):
-    """Megatron-Bridge 25.11 publishes TFLOP/s and tokens/s per GPU; their ratio is its count's FLOPs per token
-    (27.2 G at 4096 tokens, 30.7 G at 8192), and the row's convention gives it within 1%. Counting the experts'
-    third matrix (as the kernels run them) would miss by more than 15%."""
+    """Megatron-Bridge 25.11 and 26.04.01 publish TFLOP/s and tokens/s per GPU; their ratio is its count's FLOPs
+    per token (27.2 G at 4096 tokens, 30.7 G at 8192), and the row's convention gives it within 1%. Counting the
+    experts' third matrix (as the kernels run them) would miss by more than 15%."""
     import dataclasses
 
     from kilocard.calibration.baselines import flops_per_token, load_rows, row_run_config
