@@ -185,6 +185,7 @@ ALLOWED = {
     ("rundir/lock.py", "os.open"): "the lock file, opened O_RDWR|O_CREAT to flock it, never parsed raw",
     ("rundir/checkpoint.py", "os.open"): "a directory descriptor, to fsync a rename",
     ("rundir/events.py", "os.open"): "the events file, opened O_APPEND to write",
+    ("rundir/targets.py", "os.open"): "a directory descriptor, to flock the folder of a file several processes update",
 }
 
 

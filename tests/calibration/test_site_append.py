@@ -85,3 +85,33 @@ def test_rows_not_last_in_the_file_are_refused_not_rewritten(tmp_path, capsys):
     before = site.read_bytes()
     assert add(site, finished_run(tmp_path / "runs" / "r2", "trainer.seed=7")) == 2
     assert "cannot be appended in place" in capsys.readouterr().err and site.read_bytes() == before
+
+
+def _add_after(barrier, site: Path, run: Path, codes) -> None:
+    import contextlib
+    import io
+
+    barrier.wait()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        codes.put((run.name, add(site, run)))
+
+
+def test_concurrent_adds_each_land_once(tmp_path):
+    """Runs added to one site file at the same moment (jobs ending together, each adding itself): every add
+    reads the rows, appends and renames; one at a time, so no row is lost and none is refused for what another
+    writer left half-read."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    runs = [finished_run(tmp_path / "runs" / f"r{i}") for i in range(8)]
+    site = tmp_path / "site.yaml"
+    add(site, finished_run(tmp_path / "runs" / "first"))  # the file exists: every add below reads and appends
+    barrier, codes = ctx.Barrier(len(runs)), ctx.Queue()
+    procs = [ctx.Process(target=_add_after, args=(barrier, site, run, codes)) for run in runs]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert sorted(codes.get(timeout=5) for _ in runs) == [(f"r{i}", 0) for i in range(8)]
+    assert sorted(r.id for r in load_rows(str(site))) == ["site-first", *(f"site-r{i}" for i in range(8))]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left

@@ -30,7 +30,7 @@ from kilocard.rundir.events import BadRecord
 from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.rundir.reproduction import NotSteady
 from kilocard.rundir.reproduction import load as load_reproduction
-from kilocard.rundir.targets import SITE_TYPES, output_file
+from kilocard.rundir.targets import SITE_TYPES, one_writer, output_file
 from kilocard.topology import GiB
 
 HELP = "published MFU baselines vs the performance model"
@@ -77,7 +77,8 @@ def add_run(site: Path, run_dir: Path) -> int:
     measured = rep.measured.tflops_per_gpu or 0.0
     row = site_row(cfg, f"site-{run_dir.name}", measured, rep.convention, provenance)
     try:
-        row_id = append_row(site, row)
+        with one_writer(site):
+            row_id = append_row(site, row)
     except (ValueError, OSError) as e:
         return fail("baselines", str(e), exits.USAGE)
     kind = " (CPU ranks: marked cpu_ranks, a local run)" if provenance["cpu_ranks"] else ""

@@ -23,12 +23,14 @@ the verbs' error boundary, before any work) when:
 ``checkpoint.save``, ``cluster.shared_fs``, ``data.path_to_cache`` and local checkpoint folder outside any
 checkpoint tree (``checkpoint.save`` may be a
 checkpoint directory itself: who owns it is ``rundir.checkpoint.fresh_save_issues``'), and its mount paths.
-``write_file`` writes a checked file atomically (a temporary sibling renamed into place).
+``write_file`` writes a checked file atomically (a temporary sibling renamed into place); ``one_writer`` makes
+the processes that update one file take turns.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -144,6 +146,21 @@ def write_file(path: Path, field: str) -> Iterator[Path]:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def one_writer(path: Path) -> Iterator[None]:
+    """The block as the only writer of ``path`` among kilocard's processes: an exclusive OS lock on its folder
+    (``flock``; a file renamed into place cannot carry the lock itself) for a read, change and rename of a file
+    that other processes update too (``baselines --site FILE --add`` from jobs that end together). Where the
+    file system has no locks, the block runs unlocked."""
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def output_dir(field: str, path: str) -> Path:
