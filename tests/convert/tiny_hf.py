@@ -127,6 +127,12 @@ print(json.dumps([main(a) for a in json.loads(sys.argv[1])]))
 def convert_all(*argvs: list[str], timeout: int = 600) -> list[int]:
     """Run ``kilocard convert ARGV`` for each argv in one fresh interpreter (as users do, one import of
     Megatron-Core for all); return the exit codes. Fails with the output when the runner itself fails."""
+    return convert_output(*argvs, timeout=timeout)[0]
+
+
+def convert_output(*argvs: list[str], timeout: int = 600) -> tuple[list[int], list[str]]:
+    """``convert_all``'s exit codes and the lines the conversions printed (standard output, then kilocard's lines on
+    standard error)."""
     args = [["convert", *a] for a in argvs]
     proc = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", RUNNER, json.dumps(args)],
@@ -135,7 +141,9 @@ def convert_all(*argvs: list[str], timeout: int = 600) -> list[int]:
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()
+    said = [line for line in proc.stderr.splitlines() if line.startswith("kilocard ")]
+    return json.loads(lines[-1]), lines[:-1] + said
 
 
 TOLERANCE = 1e-4

@@ -74,12 +74,14 @@ HF_WHOLE = (
     "sliding_window",
 )
 """``config.json`` keys a model is derived from that hold whole numbers (their ranges: the schema's domains)."""
+YARN_REAL = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+"""RoPE scaling keys (``rope_parameters`` or the older ``rope_scaling``) that hold finite real numbers."""
 HF_REAL = (
     "rms_norm_eps",
     "router_aux_loss_coef",
     "rope_theta",
     "rope_parameters.rope_theta",
-    "rope_parameters.factor",
+    *(f"{p}.{k}" for p in ("rope_parameters", "rope_scaling") for k in YARN_REAL),
     "swiglu_limit",
     "swiglu_alpha",
 )

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from kilocard.config.schema import ModelConfig, ParallelConfig, PeftConfig, RunConfig
+from kilocard.convert.spec import ConvertError
 
 
 @contextlib.contextmanager
@@ -52,7 +53,10 @@ def build(run_cfg: RunConfig) -> Any:
     from kilocard.train import megatron_adapter as ma
 
     backend = Backend(name="cpu", dist_backend="gloo", local_spec=True)
-    config = ma.transformer_config(run_cfg, backend)
+    try:
+        config = ma.transformer_config(run_cfg, backend)
+    except ma.UnsupportedConfig as e:  # what the installed megatron-core cannot build as the family's layout
+        raise ConvertError(str(e)) from None
     config.perform_initialization = False
     (model,) = ma.build_model_chunks(run_cfg, config, backend)
     ma.apply_peft(run_cfg, config, [model])

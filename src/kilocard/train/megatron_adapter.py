@@ -100,6 +100,26 @@ def _attention_backend(name: str) -> Any:
     return AttnBackend[name]
 
 
+def check_query_projection(run_cfg: RunConfig) -> None:
+    """``UnsupportedConfig`` for multi-latent attention without a query latent (``q_lora_rank`` null, DeepSeek-V2-Lite's
+    layout) where Megatron-Core builds it differently: from 0.19 (its ``mla_qk_norm_config``) ``qk_layernorm`` then
+    fuses a norm into ``linear_q_proj``, normalising the query projection's input a second time, which 0.16 and
+    Hugging Face's DeepSeek models do not (0.16.1 builds no query norm there)."""
+    import importlib.util
+
+    m = run_cfg.model
+    if not (m.multi_latent_attention and m.q_lora_rank is None and m.qk_layernorm):
+        return
+    if importlib.util.find_spec("megatron.core.transformer.mla_qk_norm_config") is not None:
+        from megatron.core import __version__
+
+        raise UnsupportedConfig(
+            f"model.q_lora_rank: null with model.qk_layernorm=true: megatron-core {__version__} puts a second norm "
+            f"before linear_q_proj (DeepSeek-V2-Lite and megatron-core 0.16 have none); set model.q_lora_rank, or "
+            f"use megatron-core 0.16"
+        )
+
+
 def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
     """The TransformerConfig (MLATransformerConfig for multi-latent attention) of the run.
 
@@ -110,6 +130,7 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     m, p, pr = run_cfg.model, run_cfg.parallel, run_cfg.precision
+    check_query_projection(run_cfg)
     cls = MLATransformerConfig if m.multi_latent_attention else TransformerConfig
     act, gated = _activation(m.activation)
     dtype = _DTYPES[param_dtype(pr)]

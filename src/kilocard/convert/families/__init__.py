@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from kilocard.config.schema import ModelConfig
-from kilocard.convert.families import deepseek_v3, gpt_oss, llama, mixtral, qwen2, qwen3, qwen3_moe
+from kilocard.convert.families import deepseek_v3, gpt_oss, kimi_k2, llama, mixtral, qwen2, qwen3, qwen3_moe
 from kilocard.convert.families.base import Family
 from kilocard.convert.spec import ConvertError
 
 FAMILIES: tuple[Family, ...] = (
     gpt_oss.FAMILY,
     deepseek_v3.FAMILY,
+    kimi_k2.FAMILY,
     qwen3_moe.FAMILY,
     mixtral.FAMILY,
     qwen3.FAMILY,

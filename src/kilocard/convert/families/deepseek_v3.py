@@ -4,14 +4,17 @@
 router whose expert bias is ``gate.e_score_correction_bias``.
 
 Both sides take the rotary half of the query and key heads interleaved (transformers' ``rope_interleave``,
-Megatron-Core's MLA rotary embedding), so no row permutation is needed. transformers has no place for the
+Megatron-Core's MLA rotary embedding), so no row permutation is needed. A ``q_lora_rank`` of null (DeepSeek-V2-Lite's
+layout) projects the query directly: ``q_proj`` is Megatron-Core's ``linear_q_proj``, with no query latent norm.
+RoPE is plain (``rope_type: rope``) or YaRN (``rope_type: yarn``; ``rope_scaling``/``rope_parameters`` of type
+``yarn``), whose six parameters carry Megatron-Core's names (``yarn_fields``). transformers has no place for the
 multi-token-prediction layers: an import leaves them out (``mtp_num_layers`` null) and an export of a model
-with MTP writes the rest and says in its line that it dropped them. YaRN (``rope_scaling``) is not mapped yet:
-plain RoPE only.
+with MTP writes the rest and says in its line that it dropped them.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kilocard.config.schema import ModelConfig
@@ -30,6 +33,99 @@ def dense_layers(m: ModelConfig) -> int:
             f"layers then MoE layers, first_k_dense_replace); pick a recipe whose model the layout can hold"
         )
     return k
+
+
+YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+"""YaRN's ``rope_parameters`` keys (transformers' ``_compute_yarn_parameters``)."""
+YARN_FIELDS = ("rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+               "mscale_all_dim")  # fmt: skip
+"""The ``model.*`` fields of ``YARN_KEYS``, in the same order (Megatron-Core's ``MLATransformerConfig`` names)."""
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's temperature ``0.1 * mscale * ln(factor) + 1`` (1 for a factor up to 1): Megatron-Core's
+    ``_yarn_get_mscale`` and transformers' ``get_mscale``, the same formula."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_parameters(rope: dict[str, Any], max_positions: int) -> dict[str, Any]:
+    """YaRN's ``rope_parameters`` with the defaults transformers applies made explicit, in the forms Megatron-Core's
+    YaRN holds; refuses, naming the key, what it cannot.
+
+    transformers scales the rotary cos/sin by ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` only when
+    both are nonzero, else by ``mscale(factor, 1)``; Megatron-Core always by the ratio. With ``mscale_all_dim``
+    0 the two agree at ``mscale`` 1, which the result then holds (transformers ignores the file's ``mscale``).
+    """
+
+    def refuse(key: str, why: str) -> ConvertError:
+        return ConvertError(f"config.json: rope_parameters.{key} is {rope.get(key)!r}; {why}")
+
+    if "original_max_position_embeddings" not in rope:
+        raise refuse("original_max_position_embeddings", "YaRN needs the context it extends; fix the file")
+    original = rope["original_max_position_embeddings"]
+    if original != int(original) or original < 1:
+        raise refuse("original_max_position_embeddings", "expected a whole number of positions; fix the file")
+    if rope.get("truncate", True) is not True:
+        raise refuse("truncate", "Megatron-Core's YaRN rounds its correction range to whole dimensions (true)")
+    if rope.get("attention_factor") is not None:
+        raise refuse(
+            "attention_factor",
+            "Megatron-Core's YaRN derives the cos/sin factor from mscale and mscale_all_dim; remove it and give those",
+        )
+    out = dict(rope, original_max_position_embeddings=int(original))
+    out["factor"] = float(rope.get("factor") or max_positions / original)  # transformers' default for a null
+    out["beta_fast"] = float(rope.get("beta_fast") or 32.0)
+    out["beta_slow"] = float(rope.get("beta_slow") or 1.0)
+    out["mscale_all_dim"] = float(rope.get("mscale_all_dim") or 0.0)
+    if out["mscale_all_dim"] and not rope.get("mscale"):
+        raise refuse(
+            "mscale",
+            "with a nonzero mscale_all_dim transformers then scales cos/sin by mscale(factor) alone, "
+            "Megatron-Core by mscale / mscale_all_dim; give mscale",
+        )
+    out["mscale"] = float(rope["mscale"]) if out["mscale_all_dim"] else 1.0
+    return out
+
+
+def yarn_fields(rope: dict[str, Any]) -> dict[str, Any]:
+    """The ``model.*`` fields of a ``config.json``'s RoPE (``rope_parameters``, after ``yarn_parameters``)."""
+    kind = rope["rope_type"]
+    if kind == "default":
+        return {"rope_type": "rope"}
+    if kind != "yarn":
+        raise ConvertError(
+            f"config.json: rope_parameters.rope_type is {kind!r}; Megatron-Core's multi-latent attention takes "
+            f"default or yarn RoPE"
+        )
+    return {"rope_type": "yarn", **{f: rope[k] for k, f in zip(YARN_KEYS, YARN_FIELDS, strict=True)}}
+
+
+def mla_rope_expects(m: ModelConfig) -> list[Expect]:
+    """RoPE's ``config.json`` values: plain, or YaRN's six parameters (``yarn_fields``)."""
+    out = [Expect("rope_parameters.rope_theta", float(m.rotary_base), "rotary_base")]
+    if m.rope_type == "rope":
+        return [*out, Expect("rope_parameters.rope_type", "default", "rope_type")]
+    out.append(Expect("rope_parameters.rope_type", "yarn", "rope_type"))
+    for key, field in zip(YARN_KEYS, YARN_FIELDS, strict=True):
+        v = getattr(m, field)
+        out.append(Expect(f"rope_parameters.{key}", v if isinstance(v, int) else float(v), field))
+    return out
+
+
+def check_rope(m: ModelConfig) -> None:
+    """Refuse RoPE settings on which transformers and Megatron-Core would attend differently, naming the field."""
+    if m.rope_type == "rope" and yarn_mscale(m.rotary_scaling_factor, m.mscale_all_dim) != 1.0:
+        raise ConvertError(
+            f"model.mscale_all_dim: {m.mscale_all_dim} with rope_type rope: Megatron-Core still scales the softmax "
+            f"by (0.1 x mscale_all_dim x ln(rotary_scaling_factor) + 1)^2, transformers' plain RoPE does not; set "
+            f"model.mscale_all_dim=0 or model.rope_type=yarn"
+        )
+    if m.rope_type == "yarn" and not ((m.mscale and m.mscale_all_dim) or (m.mscale == 1 and not m.mscale_all_dim)):
+        raise ConvertError(
+            f"model.mscale: {m.mscale} with mscale_all_dim {m.mscale_all_dim}: transformers scales YaRN's cos/sin by "
+            f"mscale / mscale_all_dim only when both are nonzero (else as mscale 1), Megatron-Core always; set "
+            f"model.mscale=1.0 or a nonzero model.mscale_all_dim"
+        )
 
 
 class DeepseekV3(Family):
@@ -51,7 +147,6 @@ class DeepseekV3(Family):
             ("add_qkv_bias", False),
             ("multi_latent_attention", True),
             ("qk_layernorm", True),
-            ("rope_type", "rope"),
             ("num_query_groups", None),
             ("moe_router_score_function", "sigmoid"),
             ("moe_router_enable_expert_bias", True),
@@ -61,9 +156,12 @@ class DeepseekV3(Family):
     def check_model(self, m: ModelConfig) -> None:
         super().check_model(m)
         dense_layers(m)
-        if m.q_lora_rank is None or not m.moe_shared_expert_intermediate_size:
-            field = "q_lora_rank" if m.q_lora_rank is None else "moe_shared_expert_intermediate_size"
-            raise ConvertError(f"model.{field}: None has no deepseek_v3 Hugging Face equivalent; set it")
+        check_rope(m)
+        if not m.moe_shared_expert_intermediate_size:
+            raise ConvertError(
+                f"model.moe_shared_expert_intermediate_size: {m.moe_shared_expert_intermediate_size!r} has no "
+                f"{self.model_type} Hugging Face equivalent; set it"
+            )
         groups, pick = m.moe_router_num_groups, m.moe_router_group_topk
         if groups and pick and m.moe_router_topk != 2 * pick:
             raise ConvertError(
@@ -86,8 +184,7 @@ class DeepseekV3(Family):
             Expect("rms_norm_eps", m.layernorm_epsilon, "layernorm_epsilon"),
             Expect("tie_word_embeddings", m.share_embeddings_and_output_weights, "share_embeddings_and_output_weights"),
             Expect("hidden_act", "silu", "activation"),
-            Expect("rope_parameters.rope_theta", float(m.rotary_base), "rotary_base"),
-            Expect("rope_parameters.rope_type", "default", "rope_type"),
+            *mla_rope_expects(m),
             Expect("rope_interleave", True, None),
             Expect("attention_bias", False, "add_bias_linear"),
             Expect("q_lora_rank", m.q_lora_rank, "q_lora_rank"),
@@ -115,6 +212,15 @@ class DeepseekV3(Family):
     def export_extras(self, m: ModelConfig) -> dict[str, Any]:
         return {"num_nextn_predict_layers": 0}
 
+    def normalized(self, c: dict[str, Any]) -> dict[str, Any]:
+        """transformers' defaults of keys DeepSeek's own ``config.json`` files leave out (``rope_interleave``: true),
+        and YaRN's (``yarn_parameters``)."""
+        c = {"rope_interleave": True, **c}
+        rope = c["rope_parameters"]
+        if rope.get("rope_type") != "yarn":
+            return c
+        return {**c, "rope_parameters": yarn_parameters(rope, c.get("max_position_embeddings") or 4096)}
+
     def model_from_config(self, c: dict[str, Any]) -> dict[str, Any]:
         layers, dense = c["num_hidden_layers"], c["first_k_dense_replace"]
         groups, pick = c.get("n_group") or 1, c.get("topk_group") or 1
@@ -128,6 +234,7 @@ class DeepseekV3(Family):
             "layernorm_epsilon": float(c.get("rms_norm_eps", 1e-6)),
             "share_embeddings_and_output_weights": bool(c["tie_word_embeddings"]),
             "rotary_base": int(c["rope_parameters"]["rope_theta"]),
+            **yarn_fields(c["rope_parameters"]),
             "ffn_hidden_size": c["intermediate_size"],
             "q_lora_rank": c["q_lora_rank"],
             "kv_lora_rank": c["kv_lora_rank"],
@@ -151,13 +258,20 @@ class DeepseekV3(Family):
     def attention_slots(self, m: ModelConfig, p: str, t: str) -> list[Slot]:
         h, heads, q = m.hidden_size, m.num_attention_heads, m.qk_head_dim + m.qk_pos_emb_head_dim
         a, s = p + "self_attn.", t + "self_attention."
-        rank, kv, rope = m.q_lora_rank or 0, m.kv_lora_rank, m.qk_pos_emb_head_dim
+        rank, kv, rope = m.q_lora_rank, m.kv_lora_rank, m.qk_pos_emb_head_dim
         kv_up = heads * (m.qk_head_dim + m.v_head_dim)
+        query = (
+            [Slot(a + "q_proj.weight", s + "linear_q_proj.weight", "all", (heads * q, h))]
+            if rank is None
+            else [
+                Slot(a + "q_a_proj.weight", s + "linear_q_down_proj.weight", "all", (rank, h)),
+                Slot(a + "q_a_layernorm.weight", s + "q_layernorm.weight", "all", (rank,)),
+                Slot(a + "q_b_proj.weight", s + "linear_q_up_proj.weight", "all", (heads * q, rank)),
+            ]
+        )
         return [
             Slot(p + "input_layernorm.weight", t + "input_layernorm.weight", "all", (h,)),
-            Slot(a + "q_a_proj.weight", s + "linear_q_down_proj.weight", "all", (rank, h)),
-            Slot(a + "q_a_layernorm.weight", s + "q_layernorm.weight", "all", (rank,)),
-            Slot(a + "q_b_proj.weight", s + "linear_q_up_proj.weight", "all", (heads * q, rank)),
+            *query,
             Slot(a + "kv_a_proj_with_mqa.weight", s + "linear_kv_down_proj.weight", "all", (kv + rope, h)),
             Slot(a + "kv_a_layernorm.weight", s + "kv_layernorm.weight", "all", (kv,)),
             Slot(a + "kv_b_proj.weight", s + "linear_kv_up_proj.weight", "all", (kv_up, kv)),
