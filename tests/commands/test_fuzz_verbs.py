@@ -299,6 +299,60 @@ def test_runs_lists_the_readable_runs_of_a_root_beside_a_damaged_one(tmp_path, c
     assert code in (exits.OK, exits.USAGE) and "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
 
 
+AS_USER = """
+import os, sys
+from kilocard.commands import main  # imported first: the interpreter's own files may be root's only
+if os.geteuid() == 0:
+    os.setgid(65534); os.setuid(65534)  # root reads and writes anywhere: run as nobody
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def as_user(*argv: str) -> tuple[int, str, str]:
+    """``kilocard ARGV`` as an ordinary user, in a fresh interpreter: (exit code, stdout, stderr)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "HOME": "/tmp"}
+    proc = subprocess.run([sys.executable, "-c", AS_USER, *argv], capture_output=True, text=True, timeout=120, env=env)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_folders_kilocard_may_not_enter_or_write_are_one_line_each():
+    """No permission: a run whose checkpoints folder cannot be entered is one skipped line of ``runs ROOT`` (the
+    others listed), and a site file in a read-only folder is refused naming the file and the fix (no errno
+    text, no temporary file named, nothing left behind)."""
+    import shutil
+
+    world = Path(tempfile.mkdtemp(prefix="kc-perm-"))
+    try:
+        root = world / "runs"
+        _steady(root / "good")
+        locked = _steady(root / "locked")
+        (locked / "checkpoints").mkdir()
+        (world / "ro").mkdir()
+        for p in [world, *world.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        (locked / "checkpoints").chmod(0)
+        (world / "ro").chmod(0o555)
+
+        code, out, err = as_user("runs", str(root), "--format", "json")
+        assert code == exits.OK and [Path(r["run_dir"]).name for r in json.loads(out)] == ["good"], (out, err)
+        assert err.splitlines() == [
+            f"kilocard runs: skipped {locked}: {locked}/checkpoints/latest_committed.txt: cannot be read "
+            "(Permission denied)"
+        ]
+        code, out, err = as_user("baselines", "--site", str(world / "ro" / "site.yaml"), "--add", str(root / "good"))
+        assert code == exits.USAGE and err.splitlines() == [
+            f"kilocard baselines: error: --site: {world}/ro/site.yaml: cannot be written (Permission denied); "
+            "fix: choose a writable folder"
+        ], err
+        assert list((world / "ro").iterdir()) == []
+    finally:
+        (world / "runs" / "locked" / "checkpoints").chmod(0o755)
+        shutil.rmtree(world, ignore_errors=True)
+
+
 PATH_TEXT = st.builds(
     "".join,
     st.lists(

@@ -30,7 +30,7 @@ from kilocard.rundir.events import BadRecord
 from kilocard.rundir.freeze import FrozenConfigError, load_verified
 from kilocard.rundir.reproduction import NotSteady
 from kilocard.rundir.reproduction import load as load_reproduction
-from kilocard.rundir.targets import SITE_TYPES, one_writer, output_file
+from kilocard.rundir.targets import SITE_TYPES, WriteTargetError, one_writer, output_file
 from kilocard.topology import GiB
 
 HELP = "published MFU baselines vs the performance model"
@@ -79,8 +79,11 @@ def add_run(site: Path, run_dir: Path) -> int:
     try:
         with one_writer(site):
             row_id = append_row(site, row)
-    except (ValueError, OSError) as e:
+    except ValueError as e:
         return fail("baselines", str(e), exits.USAGE)
+    except OSError as e:  # the folder or the file is not writable, the disk is full: the file is as it was
+        why = f"cannot be written ({e.strerror or type(e).__name__})"
+        raise WriteTargetError("--site", site, why, "choose a writable folder") from None
     kind = " (CPU ranks: marked cpu_ranks, a local run)" if provenance["cpu_ranks"] else ""
     steps = len(rep.steps_used)
     print(f"added {row_id} to {site}: {measured:.4g} TFLOP/s per GPU ({rep.convention}) over {steps} steps{kind}")

@@ -124,8 +124,11 @@ def read_run(run_dir: Path, queue: dict[int, tuple[str, str]] | None = None, now
         return _read(run_dir, queue, time.time() if now is None else now)
     except BadRunDir:
         raise
-    except (FrozenConfigError, events.BadRecord, ck.CheckpointError, FileReadError, OSError, ValueError) as e:
+    except (FrozenConfigError, events.BadRecord, ck.CheckpointError, FileReadError, ValueError) as e:
         raise BadRunDir(str(e)) from None
+    except OSError as e:  # a folder of the run that cannot be listed or looked into (no permission)
+        where = e.filename if e.filename is not None else run_dir
+        raise BadRunDir(f"{where}: cannot be read ({e.strerror or type(e).__name__})") from None
 
 
 def _read(run_dir: Path, queue: dict[int, tuple[str, str]] | None, now: float) -> RunInfo:
