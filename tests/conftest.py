@@ -49,9 +49,32 @@ def pytest_configure(config):
     """The suite tests the shipped configs: a site's KILOCARD_CONFIG_PATH in the caller's shell would add its
     recipes to every catalog test (tests that need a site directory set the variable themselves)."""
     os.environ.pop("KILOCARD_CONFIG_PATH", None)
+    _check_expected_mcore()
     sys.addaudithook(_audit)
     global _unit_only
     _unit_only = (config.option.markexpr or "").strip() == "unit"
+
+
+def _check_expected_mcore():
+    """``KILOCARD_EXPECT_MCORE`` (scripts/test.sh's second pass): the megatron-core that this session and every
+    process it starts would import is that version, or the session stops before a test runs. Without this check a
+    missing ``.oracle/`` ran the megatron-core 0.19.2 pass on 0.16.1 and passed. Read from the files, not imported."""
+    expected = os.environ.get("KILOCARD_EXPECT_MCORE")
+    if not expected:
+        return
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    first = next((p for p in sys.path if (pathlib.Path(p or ".") / "megatron/core/__init__.py").is_file()), None)
+    try:
+        dist = distribution("megatron-core")
+        found, home = dist.version, pathlib.Path(str(dist.locate_file("")))
+    except PackageNotFoundError:
+        found, home = "none", None
+    if found != expected or first is None or home is None or pathlib.Path(first or ".").resolve() != home.resolve():
+        raise pytest.UsageError(
+            f"KILOCARD_EXPECT_MCORE={expected}: megatron-core {found} installed at {home}, imported from {first}; "
+            f"fix: bash scripts/install_oracle.sh (megatron-core {expected} into .oracle/), first on PYTHONPATH"
+        )
 
 
 def _heavy_loaded():

@@ -8,6 +8,7 @@ unit test that starts a Python process or imports one of them.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -121,3 +122,30 @@ def test_unit_tier_refuses_a_module_that_imports_torch_when_collected(tmp_path):
     )
     assert proc.returncode == 4, (proc.stdout + proc.stderr)[-3000:]
     assert "test_heavy.py imports torch when collected" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("oracle", [False, True], ids=["oracle-missing", "oracle-first"])
+def test_the_second_pass_stops_unless_its_megatron_core_is_the_one_imported(tmp_path, oracle):
+    """scripts/test.sh's megatron-core 0.19.2 pass sets ``KILOCARD_EXPECT_MCORE``: with ``.oracle/`` absent from the
+    path (0.16.1 would be imported) the session is a usage error (exit 4) naming the fix before any test runs; with
+    it first on the path the tests run."""
+    if oracle and not (REPO / ".oracle" / "megatron" / "core").is_dir():
+        pytest.skip("no .oracle/ here: bash scripts/install_oracle.sh")
+    (tmp_path / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_one.py").write_text("def test_nothing():\n    pass\n")
+    env = {**os.environ, "KILOCARD_EXPECT_MCORE": "0.19.2"}
+    env["PYTHONPATH"] = str(REPO / ".oracle") if oracle else ""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_one.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    if oracle:
+        assert proc.returncode == 0 and "1 passed" in out, out[-3000:]
+    else:
+        assert proc.returncode == 4, out[-3000:]
+        assert "KILOCARD_EXPECT_MCORE=0.19.2: megatron-core 0.16.1" in out and "install_oracle.sh" in out, out[-3000:]
