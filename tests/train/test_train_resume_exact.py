@@ -110,3 +110,22 @@ def test_bf16_run_saves_and_a_load_continues_its_curve(kilocard_run):
     assert code == exitcodes.DONE, out[-3000:]
     ref = {r["step"]: r["loss"] for r in records(straight)}
     assert {r["step"]: r["loss"] for r in records(loaded)} == {s: ref[s] for s in (4, 5, 6)}
+
+
+def test_fp16_step_saved_while_the_loss_scale_skips_steps_continues_its_curve(kilocard_run):
+    """fp16's dynamic loss scale skips the first steps (their gradients overflow) until it has come down: a step
+    saved among them holds no optimizer moments, and a run loading it continues the straight run's losses
+    exactly, through the first real update (the loss scale and the still-fresh optimizer are the saved ones)."""
+    args = ["recipe=tiny_gpt", "precision=fp16", "trainer.train_iters=20", "checkpoint.save_interval=10"]
+    args += ["trainer.tensorboard=false", "--nproc", "2"]
+    code, out, straight = kilocard_run(*args)
+    assert code == exitcodes.DONE, out[-3000:]
+    ref = records(straight)
+    assert ref[9]["grad_norm"] is None and ref[-1]["grad_norm"] is not None  # step 10 skipped; a later one not
+
+    code, out, loaded = kilocard_run(*args, f"checkpoint.load={straight / 'checkpoints'}", "checkpoint.ckpt_step=10")
+    assert code == exitcodes.DONE, out[-3000:]
+    got = records(loaded)
+    assert [(r["step"], r["loss"], r["grad_norm"]) for r in got] == [
+        (r["step"], r["loss"], r["grad_norm"]) for r in ref[10:]
+    ]

@@ -214,7 +214,7 @@ class CheckpointManager:
             return self._restore_for_eval(sdir, state, part)
         b = self.built
         cs.init_optimizer_states(b.optimizer)
-        sd = cs.sharded_state_dict(b.model, b.optimizer, is_loading=True, part=part)
+        sd = cs.unsaved_moments_dropped(cs.sharded_state_dict(b.model, b.optimizer, is_loading=True, part=part), sdir)
         loaded = dist_checkpointing.load(sd, str(sdir))
         self._apply(loaded, state, part)
         self.last_saved = state.step

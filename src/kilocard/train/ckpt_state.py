@@ -78,6 +78,38 @@ def sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool, part:
     return sd
 
 
+def unsaved_moments_dropped(sd: dict[str, Any], sdir: Path) -> dict[str, Any]:
+    """``sd`` (a load request) without the optimizer moments that step ``sdir`` does not hold because its optimizer
+    had not stepped yet: under fp16 the dynamic loss scale skips the first steps (their gradients overflow), and
+    a save among them holds the weights and fp32 main copies but no Adam moments. The optimizer then loads as
+    it was saved, fresh. A step holding some of the requested moments is left to the load to refuse."""
+    from megatron.core.dist_checkpointing import load_tensors_metadata
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    saved = set(load_tensors_metadata(str(sdir)))
+
+    def keys(value: Any) -> list[str]:
+        if isinstance(value, ShardedTensor):
+            return [value.key]
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else []
+        return [k for v in items for k in keys(v)]
+
+    def visit(value: Any) -> None:
+        if isinstance(value, dict):
+            if "state" in value and "param_groups" in value:
+                wanted = keys(value["state"])
+                if wanted and not saved.intersection(wanted):
+                    value["state"] = {}
+            for v in value.values():
+                visit(v)
+        elif isinstance(value, list):
+            for v in value:
+                visit(v)
+
+    visit(sd.get("optimizer"))
+    return sd
+
+
 def init_optimizer_states(optimizer: Any) -> None:
     """Materialise empty torch-Adam states (a zero-grad step; params unchanged) before building a load dict."""
     for o in getattr(optimizer, "chained_optimizers", [optimizer]):
