@@ -1,7 +1,7 @@
 """A tiny random ``GptOssForCausalLM`` (transformers' own config class, no download) goes through ``convert
 hf-to-mcore`` without a recipe and back bit-identically (sinks, biases and the fused, interleaved experts
 included), and the Megatron-Core model's logits equal transformers' at TP1, TP2 (expert TP 1) and EP2, with an
-8-token window on every other layer of a 16-token batch."""
+8-token window on every other layer of a 16-token batch; the same with YaRN (``position_embedding_type: yarn``)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,22 @@ from tiny_hf import TOLERANCE, assert_logits_match, forward_plan, hf_tensors, mo
 pytestmark = pytest.mark.mcore_range
 
 
+YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "original_max_position_embeddings": 4096}
+"""GPT-OSS's YaRN at factor 4 (with ``truncate: false``): its correction range, dimensions 2.0 to 4.3 of 8, is
+not whole. With weights of std 0.2 (the attention sharp enough to feel positions in 16 tokens) the logits move by
+2.3 with plain RoPE or without YaRN's temperature, and by 0.04 with the range rounded."""
+YARN_MODEL = dict(rope_parameters={**YARN, "truncate": False}, max_position_embeddings=16384, initializer_range=0.2)
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    return round_trip("gpt_oss", tmp_path_factory.mktemp("gpt_oss"))
+    root, model = round_trip("gpt_oss", tmp_path_factory.mktemp("gpt_oss"))
+    _, yarn = round_trip("gpt_oss", root, "yarn_", **YARN_MODEL)
+    return root, model, yarn
 
 
 def test_the_import_derives_the_model_and_the_export_is_bit_identical(converted) -> None:
-    root, model = converted
+    root, model, _ = converted
     saved = json.loads((root / "ck" / "step_0000000" / "trainer_state.json").read_text())["model"]
     # transformers' 8-token window (the query included) is Megatron-Core's 7 tokens before the query
     assert (saved["window_size"], saved["window_attn_skip_freq"], saved["softmax_type"]) == ([7, 0], 2, "learnable")
@@ -48,16 +57,19 @@ def test_the_import_derives_the_model_and_the_export_is_bit_identical(converted)
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({}, "rope_parameters.rope_type is 'yarn'; kilocard's gpt_oss model has plain RoPE only"),
+        (
+            {"rope_parameters": {**YARN, "attention_factor": 1.5}},
+            "rope_parameters.attention_factor is 1.5; Megatron-Core derives YaRN's temperature",
+        ),
         (
             {"rope_parameters": {"rope_type": "default"}, "quantization_config": {"quant_method": "mxfp4"}},
             "quantization_config has quant_method 'mxfp4'; kilocard imports unquantized weights only",
         ),
     ],
 )
-def test_yarn_and_quantized_checkpoints_are_refused_by_name(tmp_path, capsys, changes, message) -> None:
-    """``GptOssConfig``'s default RoPE is YaRN, the published checkpoints' experts are MXFP4: one line each,
-    before any tensor is read, and nothing written."""
+def test_what_the_family_cannot_hold_is_refused_by_name(tmp_path, capsys, changes, message) -> None:
+    """The published checkpoints' MXFP4 experts and a YaRN temperature given outright: one line each, before any
+    tensor is read, and nothing written."""
     from kilocard import cli
 
     config = {**model_class("gpt_oss").config_class().to_dict(), **changes}
@@ -69,11 +81,41 @@ def test_yarn_and_quantized_checkpoints_are_refused_by_name(tmp_path, capsys, ch
     assert not (tmp_path / "ck").exists()
 
 
+def test_yarn_imports_as_megatron_cores_and_exports_as_it_came(converted) -> None:
+    root, _, yarn = converted
+    saved = json.loads((root / "yarn_ck" / "step_0000000" / "trainer_state.json").read_text())["model"]
+    fields = ("position_embedding_type", "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast")
+    assert [saved[f] for f in fields] == ["yarn", 4.0, 4096, 32.0]
+    assert (saved["beta_slow"], saved["mscale"], saved["mscale_all_dim"]) == (1.0, 1.0, 0.0)
+    assert saved["yarn_correction_range_round_to_int"] is False
+    back = json.loads((root / "yarn_back" / "config.json").read_text())["rope_parameters"]
+    assert back == {**YARN, "truncate": False, "beta_fast": 32.0, "beta_slow": 1.0}
+    original, exported = hf_tensors(root / "yarn_hf"), hf_tensors(root / "yarn_back")
+    assert set(exported) == set(original) and all(torch.equal(exported[k], original[k]) for k in original)
+
+
+def test_the_published_config_derives_gpt_oss_120b() -> None:
+    """``GptOssConfig()`` is GPT-OSS 120B's ``config.json``: YaRN x32 from 4096 without rounding, a 128-token
+    window (127 before the query) on every other layer, 128 experts, top-4, SwiGLU clamped at 7."""
+    from kilocard.convert import maps
+
+    m = maps.model_from_config(model_class("gpt_oss").config_class().to_dict(), "gpt_oss")
+    assert (m["num_layers"], m["num_moe_experts"], m["moe_router_topk"], m["moe_ffn_hidden_size"]) == (36, 128, 4, 2880)
+    assert (m["window_size"], m["window_attn_skip_freq"], m["activation_func_clamp_value"]) == ([127, 0], 2, 7.0)
+    assert (m["position_embedding_type"], m["rotary_scaling_factor"], m["original_max_position_embeddings"]) == (
+        "yarn",
+        32.0,
+        4096,
+    )
+    assert (m["yarn_correction_range_round_to_int"], m["rotary_base"], m["seq_length"]) == (False, 150000, 8192)
+
+
 @pytest.mark.slow
 def test_forward_matches_transformers_in_tp1_tp2_ep2(converted, tmp_path) -> None:
-    root, model = converted
+    root, model, yarn = converted
     layouts = [("gpt_oss", "ck", 1, 1, 1), ("gpt_oss", "ck", 2, 1, 1), ("gpt_oss", "ck", 1, 1, 2)]
-    plan = forward_plan(root, tmp_path, {"gpt_oss": model}, layouts)
+    layouts += [("yarn", "yarn_ck", 1, 1, 1), ("yarn", "yarn_ck", 1, 1, 2)]
+    plan = forward_plan(root, tmp_path, {"gpt_oss": model, "yarn": yarn}, layouts)
     plan[1]["etp"] = 1  # Megatron-Core splits no expert bias over TP (docs/huggingface.md)
     out = run_forward(plan, tmp_path)
     assert_logits_match(plan, out, TOLERANCE)

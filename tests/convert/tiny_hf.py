@@ -150,14 +150,13 @@ TOLERANCE = 1e-4
 """Largest |logit difference| allowed between Megatron-Core and transformers in fp32 (every family's)."""
 
 
-def round_trip(kind: str, root: Path) -> tuple[Path, Any]:
-    """Make a tiny ``kind`` model in ``root/hf``, import it without a recipe into ``root/ck`` and export that to
-    ``root/back`` (one interpreter, both exiting 0); return ``root`` and the transformers model."""
-    model = make(kind, root / "hf")
-    codes = convert_all(
-        ["hf-to-mcore", str(root / "hf"), str(root / "ck")], ["mcore-to-hf", str(root / "ck"), str(root / "back")]
-    )
-    assert codes == [0, 0]
+def round_trip(kind: str, root: Path, tag: str = "", **changes) -> tuple[Path, Any]:
+    """Make a tiny ``kind`` model (with config ``changes``) in ``root/{tag}hf``, import it without a recipe into
+    ``root/{tag}ck`` and export that to ``root/{tag}back`` (one interpreter, both exiting 0); return ``root`` and
+    the transformers model."""
+    hf, ck, back = (str(root / f"{tag}{name}") for name in ("hf", "ck", "back"))
+    model = make(kind, Path(hf), **changes)
+    assert convert_all(["hf-to-mcore", hf, ck], ["mcore-to-hf", ck, back]) == [0, 0]
     return root, model
 
 

@@ -37,6 +37,11 @@ CASES = [
      {**MOE, M + "moe_shared_expert_intermediate_size": 64}),
     (moe.rule_fields_without_effect, {M + "rope_type": "rope"}, "MLA_FIELD_UNUSED", {**MLA, M + "rope_type": "rope"}),
     (moe.rule_fields_without_effect, {M + "q_lora_rank": 32}, "MLA_FIELD_UNUSED", {**MLA, M + "q_lora_rank": 32}),
+    # YaRN's fields: MLA's, or GPT attention's with position_embedding_type yarn (GPT-OSS)
+    (moe.rule_fields_without_effect, {M + "rotary_scaling_factor": 32.0}, "MLA_FIELD_UNUSED",
+     {M + "position_embedding_type": "yarn", M + "rotary_scaling_factor": 32.0}),
+    (moe.rule_fields_without_effect, {M + "yarn_correction_range_round_to_int": False}, "YARN_FIELD_UNUSED",
+     {M + "position_embedding_type": "yarn", M + "yarn_correction_range_round_to_int": False}),
     (moe.rule_router_scores, {**MOE, M + "moe_router_enable_expert_bias": True}, "MOE_ROUTER_SCORE", BIAS),
     (moe.rule_router_scores, {**SIGMOID, M + "moe_router_pre_softmax": True}, "MOE_ROUTER_SCORE",
      {**MOE, M + "moe_router_pre_softmax": True}),

@@ -43,7 +43,8 @@ Sections (``KILOCARD_CPU_SHIM_SKIP=2,5`` switches sections off, for experiments 
     ``jit_fuser`` Megatron-Core's own ``noop_decorator``; installed first, so it must run before
     Megatron-Core is imported (``apply()`` comes before any Megatron-Core import in a rank). Where
     Megatron-Core is already loaded it changes nothing.
-12. Multi-latent attention (DeepSeek-V3's): its YaRN rotary embedding (``rope_type: yarn``) is built without
+12. Multi-latent attention (DeepSeek-V3's): its YaRN rotary embedding (``rope_type: yarn``; ``GPTModel``'s
+    with ``position_embedding_type: yarn`` is the same class) is built without
     ``use_cpu_initialization`` and computes its frequencies inside ``torch.device(current_device())``, a
     CUDA device context that no factory redirection reaches: build it with ``use_cpu_initialization``. And
     0.16.1's ``multi_latent_attention`` takes Transformer Engine for present when

@@ -147,7 +147,9 @@ MODEL: dict[str, Domain] = {
     "model.window_size": count(-1, 2**24, "sliding-window sizes (left, right; -1: unbounded)", "WINDOW"),
     "model.window_attn_skip_freq": count(0, LAYERS, "every k-th layer full (or one 0/1 per layer)", "WINDOW"),
     "model.softmax_type": Choices(("vanilla", "off-by-one", "learnable"), "attention softmaxes", "MODEL_CHOICE"),
-    "model.position_embedding_type": Choices(("learned_absolute", "rope", "none"), "GPTModel's", "MODEL_CHOICE"),
+    "model.position_embedding_type": Choices(
+        ("learned_absolute", "rope", "yarn", "none"), "GPTModel's", "MODEL_CHOICE"
+    ),
     "model.rotary_base": count(1, 10**10, "the RoPE base period", "ROPE"),
     "model.rotary_percent": Range(0, 1, "the fraction of the head RoPE rotates", low_open=True, code="ROPE"),
     "model.rope_scaling_factor": positive(1024.0, "the RoPE scaling factor", "ROPE"),

@@ -75,7 +75,9 @@ class ModelConfig:
     add_qkv_bias: bool = False
     """Bias only on the QKV projection (Qwen-style)."""
     position_embedding_type: str = "learned_absolute"
-    """``learned_absolute``, ``rope`` or ``none`` (``GPTModel`` argument)."""
+    """``learned_absolute``, ``rope``, ``yarn`` (YaRN-scaled RoPE, GPT-OSS's: ``rotary_scaling_factor``,
+    ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``,
+    ``yarn_correction_range_round_to_int``) or ``none`` (``GPTModel`` argument)."""
     rotary_base: int = 10000
     """RoPE base period (``GPTModel`` argument)."""
     rotary_percent: float = 1.0
@@ -184,18 +186,25 @@ class ModelConfig:
     """MLA: ``rope`` (plain rotary embedding) or ``yarn`` (YaRN-scaled, DeepSeek-V3's); Megatron-Core's
     ``MLATransformerConfig`` default. Other attention takes ``position_embedding_type`` and ``rope_scaling``."""
     rotary_scaling_factor: float = 40.0
-    """MLA with ``rope_type: yarn``: YaRN's context-extension factor (DeepSeek-V3: 40)."""
+    """YaRN (MLA's ``rope_type: yarn``, or ``position_embedding_type: yarn``): the context-extension factor
+    (DeepSeek-V3: 40, GPT-OSS: 32)."""
     original_max_position_embeddings: int = 4096
-    """MLA with ``rope_type: yarn``: the context the rotary frequencies were trained for (DeepSeek-V3: 4096)."""
+    """YaRN: the context the rotary frequencies were trained for (DeepSeek-V3, GPT-OSS: 4096)."""
     beta_fast: float = 32.0
-    """MLA with ``rope_type: yarn``: YaRN's high-frequency boundary (rotations per original context)."""
+    """YaRN: the high-frequency boundary (rotations per original context)."""
     beta_slow: float = 1.0
-    """MLA with ``rope_type: yarn``: YaRN's low-frequency boundary."""
+    """YaRN: the low-frequency boundary."""
     mscale: float = 1.0
-    """MLA with ``rope_type: yarn``: attention temperature factor applied to the rotary cos/sin."""
+    """YaRN: attention temperature factor applied to the rotary cos/sin (with ``position_embedding_type: yarn``
+    the factor is ``(0.1 * mscale * ln(rotary_scaling_factor) + 1) / (0.1 * mscale_all_dim * ln(...) + 1)``)."""
     mscale_all_dim: float = 0.0
     """MLA: YaRN's temperature over all dimensions; it also scales the softmax (``0.1 * mscale_all_dim *
-    ln(rotary_scaling_factor) + 1``, squared) whenever ``rotary_scaling_factor`` > 1 (DeepSeek-V3: 1.0)."""
+    ln(rotary_scaling_factor) + 1``, squared) whenever ``rotary_scaling_factor`` > 1 (DeepSeek-V3: 1.0); with
+    ``position_embedding_type: yarn`` it divides ``mscale``'s factor only."""
+    yarn_correction_range_round_to_int: bool = True
+    """``position_embedding_type: yarn``: round YaRN's correction range to whole dimensions (transformers'
+    ``truncate``; GPT-OSS: false). Megatron-Core's ``GPTModel`` reads the config attribute of this name; MLA's
+    YaRN always rounds."""
     mtp_num_layers: int | None = None
     """Multi-token-prediction layers (DeepSeek-V3); ``None`` means none."""
     mtp_loss_scaling_factor: float = 0.1
@@ -698,6 +707,8 @@ KILOCARD_OWN_FIELDS: dict[str, str] = {
     "model.max_position_embeddings": "GPTModel(max_sequence_length=...)",
     "model.activation": "a name for TransformerConfig.activation_func (a callable, not serialisable)",
     "model.position_embedding_type": "GPTModel argument",
+    "model.yarn_correction_range_round_to_int": "GPTModel reads it from the config (getattr); no TransformerConfig "
+    "field",
     "model.rotary_base": "GPTModel argument",
     "model.rotary_percent": "GPTModel argument",
     "model.rope_scaling": "GPTModel argument",

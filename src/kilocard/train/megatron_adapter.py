@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from kilocard.backends import Backend
 from kilocard.config.dtypes import main_grads_fp32, mixed_precision, param_dtype
 from kilocard.config.megatron import megatron_kwargs
-from kilocard.config.schema import RunConfig
+from kilocard.config.schema import ModelConfig, RunConfig
 from kilocard.layout import Layout, megatron_sizes
 from kilocard.perf.params import padded_vocab_size
 
@@ -174,7 +174,26 @@ def transformer_config(run_cfg: RunConfig, backend: Backend) -> Any:
         kw["masked_softmax_fusion"] = False
     if m.multi_latent_attention:
         kw["rotary_base"] = m.rotary_base  # a GPTModel argument that MLA's config also takes
-    return cls(**kw)
+    config = cls(**kw)
+    if m.position_embedding_type == "yarn" and not m.multi_latent_attention:
+        for name, value in yarn_attributes(m).items():
+            setattr(config, name, value)
+    return config
+
+
+def yarn_attributes(m: ModelConfig) -> dict[str, Any]:
+    """The attributes ``GPTModel``'s YaRN rotary embedding (``position_embedding_type: yarn``) and its attention
+    read from the config: no ``TransformerConfig`` field holds them (Megatron-Bridge's GPT-OSS provider declares
+    them); their presence also makes the attention scale queries and keys by YaRN's temperature."""
+    return {
+        "yarn_rotary_scaling_factor": m.rotary_scaling_factor,
+        "yarn_original_max_position_embeddings": m.original_max_position_embeddings,
+        "yarn_beta_fast": m.beta_fast,
+        "yarn_beta_slow": m.beta_slow,
+        "yarn_mscale": m.mscale,
+        "yarn_mscale_all_dim": m.mscale_all_dim,
+        "yarn_correction_range_round_to_int": m.yarn_correction_range_round_to_int,
+    }
 
 
 def dataset_attention_mask(run_cfg: RunConfig, backend: Backend) -> bool:

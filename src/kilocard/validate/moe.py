@@ -25,13 +25,9 @@ MOE_ONLY_FIELDS = (
     "moe_shared_expert_intermediate_size",
 )
 #: Fields only multi-latent attention reads (``MLATransformerConfig``): set without it they change nothing.
-MLA_FIELDS = (
-    "q_lora_rank",
-    "kv_lora_rank",
-    "qk_head_dim",
-    "qk_pos_emb_head_dim",
-    "v_head_dim",
-    "rope_type",
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "rope_type")
+#: YaRN's fields: read by multi-latent attention and by ``position_embedding_type: yarn``, nothing else.
+YARN_FIELDS = (
     "rotary_scaling_factor",
     "original_max_position_embeddings",
     "beta_fast",
@@ -65,6 +61,12 @@ def rule_fields_without_effect(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
          "set model.num_moe_experts"),
         (not m.multi_latent_attention, MLA_FIELDS, "MLA_FIELD", "model.multi_latent_attention is false",
          "set model.multi_latent_attention=true"),
+        (not m.multi_latent_attention and m.position_embedding_type != "yarn", YARN_FIELDS, "MLA_FIELD",
+         "neither model.multi_latent_attention nor model.position_embedding_type=yarn is set",
+         "set model.position_embedding_type=yarn (or model.multi_latent_attention=true)"),
+        (m.multi_latent_attention or m.position_embedding_type != "yarn", ("yarn_correction_range_round_to_int",),
+         "YARN_FIELD", "only model.position_embedding_type=yarn without multi-latent attention reads it",
+         "set model.position_embedding_type=yarn"),
     )  # fmt: skip
     for applies, names, code, why, fix in unused:
         for n in _unread(m, names) if applies else ():

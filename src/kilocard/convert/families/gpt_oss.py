@@ -10,9 +10,12 @@ even, up odd) and ``down_proj`` [E, F, H], both in the ``x @ W`` layout (transpo
 
 transformers' ``sliding_window`` counts the query itself (a query sees the ``sliding_window`` tokens ending at
 it), Megatron-Core's ``window_size`` ``[left, 0]`` the tokens before it: ``left = sliding_window - 1``, as
-Megatron-Bridge's bridge maps it. Not held, refused by name: YaRN (``rope_parameters.rope_type: yarn``, the
-published models' and transformers' default: kilocard's non-MLA attention has plain RoPE) and quantized
-checkpoints (``quantization_config``: the published models' MXFP4 experts).
+Megatron-Bridge's bridge maps it. YaRN (``rope_parameters.rope_type: yarn``, the published models' and
+``GptOssConfig``'s default) is ``position_embedding_type: yarn`` (``factor`` is ``rotary_scaling_factor``,
+``truncate`` ``yarn_correction_range_round_to_int``; transformers' temperature ``0.1 ln(factor) + 1``, or the
+``mscale``/``mscale_all_dim`` ratio when both are set, is Megatron-Core's ``_yarn_get_concentration_factor``
+of the same fields), plain RoPE ``rope``. Not held, refused by name: an explicit ``attention_factor`` and
+quantized checkpoints (``quantization_config``: the published models' MXFP4 experts).
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 """transformers' ``layer_types`` of a windowed and of a full-attention layer."""
 
 CONFIG_DEFAULTS: dict[str, Any] = {"attention_bias": True, "swiglu_alpha": SWIGLU_ALPHA, "swiglu_limit": 7.0}
+YARN_DEFAULTS: dict[str, Any] = {
+    "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+    "original_max_position_embeddings": 4096,
+}  # fmt: skip
+"""``GptOssConfig``'s RoPE when a ``config.json`` names none (the published models')."""
 """What ``GptOssConfig`` gives keys a ``config.json`` lacks, where ``maps.normalized`` assumes otherwise
 (transformers before 5 has no ``swiglu_alpha``: 1.702 in its code)."""
 
@@ -62,6 +70,50 @@ def skip_freq(layer_types: list[str]) -> int | list[int] | None:
     return 2 if flags == [(i + 1) % 2 for i in range(len(flags))] else flags
 
 
+def yarn_normalized(rope: dict[str, Any], context: int | None) -> dict[str, Any]:
+    """transformers' YaRN defaults made explicit (``factor`` from the contexts when absent); ``mscale`` and
+    ``mscale_all_dim`` kept only when both are set, the only case transformers reads them."""
+    out = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, **rope}
+    if out.get("factor") is None and context and out.get("original_max_position_embeddings"):
+        out["factor"] = float(context / out["original_max_position_embeddings"])
+    both = bool(out.get("mscale")) and bool(out.get("mscale_all_dim"))
+    out["mscale"], out["mscale_all_dim"] = (out["mscale"], out["mscale_all_dim"]) if both else (None, None)
+    return out
+
+
+def yarn_expects(m: ModelConfig) -> list[Expect]:
+    """YaRN's ``rope_parameters`` (``position_embedding_type: yarn``)."""
+    key = "rope_parameters."
+    return [
+        Expect(key + "rope_type", "yarn", "position_embedding_type"),
+        Expect(key + "rope_theta", float(m.rotary_base), "rotary_base"),
+        Expect(key + "factor", float(m.rotary_scaling_factor), "rotary_scaling_factor"),
+        Expect(key + "original_max_position_embeddings", m.original_max_position_embeddings,
+               "original_max_position_embeddings"),
+        Expect(key + "beta_fast", float(m.beta_fast), "beta_fast"),
+        Expect(key + "beta_slow", float(m.beta_slow), "beta_slow"),
+        Expect(key + "truncate", m.yarn_correction_range_round_to_int, "yarn_correction_range_round_to_int"),
+        Expect(key + "mscale", float(m.mscale) if m.mscale_all_dim else None, "mscale"),
+        Expect(key + "mscale_all_dim", float(m.mscale_all_dim) or None, "mscale_all_dim"),
+    ]  # fmt: skip
+
+
+def yarn_fields(rope: dict[str, Any]) -> dict[str, Any]:
+    """The ``model.*`` RoPE fields of a (``yarn_normalized``) ``rope_parameters``."""
+    if rope["rope_type"] != "yarn":
+        return {"position_embedding_type": "rope"}
+    return {
+        "position_embedding_type": "yarn",
+        "rotary_scaling_factor": float(rope["factor"]),
+        "original_max_position_embeddings": int(rope["original_max_position_embeddings"]),
+        "beta_fast": float(rope["beta_fast"]),
+        "beta_slow": float(rope["beta_slow"]),
+        "mscale": float(rope["mscale"] or 1.0),
+        "mscale_all_dim": float(rope["mscale_all_dim"] or 0.0),
+        "yarn_correction_range_round_to_int": bool(rope["truncate"]),
+    }
+
+
 class GptOss(Family):
     """Biased GQA with sinks and alternating sliding windows; biased, top-k routed, clamped-SwiGLU experts."""
 
@@ -81,7 +133,6 @@ class GptOss(Family):
             ("activation", "quick_gelu"),
             ("glu_linear_offset", 1.0),
             ("add_bias_linear", True),
-            ("position_embedding_type", "rope"),
             ("rotary_percent", 1.0),
             ("rope_scaling", False),
             ("multi_latent_attention", False),
@@ -102,11 +153,24 @@ class GptOss(Family):
         for field in ("num_moe_experts", "activation_func_clamp_value"):
             if getattr(m, field) is None:
                 raise ConvertError(f"model.{field}: None has no gpt_oss Hugging Face equivalent; set it")
+        if m.position_embedding_type not in ("rope", "yarn"):
+            raise ConvertError(
+                f"model.position_embedding_type: {m.position_embedding_type!r} has no gpt_oss Hugging Face "
+                f"equivalent (expected 'rope' or 'yarn')"
+            )
+        if m.position_embedding_type == "yarn" and not m.mscale_all_dim and m.mscale != 1.0:
+            raise ConvertError(
+                f"model.mscale: {m.mscale} without model.mscale_all_dim has no gpt_oss Hugging Face equivalent "
+                f"(transformers then ignores mscale); set model.mscale=1.0, or both"
+            )
 
     # --- config.json ---------------------------------------------------------------------------------
 
     def expected_config(self, m: ModelConfig) -> list[Expect]:
-        return [e for e in super().expected_config(m) if e.key != "hidden_act"]  # the experts ignore hidden_act
+        kept = [e for e in super().expected_config(m) if e.key != "hidden_act"]  # the experts ignore hidden_act
+        if m.position_embedding_type != "yarn":
+            return kept
+        return [e for e in kept if not e.key.startswith("rope_parameters.")] + yarn_expects(m)
 
     def mlp_expects(self, m: ModelConfig) -> list[Expect]:
         return [
@@ -127,15 +191,16 @@ class GptOss(Family):
     def with_defaults(self, c: dict[str, Any]) -> dict[str, Any]:
         out = {**CONFIG_DEFAULTS, **c}
         if not c.get("rope_parameters") and not c.get("rope_scaling"):
-            out["rope_parameters"] = {"rope_type": "yarn", "rope_theta": c.get("rope_theta", 150000.0)}
+            out["rope_parameters"] = {**YARN_DEFAULTS, "rope_theta": c.get("rope_theta", 150000.0)}
         if out.get("layer_types") is None and isinstance(c.get("num_hidden_layers"), int):
             out["layer_types"] = [SLIDING if (i + 1) % 2 else FULL for i in range(c["num_hidden_layers"])]
         out.setdefault("sliding_window", 128)
         return out
 
     def normalized(self, c: dict[str, Any]) -> dict[str, Any]:
-        """Refuses what the family cannot hold before anything is compared or derived: a quantized checkpoint and
-        YaRN."""
+        """YaRN's values as transformers reads them; refuses what the family cannot hold before anything is
+        compared or derived: a quantized checkpoint, a RoPE other than plain or YaRN, an explicit YaRN
+        ``attention_factor``."""
         quant = c.get("quantization_config")
         if quant:
             method = quant.get("quant_method") if isinstance(quant, dict) else quant
@@ -144,17 +209,25 @@ class GptOss(Family):
                 f"only: dequantize first (transformers: Mxfp4Config(dequantize=True) in from_pretrained, then "
                 f"save_pretrained)"
             )
-        rope = c["rope_parameters"]["rope_type"]
-        if rope != "default":
+        rope = c["rope_parameters"]
+        if rope["rope_type"] not in ("default", "yarn"):
             raise ConvertError(
-                f"config.json: rope_parameters.rope_type is {rope!r}; kilocard's gpt_oss model has plain RoPE "
-                f"only (rope_type 'default'): YaRN is not carried yet"
+                f"config.json: rope_parameters.rope_type is {rope['rope_type']!r}; kilocard's gpt_oss model has "
+                f"plain RoPE ('default') or YaRN ('yarn')"
             )
-        return c
+        if rope["rope_type"] == "default":
+            return c
+        if rope.get("attention_factor") is not None:
+            raise ConvertError(
+                f"config.json: rope_parameters.attention_factor is {rope['attention_factor']!r}; Megatron-Core "
+                f"derives YaRN's temperature from factor, mscale and mscale_all_dim: remove it"
+            )
+        return {**c, "rope_parameters": yarn_normalized(rope, c.get("max_position_embeddings"))}
 
     def model_from_config(self, c: dict[str, Any]) -> dict[str, Any]:
         out = {**super().model_from_config(c), **moe_fields(c, "intermediate_size", "num_local_experts")}
         out["activation_func_clamp_value"] = float(c["swiglu_limit"])
+        out.update(yarn_fields(c["rope_parameters"]))
         types = list(c["layer_types"])
         windows = SLIDING in types
         if windows and c["sliding_window"] is None:
