@@ -59,7 +59,7 @@ def test_the_import_derives_the_model_and_the_export_is_bit_identical(converted)
     [
         (
             {"rope_parameters": {**YARN, "attention_factor": 1.5}},
-            "rope_parameters.attention_factor is 1.5; Megatron-Core derives YaRN's temperature",
+            "rope_parameters.attention_factor is 1.5; Megatron-Core's YaRN derives the cos/sin factor",
         ),
         (
             {"rope_parameters": {"rope_type": "default"}, "quantization_config": {"quant_method": "mxfp4"}},
@@ -89,7 +89,8 @@ def test_yarn_imports_as_megatron_cores_and_exports_as_it_came(converted) -> Non
     assert (saved["beta_slow"], saved["mscale"], saved["mscale_all_dim"]) == (1.0, 1.0, 0.0)
     assert saved["yarn_correction_range_round_to_int"] is False
     back = json.loads((root / "yarn_back" / "config.json").read_text())["rope_parameters"]
-    assert back == {**YARN, "truncate": False, "beta_fast": 32.0, "beta_slow": 1.0}
+    defaults = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}  # written out
+    assert back == {**YARN, "truncate": False, **defaults}
     original, exported = hf_tensors(root / "yarn_hf"), hf_tensors(root / "yarn_back")
     assert set(exported) == set(original) and all(torch.equal(exported[k], original[k]) for k in original)
 

@@ -192,10 +192,9 @@ def hf_config(family: str, m: ModelConfig, dtype: torch.dtype) -> dict[str, Any]
     """The ``config.json`` of an exported model (what ``check_config`` accepts, plus architecture and dtype)."""
     out: dict[str, Any] = {"architectures": [ARCHITECTURES[family]]}
     for e in expected_config(family, m):
-        if "." in e.key:  # a nested value that is null is left out (transformers reads a missing key as null)
+        if "." in e.key:
             parent, _, child = e.key.partition(".")
-            if e.value is not None:
-                out.setdefault(parent, {})[child] = e.value
+            out.setdefault(parent, {})[child] = e.value
         else:
             out[e.key] = e.value
     out["max_position_embeddings"] = m.max_position_embeddings

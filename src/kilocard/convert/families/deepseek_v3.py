@@ -14,11 +14,18 @@ with MTP writes the rest and says in its line that it dropped them.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from kilocard.config.schema import ModelConfig
 from kilocard.convert.families.base import Family, expert_slots
+from kilocard.convert.families.yarn import (
+    YARN_FIELDS,
+    YARN_KEYS,
+    check_mscale,
+    yarn_expects,
+    yarn_mscale,
+    yarn_parameters,
+)
 from kilocard.convert.spec import ConvertError, Expect, Slot
 
 
@@ -33,58 +40,6 @@ def dense_layers(m: ModelConfig) -> int:
             f"layers then MoE layers, first_k_dense_replace); pick a recipe whose model the layout can hold"
         )
     return k
-
-
-YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
-"""YaRN's ``rope_parameters`` keys (transformers' ``_compute_yarn_parameters``)."""
-YARN_FIELDS = ("rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
-               "mscale_all_dim")  # fmt: skip
-"""The ``model.*`` fields of ``YARN_KEYS``, in the same order (Megatron-Core's ``MLATransformerConfig`` names)."""
-
-
-def yarn_mscale(factor: float, mscale: float) -> float:
-    """YaRN's temperature ``0.1 * mscale * ln(factor) + 1`` (1 for a factor up to 1): Megatron-Core's
-    ``_yarn_get_mscale`` and transformers' ``get_mscale``, the same formula."""
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def yarn_parameters(rope: dict[str, Any], max_positions: int) -> dict[str, Any]:
-    """YaRN's ``rope_parameters`` with the defaults transformers applies made explicit, in the forms Megatron-Core's
-    YaRN holds; refuses, naming the key, what it cannot.
-
-    transformers scales the rotary cos/sin by ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` only when
-    both are nonzero, else by ``mscale(factor, 1)``; Megatron-Core always by the ratio. With ``mscale_all_dim``
-    0 the two agree at ``mscale`` 1, which the result then holds (transformers ignores the file's ``mscale``).
-    """
-
-    def refuse(key: str, why: str) -> ConvertError:
-        return ConvertError(f"config.json: rope_parameters.{key} is {rope.get(key)!r}; {why}")
-
-    if "original_max_position_embeddings" not in rope:
-        raise refuse("original_max_position_embeddings", "YaRN needs the context it extends; fix the file")
-    original = rope["original_max_position_embeddings"]
-    if original != int(original) or original < 1:
-        raise refuse("original_max_position_embeddings", "expected a whole number of positions; fix the file")
-    if rope.get("truncate", True) is not True:
-        raise refuse("truncate", "Megatron-Core's YaRN rounds its correction range to whole dimensions (true)")
-    if rope.get("attention_factor") is not None:
-        raise refuse(
-            "attention_factor",
-            "Megatron-Core's YaRN derives the cos/sin factor from mscale and mscale_all_dim; remove it and give those",
-        )
-    out = dict(rope, original_max_position_embeddings=int(original))
-    out["factor"] = float(rope.get("factor") or max_positions / original)  # transformers' default for a null
-    out["beta_fast"] = float(rope.get("beta_fast") or 32.0)
-    out["beta_slow"] = float(rope.get("beta_slow") or 1.0)
-    out["mscale_all_dim"] = float(rope.get("mscale_all_dim") or 0.0)
-    if out["mscale_all_dim"] and not rope.get("mscale"):
-        raise refuse(
-            "mscale",
-            "with a nonzero mscale_all_dim transformers then scales cos/sin by mscale(factor) alone, "
-            "Megatron-Core by mscale / mscale_all_dim; give mscale",
-        )
-    out["mscale"] = float(rope["mscale"]) if out["mscale_all_dim"] else 1.0
-    return out
 
 
 def yarn_fields(rope: dict[str, Any]) -> dict[str, Any]:
@@ -105,11 +60,7 @@ def mla_rope_expects(m: ModelConfig) -> list[Expect]:
     out = [Expect("rope_parameters.rope_theta", float(m.rotary_base), "rotary_base")]
     if m.rope_type == "rope":
         return [*out, Expect("rope_parameters.rope_type", "default", "rope_type")]
-    out.append(Expect("rope_parameters.rope_type", "yarn", "rope_type"))
-    for key, field in zip(YARN_KEYS, YARN_FIELDS, strict=True):
-        v = getattr(m, field)
-        out.append(Expect(f"rope_parameters.{key}", v if isinstance(v, int) else float(v), field))
-    return out
+    return [*out, Expect("rope_parameters.rope_type", "yarn", "rope_type"), *yarn_expects(m)]
 
 
 def check_rope(m: ModelConfig) -> None:
@@ -120,12 +71,8 @@ def check_rope(m: ModelConfig) -> None:
             f"by (0.1 x mscale_all_dim x ln(rotary_scaling_factor) + 1)^2, transformers' plain RoPE does not; set "
             f"model.mscale_all_dim=0 or model.rope_type=yarn"
         )
-    if m.rope_type == "yarn" and not ((m.mscale and m.mscale_all_dim) or (m.mscale == 1 and not m.mscale_all_dim)):
-        raise ConvertError(
-            f"model.mscale: {m.mscale} with mscale_all_dim {m.mscale_all_dim}: transformers scales YaRN's cos/sin by "
-            f"mscale / mscale_all_dim only when both are nonzero (else as mscale 1), Megatron-Core always; set "
-            f"model.mscale=1.0 or a nonzero model.mscale_all_dim"
-        )
+    if m.rope_type == "yarn":
+        check_mscale(m)
 
 
 class DeepseekV3(Family):

@@ -25,6 +25,7 @@ from typing import Any
 
 from kilocard.config.schema import ModelConfig
 from kilocard.convert.families.base import Family, moe_fields
+from kilocard.convert.families.yarn import YARN_FIELDS, YARN_KEYS, check_mscale, yarn_expects, yarn_parameters
 from kilocard.convert.spec import ConvertError, Expect, Slot
 
 SWIGLU_ALPHA = 1.702
@@ -70,48 +71,22 @@ def skip_freq(layer_types: list[str]) -> int | list[int] | None:
     return 2 if flags == [(i + 1) % 2 for i in range(len(flags))] else flags
 
 
-def yarn_normalized(rope: dict[str, Any], context: int | None) -> dict[str, Any]:
-    """transformers' YaRN defaults made explicit (``factor`` from the contexts when absent); ``mscale`` and
-    ``mscale_all_dim`` kept only when both are set, the only case transformers reads them."""
-    out = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, **rope}
-    if out.get("factor") is None and context and out.get("original_max_position_embeddings"):
-        out["factor"] = float(context / out["original_max_position_embeddings"])
-    both = bool(out.get("mscale")) and bool(out.get("mscale_all_dim"))
-    out["mscale"], out["mscale_all_dim"] = (out["mscale"], out["mscale_all_dim"]) if both else (None, None)
-    return out
-
-
-def yarn_expects(m: ModelConfig) -> list[Expect]:
-    """YaRN's ``rope_parameters`` (``position_embedding_type: yarn``)."""
-    key = "rope_parameters."
+def rope_expects(m: ModelConfig) -> list[Expect]:
+    """YaRN's ``rope_parameters`` (``position_embedding_type: yarn``), ``truncate`` included."""
     return [
-        Expect(key + "rope_type", "yarn", "position_embedding_type"),
-        Expect(key + "rope_theta", float(m.rotary_base), "rotary_base"),
-        Expect(key + "factor", float(m.rotary_scaling_factor), "rotary_scaling_factor"),
-        Expect(key + "original_max_position_embeddings", m.original_max_position_embeddings,
-               "original_max_position_embeddings"),
-        Expect(key + "beta_fast", float(m.beta_fast), "beta_fast"),
-        Expect(key + "beta_slow", float(m.beta_slow), "beta_slow"),
-        Expect(key + "truncate", m.yarn_correction_range_round_to_int, "yarn_correction_range_round_to_int"),
-        Expect(key + "mscale", float(m.mscale) if m.mscale_all_dim else None, "mscale"),
-        Expect(key + "mscale_all_dim", float(m.mscale_all_dim) or None, "mscale_all_dim"),
-    ]  # fmt: skip
+        Expect("rope_parameters.rope_type", "yarn", "position_embedding_type"),
+        Expect("rope_parameters.rope_theta", float(m.rotary_base), "rotary_base"),
+        *yarn_expects(m),
+        Expect("rope_parameters.truncate", m.yarn_correction_range_round_to_int, "yarn_correction_range_round_to_int"),
+    ]
 
 
-def yarn_fields(rope: dict[str, Any]) -> dict[str, Any]:
-    """The ``model.*`` RoPE fields of a (``yarn_normalized``) ``rope_parameters``."""
+def rope_fields(rope: dict[str, Any]) -> dict[str, Any]:
+    """The ``model.*`` RoPE fields of a (``yarn_parameters``) ``rope_parameters``."""
     if rope["rope_type"] != "yarn":
         return {"position_embedding_type": "rope"}
-    return {
-        "position_embedding_type": "yarn",
-        "rotary_scaling_factor": float(rope["factor"]),
-        "original_max_position_embeddings": int(rope["original_max_position_embeddings"]),
-        "beta_fast": float(rope["beta_fast"]),
-        "beta_slow": float(rope["beta_slow"]),
-        "mscale": float(rope["mscale"] or 1.0),
-        "mscale_all_dim": float(rope["mscale_all_dim"] or 0.0),
-        "yarn_correction_range_round_to_int": bool(rope["truncate"]),
-    }
+    yarn = {f: rope[k] for k, f in zip(YARN_KEYS, YARN_FIELDS, strict=True)}
+    return {"position_embedding_type": "yarn", **yarn, "yarn_correction_range_round_to_int": rope["truncate"]}
 
 
 class GptOss(Family):
@@ -158,11 +133,8 @@ class GptOss(Family):
                 f"model.position_embedding_type: {m.position_embedding_type!r} has no gpt_oss Hugging Face "
                 f"equivalent (expected 'rope' or 'yarn')"
             )
-        if m.position_embedding_type == "yarn" and not m.mscale_all_dim and m.mscale != 1.0:
-            raise ConvertError(
-                f"model.mscale: {m.mscale} without model.mscale_all_dim has no gpt_oss Hugging Face equivalent "
-                f"(transformers then ignores mscale); set model.mscale=1.0, or both"
-            )
+        if m.position_embedding_type == "yarn":
+            check_mscale(m)
 
     # --- config.json ---------------------------------------------------------------------------------
 
@@ -170,7 +142,7 @@ class GptOss(Family):
         kept = [e for e in super().expected_config(m) if e.key != "hidden_act"]  # the experts ignore hidden_act
         if m.position_embedding_type != "yarn":
             return kept
-        return [e for e in kept if not e.key.startswith("rope_parameters.")] + yarn_expects(m)
+        return [e for e in kept if not e.key.startswith("rope_parameters.")] + rope_expects(m)
 
     def mlp_expects(self, m: ModelConfig) -> list[Expect]:
         return [
@@ -217,17 +189,13 @@ class GptOss(Family):
             )
         if rope["rope_type"] == "default":
             return c
-        if rope.get("attention_factor") is not None:
-            raise ConvertError(
-                f"config.json: rope_parameters.attention_factor is {rope['attention_factor']!r}; Megatron-Core "
-                f"derives YaRN's temperature from factor, mscale and mscale_all_dim: remove it"
-            )
-        return {**c, "rope_parameters": yarn_normalized(rope, c.get("max_position_embeddings"))}
+        context = c.get("max_position_embeddings") or 131072
+        return {**c, "rope_parameters": yarn_parameters(rope, context, rounds_only=False)}
 
     def model_from_config(self, c: dict[str, Any]) -> dict[str, Any]:
         out = {**super().model_from_config(c), **moe_fields(c, "intermediate_size", "num_local_experts")}
         out["activation_func_clamp_value"] = float(c["swiglu_limit"])
-        out.update(yarn_fields(c["rope_parameters"]))
+        out.update(rope_fields(c["rope_parameters"]))
         types = list(c["layer_types"])
         windows = SLIDING in types
         if windows and c["sliding_window"] is None:
