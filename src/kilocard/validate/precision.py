@@ -1,4 +1,8 @@
-"""Rules on numeric formats: fp16/bf16, FP8/FP4 support on the GPU, fp8_param, params dtype."""
+"""Rules on numeric formats: fp16/bf16, FP8/FP4 support on the GPU, fp8_param, params dtype.
+
+Which formats, recipes and dtypes exist is the domain table's (``config.domains``: ``FP8_FORMAT``,
+``FP8_RECIPE``, ``FP4_FORMAT``, ``PARAMS_DTYPE``); these rules check what a value means beside the others.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,6 @@ from kilocard.topology import gpu_spec
 from kilocard.validate.issues import Issue, error
 
 R = "precision."
-FP8_FORMATS = choices("precision.fp8")
-FP8_RECIPES = choices("precision.fp8_recipe")
-FP4_FORMATS = choices("precision.fp4")
 PARAM_DTYPES = choices("precision.params_dtype")
 
 
@@ -26,14 +27,7 @@ def rule_half_precision(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
         return
     if pr.params_dtype not in PARAM_DTYPES:
-        yield error(
-            "PARAMS_DTYPE",
-            R + "params_dtype",
-            pr.params_dtype,
-            f"params_dtype {pr.params_dtype!r} is not one of {', '.join(PARAM_DTYPES)}",
-            f"set {R}params_dtype=bfloat16",
-        )
-        return
+        return  # a dtype kilocard does not know: the domain table's PARAMS_DTYPE
     want = "bfloat16" if pr.bf16 else "float16" if pr.fp16 else "float32"
     if pr.params_dtype not in ("float32", want):
         yield error(
@@ -46,7 +40,7 @@ def rule_half_precision(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
 
 
 def rule_fp8(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """FP8 needs a GPU with FP8 tensor cores, a known format and recipe; not with FP4."""
+    """FP8 needs a GPU with FP8 tensor cores; not with FP4."""
     pr, gpu = cfg.precision, gpu_spec(cfg.cluster.gpu)
     if pr.fp8 is not None and pr.fp4 is not None:
         yield error(
@@ -54,22 +48,6 @@ def rule_fp8(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
     if pr.fp8 is None:
         return
-    if pr.fp8 not in FP8_FORMATS:
-        yield error(
-            "FP8_FORMAT",
-            R + "fp8",
-            pr.fp8,
-            f"fp8 {pr.fp8!r} is not one of {', '.join(FP8_FORMATS)}",
-            f"set {R}fp8=hybrid",
-        )
-    if pr.fp8_recipe not in FP8_RECIPES:
-        yield error(
-            "FP8_RECIPE",
-            R + "fp8_recipe",
-            pr.fp8_recipe,
-            f"fp8_recipe {pr.fp8_recipe!r} is not one of {', '.join(FP8_RECIPES)}",
-            f"set {R}fp8_recipe=tensorwise",
-        )
     if gpu is not None and gpu.vendor != "cpu" and not gpu.has_fp8:
         yield error(
             "FP8_UNSUPPORTED_GPU",
@@ -94,14 +72,6 @@ def rule_fp4(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
     pr, gpu = cfg.precision, gpu_spec(cfg.cluster.gpu)
     if pr.fp4 is None:
         return
-    if pr.fp4 not in FP4_FORMATS:
-        yield error(
-            "FP4_FORMAT",
-            R + "fp4",
-            pr.fp4,
-            f"fp4 {pr.fp4!r} is not one of {', '.join(FP4_FORMATS)}",
-            f"set {R}fp4=nvfp4",
-        )
     if gpu is not None and gpu.vendor != "cpu" and not gpu.has_fp4:
         yield error(
             "FP4_UNSUPPORTED_GPU",
