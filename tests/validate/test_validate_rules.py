@@ -521,7 +521,7 @@ CASES = [
         "GPU_ONLY_ON_CPU",
         {**H100, "model.cuda_graph_impl": "local"},
     ),
-    (launcher.rule_launcher_kind, {"launcher.kind": "k8s"}, "LAUNCHER_KIND", {"launcher.kind": "slurm"}),
+    (domains.rule_field_domains, {"launcher.kind": "k8s"}, "LAUNCHER_KIND", {"launcher.kind": "slurm"}),
     (launcher.rule_cpu_ranks, {"cluster.gpus_per_node": 1000}, "CPU_RANKS", {"cluster.gpus_per_node": 4}),
     (
         launcher.rule_cpu_ranks,

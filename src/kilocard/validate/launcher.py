@@ -4,29 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kilocard.config.domains import choices
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.topology import DEVICE_CONNECTIONS_ENV, one_device_connection
 from kilocard.validate.issues import Issue, error, warning
 
 L = "launcher."
-KINDS = choices("launcher.kind")
 CDMC = DEVICE_CONNECTIONS_ENV
 
 
 def rule_launcher_kind(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """The launcher is local or slurm; a local launch is one node with nproc = world size (warnings)."""
+    """A local launch is one node with nproc = world size (warnings); that the launcher is local or slurm is the
+    domain table's ``LAUNCHER_KIND``."""
     la = cfg.launcher
-    if la.kind not in KINDS:
-        yield error(
-            "LAUNCHER_KIND",
-            L + "kind",
-            la.kind,
-            f"launcher {la.kind!r} is not one of {', '.join(KINDS)}",
-            f"set {L}kind=local or slurm",
-        )
-        return
     if la.kind != "local":
         return
     if lay.nodes > 1:

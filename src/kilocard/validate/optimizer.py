@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from kilocard.config.domains import choices
 from kilocard.config.schema import RunConfig
 from kilocard.layout import Layout
 from kilocard.validate.issues import Issue, error, warning
@@ -74,29 +75,18 @@ def rule_lr_order(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         )
 
 
-STATE_DTYPES = {
-    "main_params_dtype": ("float32", "float16"),
-    "exp_avg_dtype": ("float32", "float16", "bfloat16"),
-    "exp_avg_sq_dtype": ("float32", "float16", "bfloat16"),
-}
-"""The optimizer-state dtypes Megatron-Core 0.16.1 takes under ``use_precision_aware_optimizer``."""
+STATE_DTYPES = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+"""The optimizer-state dtype fields (the dtypes Megatron-Core takes for each are the domain table's)."""
 
 
 def rule_precision_aware_optimizer(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """Optimizer-state dtypes: known names, other than fp32 only with ``use_precision_aware_optimizer``, which
-    needs Adam and the distributed optimizer (Megatron-Core ``OptimizerConfig.__post_init__``)."""
+    """Optimizer-state dtypes other than fp32 only with ``use_precision_aware_optimizer``, which needs Adam and
+    the distributed optimizer (Megatron-Core ``OptimizerConfig.__post_init__``); which dtypes exist is the domain
+    table's ``OPTIM_STATE_DTYPE``."""
     o = cfg.optim
-    for name, allowed in STATE_DTYPES.items():
+    for name in STATE_DTYPES:
         value = getattr(o, name)
-        if value not in allowed:
-            yield error(
-                "OPTIM_STATE_DTYPE",
-                f"optim.{name}",
-                value,
-                f"{name} {value!r} is not one of {', '.join(allowed)}",
-                f"set optim.{name}=float32 (or another of those)",
-            )
-        elif value != "float32" and not o.use_precision_aware_optimizer:
+        if value in choices(f"optim.{name}") and value != "float32" and not o.use_precision_aware_optimizer:
             yield error(
                 "OPTIM_STATE_DTYPE",
                 f"optim.{name}",
