@@ -32,7 +32,7 @@ import torch
 
 from kilocard.config.domains import outside
 from kilocard.config.schema import ModelConfig, RunConfig
-from kilocard.convert import families, maps, st_io
+from kilocard.convert import families, fp8, maps, st_io
 from kilocard.convert import tokenizer as tk
 from kilocard.convert.maps import ConvertError, ConvertUsageError, Slot
 from kilocard.layout import compute_layout, of_sizes
@@ -177,8 +177,16 @@ def cast(t: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
     return out
 
 
-def fill(model: Any, slots: list[Slot], files: list[Path], m: ModelConfig) -> None:
-    """Stream every Hugging Face tensor into its place in ``model``; vocabulary padding rows become zero."""
+def fill(
+    model: Any,
+    slots: list[Slot],
+    files: list[Path],
+    m: ModelConfig,
+    scales: dict[str, st_io.Header] | None = None,
+    block: tuple[int, int] | None = None,
+) -> None:
+    """Stream every Hugging Face tensor into its place in ``model``; vocabulary padding rows become zero. A block-scaled
+    FP8 weight (``scales``, ``block``: ``kilocard.convert.fp8``) is dequantized and rounded to the parameter dtype."""
     params = {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
     uncovered = sorted(set(params) - {name for s in slots for name in maps.mcore_names(s)})
     if uncovered:  # a map that misses a Megatron-Core tensor is a kilocard bug, not bad input
@@ -188,9 +196,10 @@ def fill(model: Any, slots: list[Slot], files: list[Path], m: ModelConfig) -> No
         for s in slots:
             if s.part == "rows":
                 params[s.mcore][s.shape[0] :].zero_()
-        for name, tensor in st_io.stream(files, set(by_name)):
-            s = by_name[name]
-            maps.put(params, s, m, cast(tensor, params[maps.mcore_names(s)[0]].dtype, name))
+        for name, tensor in st_io.stream(files, set(by_name), scales, block):
+            s, quantized = by_name[name], name in (scales or {})
+            dtype = params[maps.mcore_names(s)[0]].dtype
+            maps.put(params, s, m, tensor.to(dtype) if quantized else cast(tensor, dtype, name))
 
 
 def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
@@ -205,14 +214,16 @@ def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
     m, recipe = run_cfg.model, run_cfg.recipe.name
     maps.check_model(family, m)
     maps.check_config(hf_cfg, family, m, recipe)
+    block = fp8.block_size(hf_cfg)
     files = st_io.shard_files(hf_dir)
     slots = maps.slots(family, m)
-    check_tensors(slots, st_io.headers(files), recipe)
+    found, scales = fp8.dequantized_headers(st_io.headers(files), block)
+    check_tensors(slots, found, recipe)
     padded = padded_vocab_size(m, compute_layout(run_cfg).tp)
     one = mm.single_rank_config(run_cfg, padded)
     with staging(out) as tmp, mm.single_rank():
         model = mm.build(one)
-        fill(model, slots, files, m)
+        fill(model, slots, files, m, scales, block)
         sdir = ck.step_dir(tmp, 0)
         mm.save(model, sdir)
         source = {"format": "huggingface", "family": family, "dir": str(hf_dir.resolve()), "recipe": recipe}

@@ -28,6 +28,7 @@ from kilocard.base.safe_read import (
     require_regular,
     type_name,
 )
+from kilocard.convert import fp8
 from kilocard.convert.maps import ConvertError, ConvertUsageError
 
 INDEX = "model.safetensors.index.json"
@@ -158,8 +159,14 @@ def torch_dtype(h: Header) -> torch.dtype:
     return _DTYPES[h.dtype]
 
 
-def stream(files: list[Path], names: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` for the tensors in ``names``, shard by shard, one tensor at a time.
+def stream(
+    files: list[Path],
+    names: set[str],
+    scales: dict[str, Header] | None = None,
+    block: tuple[int, int] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for the tensors in ``names``, shard by shard, one tensor at a time; a weight with a
+    block scale in ``scales`` (``fp8.dequantized_headers``) dequantized to float32 with its ``block`` size.
 
     A tensor holding NaN or an infinity is refused: imported weights must be finite (a training run
     from them would produce NaN losses from the first step)."""
@@ -168,12 +175,20 @@ def stream(files: list[Path], names: set[str]) -> Iterator[tuple[str, torch.Tens
             for name in s.keys():
                 if name in names:
                     t = s.get_tensor(name)
+                    if scales and block and name in scales:
+                        t = fp8.dequantize(t, tensor(scales[name]), block)
                     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                         raise ConvertError(
                             f"{f.name}: tensor {name} holds NaN or infinite values; refusing to import "
                             "weights that are not finite (re-download or re-export the model)"
                         )
                     yield name, t
+
+
+def tensor(h: Header) -> torch.Tensor:
+    """The one stored tensor of header ``h``."""
+    with _shard(h.file) as s:
+        return s.get_tensor(h.name)
 
 
 def parse_size(text: str) -> int:
