@@ -35,6 +35,8 @@ H100 = {
 W4 = {"cluster.gpus_per_node": 4, "launcher.nproc": 4}
 MOE = {"model.num_moe_experts": 4, "model.moe_router_topk": 2}
 EP2 = {"parallel.expert_model_parallel_size": 2}
+RACK = {"cluster.nodes": 4, "cluster.gpus_per_node": 4, "cluster.nvlink_domain_size": 8}
+"""Nodes of 4 GPUs in NVLink domains of 8 (GB200 NVL72: 18 nodes of 4 in one domain of 72)."""
 
 
 def codes(rule, values):
@@ -508,6 +510,12 @@ CASES = [
         {**H100, **MOE, "model.num_moe_experts": 16, P + "expert_model_parallel_size": 16},
         "EP_CROSSES_NODES",
         {**H100, **MOE, "model.num_moe_experts": 16, P + "expert_model_parallel_size": 8},
+    ),
+    (  # an NVLink domain of several nodes (GB200 NVL72's shape, scaled down): EP across its nodes stays on NVLink
+        topology.rule_ep_network,
+        {**H100, **RACK, **MOE, "model.num_moe_experts": 16, P + "expert_model_parallel_size": 16},
+        "EP_CROSSES_NODES",
+        {**H100, **RACK, **MOE, "model.num_moe_experts": 16, P + "expert_model_parallel_size": 8},
     ),
     (
         topology.rule_gpu_only_features,

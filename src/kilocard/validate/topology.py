@@ -92,7 +92,8 @@ def ep_alltoall_bytes_per_step(cfg: RunConfig, lay: Layout) -> float:
     """Bytes one GPU sends over the network per step in the MoE all-to-alls (estimate).
 
     Per MoE layer and micro-batch: dispatch + combine, forward and backward (4 all-to-alls) of
-    tokens * topk * hidden * 2 bytes, times the share of EP peers on other nodes.
+    tokens * topk * hidden * 2 bytes, times the share of EP peers outside the rank's NVLink domain (its node,
+    or a rack of nodes such as GB200 NVL72's 72 GPUs).
     """
     m = cfg.model
     if not m.num_moe_experts or lay.ep <= 1 or lay.num_microbatches is None:
@@ -101,15 +102,16 @@ def ep_alltoall_bytes_per_step(cfg: RunConfig, lay: Layout) -> float:
     if cfg.parallel.sequence_parallel:
         tokens //= lay.tp
     moe_layers = moe_count(moe_layer_pattern(m)) / lay.pp
-    off_node = 1 - ep_peers_on_node(lay.ep, lay.etp, lay.gpus_per_node) / lay.ep
-    return 4 * tokens * m.moe_router_topk * m.hidden_size * 2 * moe_layers * lay.num_microbatches * off_node
+    off_domain = 1 - ep_peers_on_node(lay.ep, lay.etp, lay.nvlink_domain_size) / lay.ep
+    return 4 * tokens * m.moe_router_topk * m.hidden_size * 2 * moe_layers * lay.num_microbatches * off_domain
 
 
 def rule_ep_network(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
-    """EP all-to-all crossing nodes: warn with the estimated network bytes per step."""
+    """EP all-to-all leaving the NVLink domain: warn with the estimated network bytes per step. An expert group
+    that spans nodes inside one NVLink domain (GB200 NVL72) exchanges over NVLink, not the network."""
     gpu = gpu_spec(cfg.cluster.gpu)
     ep = lay.groups.get("ep")
-    if gpu is None or gpu.vendor == "cpu" or ep is None or ep.within_node or not cfg.model.num_moe_experts:
+    if gpu is None or gpu.vendor == "cpu" or ep is None or ep.within_nvlink or not cfg.model.num_moe_experts:
         return
     b = ep_alltoall_bytes_per_step(cfg, lay)
     bw = cfg.cluster.inter_node_bandwidth_gbs * 1e9
@@ -118,9 +120,9 @@ def rule_ep_network(cfg: RunConfig, lay: Layout) -> Iterable[Issue]:
         "EP_CROSSES_NODES",
         "parallel.expert_model_parallel_size",
         lay.ep,
-        f"etp({lay.etp}) * ep({lay.ep}) = {lay.etp * lay.ep} GPUs per expert group span nodes of "
-        f"{lay.gpus_per_node}: the all-to-all sends about {b / 1e9:.2f} GB per GPU per step over the network{secs}",
-        f"keep etp*ep <= {lay.gpus_per_node} if the experts fit, or overlap the all-to-all",
+        f"etp({lay.etp}) * ep({lay.ep}) = {lay.etp * lay.ep} GPUs per expert group span NVLink domains "
+        f"of {lay.nvlink_domain_size}: the all-to-all sends {b / 1e9:.2f} GB per GPU a step over the network{secs}",
+        f"keep etp*ep <= {lay.nvlink_domain_size} if the experts fit, or overlap the all-to-all",
     )
 
 
