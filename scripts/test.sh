@@ -21,7 +21,7 @@ if [ "${1:-}" = "--fast" ]; then
   shift
   exec .venv/bin/python -m pytest -q --durations=10 -m unit -n "$WORKERS" "$@"
 fi
-.venv/bin/python -m pytest -q --durations=15 -n "$WORKERS" "$@"
+.venv/bin/python -m pytest -q --durations=40 -n "$WORKERS" "$@"
 if [ "$#" -eq 0 ]; then
   echo "--- second pass: megatron-core 0.19.2 (marker mcore_range) ---"
   # NVRx 0.4.1 (Python 3.11's newest) is hidden: megatron-core 0.19 refuses NVRx < 0.6.0 at import
