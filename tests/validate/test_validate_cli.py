@@ -110,3 +110,21 @@ def test_validate_states_the_model_error_under_the_prediction(capsys):
     band = estimates["model_error"]
     assert band["traits"][1] == "MoE" and band["rows"] >= 5 and 0 < band["cv_mean_abs_rel_error"] < 0.5
     assert estimates["model_error_issue"] is None
+
+
+def test_validate_says_when_the_recipes_published_row_is_not_scored(capsys):
+    """A recipe whose published row the model is known to miss (kept out of the scoring with its reason) says so
+    under the prediction, in text and JSON; a recipe of a scored row does not."""
+    from kilocard.calibration.baselines import load_rows
+
+    excluded = {r.id: r.excluded for r in load_rows() if r.excluded}
+    rid = "bridge2511-gb200-gptoss-120b-bf16"
+    assert rid in excluded
+    assert main(["validate", "recipe=bridge2511_gb200_gptoss_120b_bf16", "--skip-path-checks"]) == 0
+    text = capsys.readouterr().out
+    assert f"  the published row {rid} is not scored: {excluded[rid]}" in text.splitlines()
+    argv = ["validate", "recipe=bridge2511_gb200_gptoss_120b_bf16", "--skip-path-checks", "--format", "json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["estimates"]["baseline_unscored"].endswith(excluded[rid])
+    assert main(["validate", "recipe=mlm_h100_32b", "--skip-path-checks"]) == 0
+    assert "is not scored" not in capsys.readouterr().out

@@ -316,6 +316,20 @@ def model_error(cfg: RunConfig, file: str | None = None) -> tuple[ErrorBand | No
     return found, None
 
 
+def unscored_baseline(cfg: RunConfig, file: str | None = None) -> str | None:
+    """Why the published row ``cfg``'s recipe reproduces is left out of the scoring (its ``excluded:``), or
+    ``None``: the band above speaks of rows like the run, and says nothing of a row the model is known to miss."""
+    wanted = cfg.recipe.baseline_id
+    if not wanted:
+        return None
+    try:
+        rows = load_rows(file)
+    except ValueError:
+        return None  # a broken file is reported by the band's own line
+    row = next((r for r in rows if r.id == wanted), None)
+    return f"the published row {wanted} is not scored: {row.excluded}" if row and row.excluded else None
+
+
 HEADER = "model error on published rows, each predicted by a fit that never saw its source (docs/perf_model.md):"
 """The line above the band in ``plan`` and ``validate``."""
 

@@ -11,7 +11,7 @@ import json
 
 from omegaconf import DictConfig
 
-from kilocard.calibration.trust import model_error, model_error_json, model_error_lines
+from kilocard.calibration.trust import model_error, model_error_json, model_error_lines, unscored_baseline
 from kilocard.commands import exits
 from kilocard.commands.common import add_config_args, add_path_check_arg, check_config, site_calibration
 from kilocard.commands.output import count_line, issue_line
@@ -125,6 +125,8 @@ def model_error_line(cfg: RunConfig, report: Report) -> list[str]:
         return []
     site, _ = site_calibration(cfg)
     extra = [f"  predictions use the site refit; {site.summary()}"] if site else []
+    unscored = unscored_baseline(cfg)
+    extra += [f"  {unscored}"] if unscored else []
     return model_error_lines(*model_error(cfg), indent="  ") + extra
 
 
@@ -142,6 +144,7 @@ def report_dict(cfg: RunConfig, report: Report) -> dict:
         d["estimates"].update(model_error_json(*model_error(cfg)))
         site, _ = site_calibration(cfg)
         d["estimates"]["site_fit"] = site.to_json() if site else None
+        d["estimates"]["baseline_unscored"] = unscored_baseline(cfg)
     return d
 
 
