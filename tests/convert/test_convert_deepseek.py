@@ -71,9 +71,10 @@ def test_forward_matches_transformers_in_tp1_tp2_ep2(converted, tmp_path) -> Non
 
 
 @pytest.mark.slow  # trains a step
-def test_an_export_of_a_model_with_mtp_says_it_dropped_the_mtp_layer(kilocard_run, tmp_path) -> None:
-    """transformers' DeepseekV3ForCausalLM has no MTP module: the export writes everything else, says in its one
-    line that it dropped the MTP layer, and transformers loads the result."""
+def test_an_export_of_a_trained_model_with_mtp_writes_the_mtp_layer_and_imports_back(kilocard_run, tmp_path) -> None:
+    """A trained model's MTP layer is written where DeepSeek's own checkpoints keep it (``model.layers.{L}.*``,
+    ``num_nextn_predict_layers``: transformers loads the folder and ignores it), and an import without a recipe
+    takes it back: the trained MTP weights survive a round trip through Hugging Face's layout."""
     import subprocess
     import sys
 
@@ -83,10 +84,22 @@ def test_an_export_of_a_model_with_mtp_says_it_dropped_the_mtp_layer(kilocard_ru
     proc = subprocess.run([*cmd, str(tmp_path / "hf")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1 and "dropped the 1 multi-token-prediction layer(s)" in lines[0], lines
+    assert len(lines) == 1 and "dropped" not in lines[0], lines
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert (config["num_nextn_predict_layers"], config["first_k_dense_replace"], config["n_group"]) == (0, 1, 2)
+    assert (config["num_nextn_predict_layers"], config["first_k_dense_replace"], config["n_group"]) == (1, 1, 2)
+    exported = hf_tensors(tmp_path / "hf")
+    assert {"model.layers.4.eh_proj.weight", "model.layers.4.mlp.gate.e_score_correction_bias"} <= set(exported)
+    assert torch.equal(exported["model.layers.4.shared_head.head.weight"], exported["lm_head.weight"])
     model_class("deepseek_v3").from_pretrained(tmp_path / "hf")
+    codes, said = convert_output(
+        ["hf-to-mcore", str(tmp_path / "hf"), str(tmp_path / "ck")],
+        ["mcore-to-hf", str(tmp_path / "ck"), str(tmp_path / "back")],
+    )
+    assert codes == [0, 0], said
+    saved = json.loads((tmp_path / "ck" / "step_0000000" / "trainer_state.json").read_text())["model"]
+    assert saved["mtp_num_layers"] == 1
+    back = hf_tensors(tmp_path / "back")
+    assert set(back) == set(exported) and all(torch.equal(back[k], exported[k]) for k in exported)
 
 
 YARN = {

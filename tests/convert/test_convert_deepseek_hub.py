@@ -1,7 +1,9 @@
 """DeepSeek-V3 as its hub checkpoint stores it: linear weights in block-scaled FP8 (``float8_e4m3fn`` beside a
 ``weight_scale_inv`` per block, ``quantization_config`` saying the block size). A tiny random
 ``DeepseekV3ForCausalLM`` is rewritten that way by the test; ``convert hf-to-mcore`` without a recipe dequantizes it,
-and the Megatron-Core logits equal transformers' of the model the test dequantizes on its own."""
+and the Megatron-Core logits equal transformers' of the model the test dequantizes on its own. And its MTP layer
+(``model.layers.{num_hidden_layers}.*``, which transformers' model has not): it lands bit-identical in Megatron-Core's
+MTP block and is exported back under the same names, or is left out, and said so, in a model without MTP."""
 
 from __future__ import annotations
 
@@ -134,3 +136,115 @@ def test_fp8_import_logits_match_the_dequantized_transformers_model(hub, tmp_pat
     assert_logits_match(plan, out, TOLERANCE)
     diffs = [json.loads(p.read_text())["max_abs_diff"] for p in out.glob("*.rank*.json")]
     print(f"fp8 hub import: max |logit difference| {max(diffs):.3g}")
+
+
+def add_mtp_layer(folder, model, seed: int) -> dict[str, torch.Tensor]:
+    """DeepSeek-V3's MTP layer as its checkpoints store it, written into ``folder`` (a shard of its own, in the
+    index): ``model.layers.{L}.`` with random norms, ``eh_proj`` and a decoder layer shaped as the last one, and
+    ``embed_tokens``/``shared_head.head`` copies of the main model's. Returns those tensors."""
+    g = torch.Generator().manual_seed(seed)
+    layers = model.config.num_hidden_layers
+    tensors = hf_tensors(folder)
+    last, p = f"model.layers.{layers - 1}.", f"model.layers.{layers}."
+    mtp = {
+        p + k.removeprefix(last): 0.1 * torch.randn(t.shape, generator=g)
+        for k, t in tensors.items()
+        if k.startswith(last)
+    }
+    h = model.config.hidden_size
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        mtp[f"{p}{name}.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+    mtp[p + "eh_proj.weight"] = 0.1 * torch.randn(h, 2 * h, generator=g)
+    mtp[p + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    mtp[p + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(mtp, str(folder / "model-mtp.safetensors"), metadata={"format": "pt"})
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"].update(dict.fromkeys(mtp, "model-mtp.safetensors"))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return mtp
+
+
+def mtp_expected(mtp: dict[str, torch.Tensor], p: str) -> dict[str, torch.Tensor]:
+    """The Megatron-Core tensors (single rank, experts stacked as torch_dist saves them) of MTP layer 0 whose Hugging
+    Face tensors ``mtp`` start with ``p``: written out by name, as Megatron-Bridge's DeepSeek mapping pairs them."""
+    t, a, moe = "mtp.layers.0.transformer_layer.", "self_attention.", "mlp."
+    pairs = {"enorm": "mtp.layers.0.enorm", "hnorm": "mtp.layers.0.hnorm", "eh_proj": "mtp.layers.0.eh_proj",
+             "shared_head.norm": "mtp.layers.0.final_layernorm", "input_layernorm": t + "input_layernorm",
+             "post_attention_layernorm": t + "pre_mlp_layernorm", "self_attn.q_a_proj": t + a + "linear_q_down_proj",
+             "self_attn.q_b_proj": t + a + "linear_q_up_proj", "self_attn.q_a_layernorm": t + a + "q_layernorm",
+             "self_attn.kv_a_proj_with_mqa": t + a + "linear_kv_down_proj",
+             "self_attn.kv_b_proj": t + a + "linear_kv_up_proj", "self_attn.kv_a_layernorm": t + a + "kv_layernorm",
+             "self_attn.o_proj": t + a + "linear_proj", "mlp.gate": t + moe + "router",
+             "mlp.shared_experts.down_proj": t + moe + "shared_experts.linear_fc2"}  # fmt: skip
+    out = {mc + ".weight": mtp[f"{p}{hf}.weight"] for hf, mc in pairs.items()}
+    out[t + moe + "router.expert_bias"] = mtp[p + "mlp.gate.e_score_correction_bias"]
+    shared = p + "mlp.shared_experts."
+    out[t + moe + "shared_experts.linear_fc1.weight"] = torch.cat(
+        [mtp[shared + "gate_proj.weight"], mtp[shared + "up_proj.weight"]]
+    )
+    e = [f"{p}mlp.experts.{i}." for i in range(4)]
+    out[t + moe + "experts.experts.linear_fc1.weight"] = torch.stack(
+        [torch.cat([mtp[x + "gate_proj.weight"], mtp[x + "up_proj.weight"]]) for x in e]
+    )
+    out[t + moe + "experts.experts.linear_fc2.weight"] = torch.stack([mtp[x + "down_proj.weight"] for x in e])
+    return out
+
+
+@pytest.fixture(scope="module")
+def mtp_hub(tmp_path_factory):
+    """A tiny DeepSeek-V3 with its MTP layer added (``hf``), imported without a recipe (``ck``) and exported
+    (``back``); imported into a model without MTP (``ck_none``); and with a ``shared_head.head`` that is not the
+    main output layer (``dup``), refused."""
+    root = tmp_path_factory.mktemp("deepseek_mtp")
+    model = make("deepseek_v3", root / "hf", seed=6)
+    mtp = add_mtp_layer(root / "hf", model, seed=7)
+    shutil.copytree(root / "hf", root / "dup")
+    add_mtp_layer(root / "dup", model, seed=7)
+    other = {**mtp, "model.layers.3.shared_head.head.weight": mtp["model.layers.3.shared_head.head.weight"] + 1e-3}
+    save_file(other, str(root / "dup" / "model-mtp.safetensors"), metadata={"format": "pt"})
+    codes, lines = convert_output(
+        ["hf-to-mcore", str(root / "hf"), str(root / "ck")],
+        ["mcore-to-hf", str(root / "ck"), str(root / "back")],
+        ["hf-to-mcore", str(root / "hf"), str(root / "ck_none"), "model.mtp_num_layers=null"],
+        ["hf-to-mcore", str(root / "dup"), str(root / "ck_dup")],
+    )
+    return root, model, mtp, codes, lines
+
+
+def test_mtp_layers_land_in_megatron_cores_mtp_block_and_export_bit_identically(mtp_hub) -> None:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    root, model, mtp, codes, lines = mtp_hub
+    assert codes[:3] == [0, 0, 0], lines
+    saved = json.loads((root / "ck" / "step_0000000" / "trainer_state.json").read_text())["model"]
+    assert saved["mtp_num_layers"] == 1
+    dcp_to_torch_save(root / "ck" / "step_0000000", root / "ck.pt")
+    sd = torch.load(root / "ck.pt", weights_only=False)
+    expected = mtp_expected(mtp, "model.layers.3.")
+    assert len(expected) == 19 and all(torch.equal(sd[k], v) for k, v in expected.items()), [
+        k for k, v in expected.items() if not torch.equal(sd[k], v)
+    ]
+    original, back = hf_tensors(root / "hf"), hf_tensors(root / "back")
+    assert set(back) == set(original) and set(mtp) < set(back)
+    assert all(torch.equal(back[k], original[k]) for k in original), [
+        k for k in original if not torch.equal(back[k], original[k])
+    ]
+    assert json.loads((root / "back" / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    said = [line for line in lines if "/back" in line]
+    assert len(said) == 1 and "dropped" not in said[0], lines
+    reloaded = model_class("deepseek_v3").from_pretrained(root / "back").eval()  # ignores model.layers.3.*
+    tokens = torch.randint(0, 258, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(reloaded(tokens).logits, model(tokens).logits)
+
+
+def test_a_model_without_mtp_drops_the_mtp_layer_in_one_line_and_a_differing_copy_is_refused(mtp_hub) -> None:
+    root, _, _, codes, lines = mtp_hub
+    assert codes[2:] == [0, 1], lines
+    saved = json.loads((root / "ck_none" / "step_0000000" / "trainer_state.json").read_text())["model"]
+    assert saved["mtp_num_layers"] is None
+    said = [line for line in lines if "ck_none" in line]
+    assert len(said) == 1 and "dropped the 1 multi-token-prediction layer(s) model.layers.3.* (32 tensors" in said[0]
+    dup = [line for line in lines if "shared_head.head.weight" in line]
+    assert len(dup) == 1 and "differs from lm_head.weight" in dup[0] and "output_layer.weight" in dup[0], lines
+    assert not (root / "ck_dup").exists()

@@ -66,7 +66,7 @@ def execute(args: argparse.Namespace) -> int:
                 raise ConvertUsageError(
                     f"{flags[0]} is a mcore-to-hf flag; hf-to-mcore would ignore it: drop it from the command"
                 )
-            hf_to_mcore(Path(args.src), Path(args.dst), args.overrides)
+            note = "".join(f"; dropped {what}" for what in hf_to_mcore(Path(args.src), Path(args.dst), args.overrides))
         elif args.overrides:
             raise ConvertUsageError(
                 f"mcore-to-hf takes no overrides (got {' '.join(args.overrides)}); "

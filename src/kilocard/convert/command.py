@@ -19,6 +19,7 @@ conversion leaves nothing behind and a partial output never looks committed. The
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -99,18 +100,31 @@ def _value(v: Any) -> str:
     return json.dumps(v)
 
 
-def derived_overrides(hf_cfg: dict[str, Any], family: str, name: str) -> list[str]:
-    """The overrides of a run whose model is the one ``config.json`` describes (no recipe given)."""
+def derived_overrides(hf_cfg: dict[str, Any], family: str, name: str, names: set[str] | None = None) -> list[str]:
+    """The overrides of a run whose model is the one ``config.json`` describes (no recipe given), with what the
+    stored tensor ``names`` decide (``Family.tensor_fields``: DeepSeek-V3's MTP layers)."""
     fields = {"name": name, **maps.model_from_config(hf_cfg, family)}
+    if names is not None:
+        fields.update(families.get(family).tensor_fields(hf_cfg, names))
     return [f"recipe={families.get(family).base_recipe}", *(f"model.{k}={_value(v)}" for k, v in fields.items())]
 
 
-def _run_config(overrides: Sequence[str], hf_cfg: dict[str, Any], family: str, name: str) -> tuple[RunConfig, bool]:
-    """The run config of the import and whether its model was derived from ``config.json``."""
+def stored_names(hf_dir: Path) -> set[str]:
+    """The stored tensors' names (none where the weights cannot be read: refused later, after ``config.json``)."""
+    try:
+        return set(st_io.headers(st_io.shard_files(hf_dir)))
+    except ConvertError:
+        return set()
+
+
+def _run_config(
+    overrides: Sequence[str], hf_cfg: dict[str, Any], family: str, hf_dir: Path, name: str
+) -> tuple[RunConfig, bool]:
+    """The run config of the import and whether its model was derived from ``config.json`` (and the tensors)."""
     from kilocard.config.compose import compose, to_run_config
 
     derived = not any(o.startswith("recipe=") for o in overrides)
-    base = derived_overrides(hf_cfg, family, name) if derived else []
+    base = derived_overrides(hf_cfg, family, name, stored_names(hf_dir)) if derived else []
     run_cfg = to_run_config(compose([*base, *overrides]))
     bad = outside(run_cfg)  # before anything is built from it (num_layers=1e9 grew without bound)
     if bad:
@@ -192,6 +206,7 @@ def fill(
     if uncovered:  # a map that misses a Megatron-Core tensor is a kilocard bug, not bad input
         raise RuntimeError(f"the {m.name} map does not cover Megatron-Core tensors {uncovered}")
     by_name = {s.hf: s for s in slots}
+    filled: dict[tuple[str, str], str] = {}  # a Megatron-Core region -> the first tensor put there
     with torch.no_grad():
         for s in slots:
             if s.part == "rows":
@@ -199,18 +214,26 @@ def fill(
         for name, tensor in st_io.stream(files, set(by_name), scales, block):
             s, quantized = by_name[name], name in (scales or {})
             dtype = params[maps.mcore_names(s)[0]].dtype
-            maps.put(params, s, m, tensor.to(dtype) if quantized else cast(tensor, dtype, name))
+            t = tensor.to(dtype) if quantized else cast(tensor, dtype, name)
+            first = filled.setdefault((s.mcore, s.part), name)
+            if first == name:
+                maps.put(params, s, m, t)
+            elif not torch.equal(maps.take(params, s, m), t):
+                raise ConvertError(
+                    f"tensor {name} differs from {first}; Megatron-Core holds one tensor ({s.mcore}) for both"
+                )
 
 
-def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
-    """Import a Hugging Face model directory as a committed, model-only kilocard checkpoint."""
+def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> list[str]:
+    """Import a Hugging Face model directory as a committed, model-only kilocard checkpoint; return what of it the
+    model has no place for and the import left out (``Family.left_out``: DeepSeek-V3's MTP layers without MTP)."""
     from kilocard.convert import model as mm
     from kilocard.perf.params import padded_vocab_size
 
     check_output(out)  # before any work
     hf_cfg = st_io.read_config(hf_dir)
     family = maps.family_of_config(hf_cfg)
-    run_cfg, derived = _run_config(overrides, hf_cfg, family, out.resolve().name)
+    run_cfg, derived = _run_config(overrides, hf_cfg, family, hf_dir, out.resolve().name)
     m, recipe = run_cfg.model, run_cfg.recipe.name
     maps.check_model(family, m)
     maps.check_config(hf_cfg, family, m, recipe)
@@ -218,7 +241,8 @@ def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
     files = st_io.shard_files(hf_dir)
     slots = maps.slots(family, m)
     found, scales = fp8.dequantized_headers(st_io.headers(files), block)
-    check_tensors(slots, found, recipe)
+    skipped, dropped = families.get(family).left_out(m, set(found))
+    check_tensors(slots, {n: h for n, h in found.items() if n not in skipped}, recipe)
     padded = padded_vocab_size(m, compute_layout(run_cfg).tp)
     one = mm.single_rank_config(run_cfg, padded)
     with staging(out) as tmp, mm.single_rank():
@@ -241,6 +265,7 @@ def hf_to_mcore(hf_dir: Path, out: Path, overrides: Sequence[str]) -> None:
         tk.keep_import_tokenizer(hf_dir, tmp)  # beside the steps: an export of the import writes it out
         if derived:
             write_recipe(tmp, out, run_cfg, family, hf_dir)
+    return dropped
 
 
 # --- export -----------------------------------------------------------------------------------------
@@ -294,6 +319,8 @@ def mcore_to_hf(
     maps.check_model(family, m)
     slots = maps.slots(family, m)
     by_name = {s.hf: s for s in slots}
+    uses = collections.Counter(s.mcore for s in slots)
+    shared = {t for t, n in uses.items() if n > 1}  # written twice (DeepSeek-V3's MTP embedding): copies
     dropped = families.get(family).dropped(m)
     with staging(out) as tmp, mm.single_rank():
         dtype = mm.saved_dtype(base or sdir)
@@ -313,7 +340,7 @@ def mcore_to_hf(
         st_io.write_sharded(
             tmp,
             list(by_name),
-            lambda n: maps.take(tensors, by_name[n], m).to(dtype),
+            lambda n: maps.take(tensors, by_name[n], m).to(dtype, copy=by_name[n].mcore in shared),
             lambda n: by_name[n].shape,
             dtype.itemsize,
             max_shard_bytes,

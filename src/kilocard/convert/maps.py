@@ -208,6 +208,7 @@ def slots(family: str, m: ModelConfig) -> list[Slot]:
     out = [Slot("model.embed_tokens.weight", "embedding.word_embeddings.weight", "rows", (v, h))]
     for i in range(m.num_layers):
         out += fam.layer_slots(m, i)
+    out += fam.extra_slots(m)
     out.append(Slot("model.norm.weight", "decoder.final_layernorm.weight", "all", (h,)))
     if not m.share_embeddings_and_output_weights:
         out.append(Slot("lm_head.weight", "output_layer.weight", "rows", (v, h)))

@@ -159,6 +159,16 @@ class Family:
             out["moe_aux_loss_coeff"] = float(c["router_aux_loss_coef"])
         return out
 
+    def tensor_fields(self, c: dict[str, Any], names: set[str]) -> dict[str, Any]:
+        """The ``model.*`` fields of a derived model that the checkpoint's tensor ``names`` decide, not ``config.json``
+        ``c`` (none here)."""
+        return {}
+
+    def left_out(self, m: ModelConfig, names: set[str]) -> tuple[set[str], list[str]]:
+        """The stored tensors of ``names`` an import into ``m`` leaves out, where ``m`` has no place for what they hold
+        (one phrase each, said on the import's line); none by default."""
+        return set(), []
+
     def dropped(self, m: ModelConfig) -> list[str]:
         """What of ``m`` an export leaves out because the Hugging Face layout has no place for it (one phrase
         each, said on the export's line); nothing by default: ``check_model`` refuses what cannot be held."""
@@ -199,6 +209,10 @@ class Family:
             Slot(p + "mlp.up_proj.weight", t + "mlp.linear_fc1.weight", "up", (f, h)),
             Slot(p + "mlp.down_proj.weight", t + "mlp.linear_fc2.weight", "all", (h, f)),
         ]
+
+    def extra_slots(self, m: ModelConfig) -> list[Slot]:
+        """Tensors after the decoder layers and before the final norm (DeepSeek-V3's MTP layers); none here."""
+        return []
 
     def layer_slots(self, m: ModelConfig, i: int) -> list[Slot]:
         """Every Hugging Face tensor of layer ``i``, in the order Hugging Face lists them."""

@@ -7,13 +7,21 @@ Both sides take the rotary half of the query and key heads interleaved (transfor
 Megatron-Core's MLA rotary embedding), so no row permutation is needed. A ``q_lora_rank`` of null (DeepSeek-V2-Lite's
 layout) projects the query directly: ``q_proj`` is Megatron-Core's ``linear_q_proj``, with no query latent norm.
 RoPE is plain (``rope_type: rope``) or YaRN (``rope_type: yarn``; ``rope_scaling``/``rope_parameters`` of type
-``yarn``), whose six parameters carry Megatron-Core's names (``yarn_fields``). transformers has no place for the
-multi-token-prediction layers: an import leaves them out (``mtp_num_layers`` null) and an export of a model
-with MTP writes the rest and says in its line that it dropped them.
+``yarn``), whose six parameters carry Megatron-Core's names (``yarn_fields``).
+
+The multi-token-prediction layers live where DeepSeek's own checkpoints keep them (transformers' model ignores
+them): MTP layer ``j`` is ``model.layers.{num_hidden_layers + j}.``, its ``enorm``, ``hnorm``, ``eh_proj`` and
+``shared_head.norm`` Megatron-Core's ``mtp.layers.{j}.enorm``/``hnorm``/``eh_proj``/``final_layernorm``, the rest a
+decoder layer of the last layer's kind (``mtp.layers.{j}.transformer_layer.``), and its ``embed_tokens`` and
+``shared_head.head`` copies of the main model's embedding and output layer, which Megatron-Core shares (an import
+refuses a copy that differs). An import without a recipe takes as many MTP layers as the checkpoint holds
+(``mtp_num_layers``; transformers' own saves hold none); one into a model without MTP leaves them out and says so on
+its line. An export writes them, with ``num_nextn_predict_layers``, as Megatron-Bridge's AutoBridge does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kilocard.config.schema import ModelConfig
@@ -40,6 +48,42 @@ def dense_layers(m: ModelConfig) -> int:
             f"layers then MoE layers, first_k_dense_replace); pick a recipe whose model the layout can hold"
         )
     return k
+
+
+MTP_OWN = (("enorm", "enorm"), ("hnorm", "hnorm"), ("shared_head.norm", "final_layernorm"))
+"""An MTP layer's own norms: (Hugging Face name after ``model.layers.{L + j}.``, Megatron-Core's after
+``mtp.layers.{j}.``)."""
+
+
+def mtp_layers(c: dict[str, Any], names: set[str]) -> int:
+    """How many MTP layers (``model.layers.{num_hidden_layers + j}.eh_proj.weight``) the tensor ``names`` hold."""
+    layers, j = c["num_hidden_layers"], 0
+    while f"model.layers.{layers + j}.eh_proj.weight" in names:
+        j += 1
+    return j
+
+
+def mtp_slots(fam: Family, m: ModelConfig, j: int) -> list[Slot]:
+    """MTP layer ``j``'s tensors: its norms and projection, a decoder layer of the last layer's kind, and the
+    embedding and output layer it shares with the main model."""
+    last, h, v = m.num_layers - 1, m.hidden_size, m.vocab_size
+    p, t = f"model.layers.{m.num_layers + j}.", f"mtp.layers.{j}."
+    own = [Slot(p + f"{x}.weight", t + f"{y}.weight", "all", (h,)) for x, y in MTP_OWN]
+    own.append(Slot(p + "eh_proj.weight", t + "eh_proj.weight", "all", (h, 2 * h)))
+    layer = [
+        dataclasses.replace(
+            s,
+            hf=s.hf.replace(f"model.layers.{last}.", p, 1),
+            mcore=s.mcore.replace(f"decoder.layers.{last}.", t + "transformer_layer.", 1),
+        )
+        for s in fam.layer_slots(m, last)
+    ]
+    head = "embedding.word_embeddings.weight" if m.share_embeddings_and_output_weights else "output_layer.weight"
+    shared = [
+        Slot(p + "embed_tokens.weight", "embedding.word_embeddings.weight", "rows", (v, h)),
+        Slot(p + "shared_head.head.weight", head, "rows", (v, h)),
+    ]
+    return [*own, *layer, *shared]
 
 
 def yarn_fields(rope: dict[str, Any]) -> dict[str, Any]:
@@ -151,13 +195,28 @@ class DeepseekV3(Family):
             Expect("norm_topk_prob", True, None),
         ]  # fmt: skip
 
-    def dropped(self, m: ModelConfig) -> list[str]:
-        if not m.mtp_num_layers:
-            return []
-        return [f"the {m.mtp_num_layers} multi-token-prediction layer(s) (transformers' DeepseekV3 has none)"]
+    def tensor_fields(self, c: dict[str, Any], names: set[str]) -> dict[str, Any]:
+        return {"mtp_num_layers": mtp_layers(c, names) or None}
+
+    def left_out(self, m: ModelConfig, names: set[str]) -> tuple[set[str], list[str]]:
+        held = mtp_layers({"num_hidden_layers": m.num_layers}, names) - (m.mtp_num_layers or 0)
+        if held <= 0:
+            return set(), []
+        first = m.num_layers + (m.mtp_num_layers or 0)
+        prefixes = tuple(f"model.layers.{first + j}." for j in range(held))
+        out = {n for n in names if n.startswith(prefixes)}
+        where = f"model.layers.{first}.*" if held == 1 else f"model.layers.{first}-{first + held - 1}.*"
+        phrase = (
+            f"the {held} multi-token-prediction layer(s) {where} ({len(out)} tensors: model.mtp_num_layers is "
+            f"{m.mtp_num_layers or 'null'})"
+        )
+        return out, [phrase]
+
+    def extra_slots(self, m: ModelConfig) -> list[Slot]:
+        return [s for j in range(m.mtp_num_layers or 0) for s in mtp_slots(self, m, j)]
 
     def export_extras(self, m: ModelConfig) -> dict[str, Any]:
-        return {"num_nextn_predict_layers": 0}
+        return {"num_nextn_predict_layers": m.mtp_num_layers or 0}
 
     def normalized(self, c: dict[str, Any]) -> dict[str, Any]:
         """transformers' defaults of keys DeepSeek's own ``config.json`` files leave out (``rope_interleave``: true),
