@@ -164,10 +164,11 @@ def add_mtp_layer(folder, model, seed: int) -> dict[str, torch.Tensor]:
     return mtp
 
 
-def mtp_expected(mtp: dict[str, torch.Tensor], p: str) -> dict[str, torch.Tensor]:
+def mtp_expected(mtp: dict[str, torch.Tensor], p: str, inner: str) -> dict[str, torch.Tensor]:
     """The Megatron-Core tensors (single rank, experts stacked as torch_dist saves them) of MTP layer 0 whose Hugging
-    Face tensors ``mtp`` start with ``p``: written out by name, as Megatron-Bridge's DeepSeek mapping pairs them."""
-    t, a, moe = "mtp.layers.0.transformer_layer.", "self_attention.", "mlp."
+    Face tensors ``mtp`` start with ``p``, its decoder layer named ``inner``: written out by name, as
+    Megatron-Bridge's DeepSeek mapping pairs them."""
+    t, a, moe = f"mtp.layers.0.{inner}.", "self_attention.", "mlp."
     pairs = {"enorm": "mtp.layers.0.enorm", "hnorm": "mtp.layers.0.hnorm", "eh_proj": "mtp.layers.0.eh_proj",
              "shared_head.norm": "mtp.layers.0.final_layernorm", "input_layernorm": t + "input_layernorm",
              "post_attention_layernorm": t + "pre_mlp_layernorm", "self_attn.q_a_proj": t + a + "linear_q_down_proj",
@@ -220,7 +221,8 @@ def test_mtp_layers_land_in_megatron_cores_mtp_block_and_export_bit_identically(
     assert saved["mtp_num_layers"] == 1
     dcp_to_torch_save(root / "ck" / "step_0000000", root / "ck.pt")
     sd = torch.load(root / "ck.pt", weights_only=False)
-    expected = mtp_expected(mtp, "model.layers.3.")
+    inner = "mtp_model_layer" if "mtp.layers.0.mtp_model_layer.input_layernorm.weight" in sd else "transformer_layer"
+    expected = mtp_expected(mtp, "model.layers.3.", inner)  # megatron-core 0.19 names it mtp_model_layer
     assert len(expected) == 19 and all(torch.equal(sd[k], v) for k, v in expected.items()), [
         k for k, v in expected.items() if not torch.equal(sd[k], v)
     ]

@@ -201,7 +201,9 @@ def fill(
 ) -> None:
     """Stream every Hugging Face tensor into its place in ``model``; vocabulary padding rows become zero. A block-scaled
     FP8 weight (``scales``, ``block``: ``kilocard.convert.fp8``) is dequantized and rounded to the parameter dtype."""
-    params = {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
+    from kilocard.convert import model as mm
+
+    params = mm.tensors(model, keep_vars=True)
     uncovered = sorted(set(params) - {name for s in slots for name in maps.mcore_names(s)})
     if uncovered:  # a map that misses a Megatron-Core tensor is a kilocard bug, not bad input
         raise RuntimeError(f"the {m.name} map does not cover Megatron-Core tensors {uncovered}")
@@ -336,7 +338,7 @@ def mcore_to_hf(
                 tk.copy_files(tokenizer, tmp)
             return tokenizer, dropped
         lora.merge(model)
-        tensors = model.state_dict()
+        tensors = mm.tensors(model)
         st_io.write_sharded(
             tmp,
             list(by_name),

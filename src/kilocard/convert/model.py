@@ -38,6 +38,17 @@ def single_rank() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+MTP_LAYER = (".mtp_model_layer.", ".transformer_layer.")
+"""An MTP layer's decoder layer: megatron-core 0.19's name, and 0.16's, which the family maps use."""
+
+
+def tensors(model: Any, keep_vars: bool = False) -> dict[str, Any]:
+    """``model``'s state dict (no ``_extra_state``) under the names the family maps use (``MTP_LAYER``)."""
+    old, new = MTP_LAYER
+    sd = model.state_dict(keep_vars=keep_vars)
+    return {k.replace(old, new, 1): v for k, v in sd.items() if not k.endswith("_extra_state")}
+
+
 def single_rank_config(run_cfg: RunConfig, padded_vocab: int) -> RunConfig:
     """``run_cfg`` on one CPU rank: no parallelism, no FP8, the vocabulary padded to ``padded_vocab`` rows."""
     # padded_vocab_size(m, tp=1) rounds up to make_vocab_size_divisible_by: this keeps the recipe's padding.

@@ -12,7 +12,8 @@ RoPE is plain (``rope_type: rope``) or YaRN (``rope_type: yarn``; ``rope_scaling
 The multi-token-prediction layers live where DeepSeek's own checkpoints keep them (transformers' model ignores
 them): MTP layer ``j`` is ``model.layers.{num_hidden_layers + j}.``, its ``enorm``, ``hnorm``, ``eh_proj`` and
 ``shared_head.norm`` Megatron-Core's ``mtp.layers.{j}.enorm``/``hnorm``/``eh_proj``/``final_layernorm``, the rest a
-decoder layer of the last layer's kind (``mtp.layers.{j}.transformer_layer.``), and its ``embed_tokens`` and
+decoder layer of the last layer's kind (``mtp.layers.{j}.transformer_layer.``; megatron-core 0.19 calls it
+``mtp_model_layer``: ``kilocard.convert.model.tensors``), and its ``embed_tokens`` and
 ``shared_head.head`` copies of the main model's embedding and output layer, which Megatron-Core shares (an import
 refuses a copy that differs). An import without a recipe takes as many MTP layers as the checkpoint holds
 (``mtp_num_layers``; transformers' own saves hold none); one into a model without MTP leaves them out and says so on
