@@ -91,8 +91,9 @@ def hub(tmp_path_factory):
     original = hf_tensors(root / "hf")
     stored, plain = {}, {}
     for name, t in original.items():
-        if not quantized(name, t):
-            stored[name] = plain[name] = t
+        if not quantized(name, t):  # bf16, as the hub checkpoints store what they do not quantize
+            stored[name] = t.to(torch.bfloat16)
+            plain[name] = stored[name].float()
             continue
         stored[name], stored[name + "_scale_inv"] = quantize(t)
         plain[name] = dequantize(stored[name], stored[name + "_scale_inv"])
@@ -106,17 +107,34 @@ def hub(tmp_path_factory):
     rewrite(root / "other", stored, {"quant_method": "bitsandbytes"})
     reference = model_class("deepseek_v3").from_pretrained(root / "ref").eval()
     args = [["hf-to-mcore", str(root / n), str(root / f"ck_{n}")] for n in ("hf", "bad", "other")]
-    codes, lines = convert_output(*args, ["mcore-to-hf", str(root / "ck_hf"), str(root / "back")])
+    args += [["mcore-to-hf", str(root / "ck_hf"), str(root / "back")]]
+    codes, lines = convert_output(*args, ["hf-to-mcore", str(root / "hf"), str(root / "ck_bf16"), "precision=bf16"])
     return root, reference, plain, codes, lines
 
 
 def test_fp8_blocks_are_dequantized_on_import_and_export_plain(hub) -> None:
     root, _, plain, codes, lines = hub
-    assert codes == [0, 1, 1, 0], lines
+    assert codes == [0, 1, 1, 0, 0], lines
     back = hf_tensors(root / "back")
     assert set(back) == set(plain)  # no scales: the export holds the dequantized weights
     assert all(torch.equal(back[k], plain[k]) for k in plain), [k for k in plain if not torch.equal(back[k], plain[k])]
     assert "quantization_config" not in json.loads((root / "back" / "config.json").read_text())
+
+
+def test_a_bf16_import_rounds_the_dequantized_weights_to_bf16(hub) -> None:
+    """Into ``precision=bf16`` the dequantized fp32 product is rounded once, as DeepSeek's ``fp8_cast_bf16.py``
+    does, not refused as a cast that changes values."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    root, _, plain, _, _ = hub
+    dcp_to_torch_save(root / "ck_bf16" / "step_0000000", root / "ck_bf16.pt")
+    sd = torch.load(root / "ck_bf16.pt", weights_only=False)
+    pairs = {"decoder.layers.1.self_attention.linear_kv_down_proj.weight": "self_attn.kv_a_proj_with_mqa.weight",
+             "decoder.layers.1.self_attention.linear_q_up_proj.weight": "self_attn.q_b_proj.weight"}  # fmt: skip
+    for mcore, hf in pairs.items():
+        want = plain[f"model.layers.1.{hf}"]
+        assert sd[mcore].dtype == torch.bfloat16 and torch.equal(sd[mcore], want.to(torch.bfloat16)), mcore
+        assert not torch.equal(sd[mcore].float(), want), mcore  # rounding happened: fp32 would not fit exactly
 
 
 def test_a_scale_of_the_wrong_shape_and_other_quantizations_are_refused_in_one_line(hub) -> None:
