@@ -154,3 +154,25 @@ def test_one_run_in_full_and_usage_errors(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "NUL bytes" in err
     assert main(["runs", str(tmp_path / "empty")] if (tmp_path / "empty").mkdir() is None else []) == 0
     assert capsys.readouterr().out == f"no runs under {tmp_path / 'empty'}\n"
+
+
+def test_the_committed_step_is_the_newest_one_whose_manifest_is_there(tmp_path, capsys):
+    """A tracker naming a step that lost its manifest (or its folder) is not shown as committed: the run lists the
+    newest intact step, the one a resume with ``checkpoint.fallback_to_previous`` would take, and says which step
+    the tracker names (JSON ``tracker_step``)."""
+    rd = launched(run_dir(tmp_path, steps=10), ("exit", exitcodes.RETRY))
+    root = rd / "checkpoints"
+    for step in (5, 10):
+        (root / f"step_{step:07d}").mkdir(parents=True)
+        (root / f"step_{step:07d}" / "manifest.json").write_text("{}")
+    (root / "latest_committed.txt").write_text("10\n")
+    info = runs.read_run(rd, {})
+    assert (info.committed_step, info.tracker_step) == (10, None)
+    (root / "step_0000010" / "manifest.json").unlink()
+    info = runs.read_run(rd, {})
+    assert (info.committed_step, info.tracker_step) == (5, 10)
+    assert main(["runs", str(rd)]) == 0
+    out = capsys.readouterr().out
+    assert "committed step" in out and "5 (the tracker names step 10, whose manifest is missing)" in out
+    (root / "step_0000005" / "manifest.json").unlink()
+    assert (runs.read_run(rd, {}).committed_step, runs.read_run(rd, {}).tracker_step) == (None, 10)

@@ -81,6 +81,14 @@ def table_lines(runs: list[RunInfo]) -> list[str]:
     return lines + (["", "continue with:", *continued] if continued else [])
 
 
+def _committed(r: RunInfo) -> str:
+    """The newest intact committed step, and the tracker's step when that one lost its manifest."""
+    shown = "none" if r.committed_step is None else str(r.committed_step)
+    if r.tracker_step is None:
+        return shown
+    return f"{shown} (the tracker names step {r.tracker_step}, whose manifest is missing)"
+
+
 def detail_lines(r: RunInfo) -> list[str]:
     """One run in full: every field, one per line."""
     created = _dt.datetime.fromtimestamp(r.created, _dt.UTC).isoformat(timespec="seconds")
@@ -91,7 +99,7 @@ def detail_lines(r: RunInfo) -> list[str]:
         ("launcher", r.launcher + (f" (jobs {' '.join(map(str, r.job_ids))})" if r.job_ids else "")),
         ("created", created),
         ("step", _step(r)),
-        ("committed step", "none" if r.committed_step is None else str(r.committed_step)),
+        ("committed step", _committed(r)),
         ("loss", _num(r.loss, ".4f")),
         ("step time (median)", _num(r.step_time_s, ".3f") + (" s" if r.step_time_s is not None else "")),
         ("TFLOP/s per GPU (median)", _num(r.tflops_per_gpu, ".4g")),

@@ -97,6 +97,10 @@ class RunInfo:
     """The run's Slurm jobs (``jobs.json``)."""
     resume_command: str | None
     """The command that continues the run; ``None`` when it continues by itself or is done."""
+    tracker_step: int | None = None
+    """The step the checkpoint tracker names when that step has lost its manifest (or its folder), so that
+    ``committed_step`` is an older one or none; ``None`` when the tracker's step is intact (the usual case). A
+    resume refuses that step, or falls back with ``checkpoint.fallback_to_previous``."""
 
     def to_json(self) -> dict[str, Any]:
         """Every field, by name."""
@@ -136,7 +140,9 @@ def _read(run_dir: Path, queue: dict[int, tuple[str, str]] | None, now: float) -
     records = read_metrics(run_dir)
     evts = events.read(run_dir)
     ids = job_ids(run_dir)
-    committed = ck.latest_committed(ck.checkpoint_root(run_dir, cfg))
+    root = ck.checkpoint_root(run_dir, cfg)
+    tracker, intact = ck.latest_committed(root), ck.committed_steps(root)
+    committed = intact[0] if intact else None
     state, detail, code = state_of(run_dir, evts, ids, queue)
     steady = _steady(cfg, records, evts)
     step = records[-1]["step"] if records else None
@@ -153,6 +159,7 @@ def _read(run_dir: Path, queue: dict[int, tuple[str, str]] | None, now: float) -
         created=(run_dir / CONFIG_FILE).stat().st_mtime,
         step=step,
         committed_step=committed,
+        tracker_step=tracker if tracker != committed else None,
         train_iters=cfg.trainer.train_iters,
         loss=records[-1].get("loss") if records else None,
         mfu=_median(steady, "mfu"),
